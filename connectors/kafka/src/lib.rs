@@ -1,0 +1,16 @@
+//! Kafka publishing for outbox-streamer, through rdkafka (librdkafka built from source).
+//!
+//! * [`producer`] builds an idempotent producer (`enable.idempotence=true`, `acks=all`,
+//!   at most 5 requests in flight, `murmur2_random` so a key lands where the Java client puts
+//!   it) and enqueues records without waiting for each one, waiting on a full local queue
+//!   instead of dropping.
+//! * [`classify`] is the one table that says which Kafka errors are worth retrying and which
+//!   are definite for the record (too large, unknown or unauthorised topic, bad partition).
+
+pub mod classify;
+pub mod producer;
+
+pub use classify::{Class, classify};
+pub use producer::{Outgoing, Producer, ProducerSettings};
+pub use rdkafka::error::{KafkaError, RDKafkaErrorCode as ErrorCode};
+pub use rdkafka::producer::DeliveryFuture;

@@ -1,0 +1,114 @@
+//! An idempotent producer that enqueues without waiting for each record.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use rdkafka::ClientConfig;
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::message::{Header, OwnedHeaders};
+use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord, Producer as _};
+
+/// Producer settings the streamer exposes; `properties` passes any other librdkafka setting.
+#[derive(Debug, Clone)]
+pub struct ProducerSettings {
+    pub brokers: String,
+    pub client_id: String,
+    /// none, gzip, snappy, lz4 or zstd.
+    pub compression: String,
+    pub linger_ms: u64,
+    /// librdkafka's `message.timeout.ms`: how long it retries one record before failing it.
+    pub message_timeout_ms: u64,
+    /// Extra librdkafka properties; they cannot weaken idempotence (checked by librdkafka).
+    pub properties: BTreeMap<String, String>,
+}
+
+/// One record to publish; borrowed from the outbox row.
+#[derive(Debug)]
+pub struct Outgoing<'a> {
+    pub topic: &'a str,
+    pub key: Option<&'a [u8]>,
+    pub payload: Option<&'a [u8]>,
+    pub partition: Option<i32>,
+    pub headers: &'a [(String, Vec<u8>)],
+}
+
+/// The producer of one shard-partition.
+pub struct Producer {
+    inner: FutureProducer,
+}
+
+impl std::fmt::Debug for Producer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Producer").finish_non_exhaustive()
+    }
+}
+
+/// Settings fixed for correctness: order and no duplicates within one producer session.
+const FIXED: &[(&str, &str)] = &[
+    ("enable.idempotence", "true"),
+    ("acks", "all"),
+    ("max.in.flight.requests.per.connection", "5"),
+    ("partitioner", "murmur2_random"),
+];
+
+impl Producer {
+    pub fn new(settings: &ProducerSettings) -> Result<Self, KafkaError> {
+        let mut cfg = ClientConfig::new();
+        cfg.set("bootstrap.servers", &settings.brokers)
+            .set("client.id", &settings.client_id)
+            .set("compression.type", &settings.compression)
+            .set("linger.ms", settings.linger_ms.to_string())
+            .set("message.timeout.ms", settings.message_timeout_ms.to_string())
+            .set("queue.buffering.max.messages", "200000")
+            .set("socket.keepalive.enable", "true");
+        for (k, v) in &settings.properties {
+            cfg.set(k, v);
+        }
+        for (k, v) in FIXED {
+            cfg.set(*k, *v);
+        }
+        Ok(Self { inner: cfg.create()? })
+    }
+
+    /// Enqueues one record and returns the future of its acknowledgement. A full local queue
+    /// is waited on (the future resolves as earlier records are acknowledged), never dropped.
+    /// An `Err` here is an error for this record (for example too large) or a dead client.
+    pub async fn enqueue(&self, rec: &Outgoing<'_>) -> Result<DeliveryFuture, KafkaError> {
+        let mut headers = OwnedHeaders::new_with_capacity(rec.headers.len());
+        for (k, v) in rec.headers {
+            headers = headers.insert(Header { key: k, value: Some(v.as_slice()) });
+        }
+        let mut record: FutureRecord<'_, [u8], [u8]> = FutureRecord::to(rec.topic).headers(headers);
+        if let Some(key) = rec.key {
+            record = record.key(key);
+        }
+        if let Some(payload) = rec.payload {
+            record = record.payload(payload);
+        }
+        if let Some(p) = rec.partition {
+            record = record.partition(p);
+        }
+        let mut wait = Duration::from_micros(200);
+        loop {
+            match self.inner.send_result(record) {
+                Ok(fut) => return Ok(fut),
+                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back)) => {
+                    record = back;
+                    tokio::time::sleep(wait).await;
+                    wait = (wait * 2).min(Duration::from_millis(20));
+                }
+                Err((e, _)) => return Err(e),
+            }
+        }
+    }
+
+    /// Waits up to `timeout` for everything enqueued to be acknowledged or failed.
+    pub fn flush(&self, timeout: Duration) -> Result<(), KafkaError> {
+        self.inner.flush(timeout)
+    }
+
+    /// Records enqueued and not yet acknowledged or failed.
+    pub fn in_flight(&self) -> i32 {
+        self.inner.in_flight_count()
+    }
+}

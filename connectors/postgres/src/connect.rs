@@ -1,0 +1,98 @@
+//! Connection settings from a `postgres://` URL, for both the SQL and the replication session.
+
+use std::str::FromStr;
+use std::time::Duration;
+
+use pgwire_replication::{Lsn, ReplicationConfig, TlsConfig};
+use tokio_postgres::config::Host;
+use tokio_postgres::{Client, Config, NoTls};
+
+/// Where and as whom to connect. `Debug` never shows the password.
+#[derive(Clone)]
+pub struct PgTarget {
+    config: Config,
+    host: String,
+    port: u16,
+    user: String,
+    password: String,
+    database: String,
+}
+
+impl std::fmt::Debug for PgTarget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "PgTarget({})", self.display())
+    }
+}
+
+/// A URL that cannot be used; the message names what is missing.
+#[derive(Debug, thiserror::Error)]
+#[error("invalid PostgreSQL URL: {0}")]
+pub struct UrlError(String);
+
+impl PgTarget {
+    /// Parses a libpq-style URL (`postgres://user:password@host:port/database`). The password
+    /// may instead come from `password` (for example read from an environment variable).
+    pub fn from_url(url: &str, password: Option<&str>) -> Result<Self, UrlError> {
+        let mut config = Config::from_str(url).map_err(|e| UrlError(strip_secret(&e.to_string())))?;
+        if let Some(pw) = password {
+            config.password(pw);
+        }
+        let host = match config.get_hosts().first() {
+            Some(Host::Tcp(h)) => h.clone(),
+            Some(_) => return Err(UrlError("unix sockets are not supported; use a TCP host".into())),
+            None => "localhost".into(),
+        };
+        let port = config.get_ports().first().copied().unwrap_or(5432);
+        let user = config.get_user().ok_or_else(|| UrlError("no user in the URL".into()))?.to_string();
+        let password = config.get_password().map(|p| String::from_utf8_lossy(p).into_owned()).unwrap_or_default();
+        let database = config.get_dbname().unwrap_or(&user).to_string();
+        config.dbname(&database);
+        config.connect_timeout(Duration::from_secs(10));
+        config.application_name("outbox-streamer");
+        Ok(Self { config, host, port, user, password, database })
+    }
+
+    pub fn user(&self) -> &str {
+        &self.user
+    }
+
+    pub fn database(&self) -> &str {
+        &self.database
+    }
+
+    /// `user@host:port/database`, safe to log.
+    pub fn display(&self) -> String {
+        format!("{}@{}:{}/{}", self.user, self.host, self.port, self.database)
+    }
+
+    /// A SQL session; its connection task runs on the current runtime until the client drops.
+    pub async fn connect(&self) -> Result<Client, tokio_postgres::Error> {
+        let (client, connection) = self.config.connect(NoTls).await?;
+        tokio::spawn(async move {
+            if let Err(e) = connection.await {
+                tracing::debug!(error = %e, "postgres connection closed");
+            }
+        });
+        Ok(client)
+    }
+
+    /// The replication session settings for one slot and publication.
+    pub fn replication(&self, slot: &str, publication: &str, status_interval: Duration) -> ReplicationConfig {
+        ReplicationConfig::new(&self.host, &self.user, &self.password, &self.database, slot, publication)
+            .with_port(self.port)
+            .with_tls(TlsConfig::disabled())
+            .with_start_lsn(Lsn::from_u64(0))
+            .with_status_interval(status_interval)
+            .with_wakeup_interval(status_interval)
+            .with_application_name(format!("outbox-streamer {slot}"))
+    }
+}
+
+/// Removes anything that looks like a password from a URL parse error.
+fn strip_secret(msg: &str) -> String {
+    if msg.contains("password") {
+        "the URL could not be parsed (details withheld: they may contain the password)".into()
+    } else {
+        msg.into()
+    }
+}

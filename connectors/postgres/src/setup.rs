@@ -1,0 +1,296 @@
+//! The schema objects one shard-partition needs — table, publication, slot — as idempotent SQL,
+//! the `outbox_enqueue` routing function, and the server checks that tell an operator what to
+//! change before anything streams.
+//!
+//! Order matters: the publication is created before the slot, so every change the slot will
+//! ever decode was written while the publication already existed.
+
+use tokio_postgres::Client;
+
+/// The names of one shard-partition's objects (derived by the core's `names` module).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StreamObjects {
+    pub table: String,
+    pub publication: String,
+    pub slot: String,
+}
+
+/// What `setup` creates, shared by every shard-partition of a source.
+#[derive(Debug, Clone)]
+pub struct SetupPlan {
+    /// Table prefix: tables are `<prefix>_<shard>_<partition>`.
+    pub prefix: String,
+    pub shards: u32,
+    pub partitions: u32,
+    pub streams: Vec<StreamObjects>,
+    /// The login the streamer runs as; granted SELECT and DELETE on every table.
+    pub streamer_role: Option<String>,
+}
+
+/// Quotes an identifier for SQL (`"name"`, doubling inner quotes).
+pub fn ident(name: &str) -> String {
+    format!("\"{}\"", name.replace('"', "\"\""))
+}
+
+/// Quotes a string literal for SQL.
+pub fn literal(value: &str) -> String {
+    format!("'{}'", value.replace('\'', "''"))
+}
+
+/// Statements that must run in a transaction block (tables, publications, grants, function).
+pub fn schema_statements(plan: &SetupPlan) -> Vec<String> {
+    let mut sql = Vec::new();
+    for s in &plan.streams {
+        let table = ident(&s.table);
+        sql.push(format!(
+            "CREATE TABLE IF NOT EXISTS {table} (\n\
+             \x20   id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,\n\
+             \x20   topic text NOT NULL,\n\
+             \x20   msg_key bytea,\n\
+             \x20   payload bytea,\n\
+             \x20   headers jsonb,\n\
+             \x20   kafka_partition int,\n\
+             \x20   created_at timestamptz NOT NULL DEFAULT clock_timestamp()\n\
+             ) WITH (\n\
+             \x20   -- a queue: rows are inserted once and deleted soon after, so vacuum early and often\n\
+             \x20   autovacuum_vacuum_scale_factor = 0,\n\
+             \x20   autovacuum_vacuum_threshold = 5000,\n\
+             \x20   autovacuum_vacuum_insert_scale_factor = 0,\n\
+             \x20   autovacuum_vacuum_insert_threshold = 50000,\n\
+             \x20   autovacuum_vacuum_cost_delay = 0,\n\
+             \x20   autovacuum_analyze_scale_factor = 0,\n\
+             \x20   autovacuum_analyze_threshold = 50000\n\
+             )"
+        ));
+        sql.push(format!(
+            "DO $$ BEGIN\n\
+             \x20 IF NOT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = {pubname}) THEN\n\
+             \x20   CREATE PUBLICATION {publication} FOR TABLE {table} WITH (publish = 'insert');\n\
+             \x20 END IF;\n\
+             END $$",
+            pubname = literal(&s.publication),
+            publication = ident(&s.publication),
+        ));
+        if let Some(role) = &plan.streamer_role {
+            sql.push(format!("GRANT SELECT, DELETE ON {table} TO {}", ident(role)));
+        }
+    }
+    sql.push(enqueue_function(plan));
+    if let Some(role) = &plan.streamer_role {
+        sql.push(format!(
+            "GRANT EXECUTE ON FUNCTION {}_enqueue(text, bytea, bytea, jsonb, int) TO {}",
+            plan.prefix,
+            ident(role)
+        ));
+    }
+    sql
+}
+
+/// Statements that must run outside a transaction block (slot creation).
+pub fn slot_statements(plan: &SetupPlan) -> Vec<String> {
+    plan.streams
+        .iter()
+        .map(|s| {
+            format!(
+                "SELECT pg_create_logical_replication_slot({slot}, 'pgoutput') \
+                 WHERE NOT EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = {slot})",
+                slot = literal(&s.slot)
+            )
+        })
+        .collect()
+}
+
+/// `<prefix>_enqueue(topic, key, payload, headers, shard)`: inserts into the partition table of
+/// the key, so one statement from any driver enqueues correctly. The partition is
+/// `abs(first 4 bytes of md5(key) as a signed big-endian int) % partitions` (0 for a NULL key),
+/// which any language can compute to insert into the table directly.
+pub fn enqueue_function(plan: &SetupPlan) -> String {
+    let prefix = &plan.prefix;
+    format!(
+        "CREATE OR REPLACE FUNCTION {prefix}_enqueue(\n\
+         \x20   p_topic text, p_key bytea, p_payload bytea, p_headers jsonb DEFAULT NULL, p_shard int DEFAULT 0)\n\
+         RETURNS bigint LANGUAGE plpgsql AS $fn$\n\
+         DECLARE\n\
+         \x20   part int := 0;\n\
+         \x20   new_id bigint;\n\
+         BEGIN\n\
+         \x20   IF p_shard IS NULL OR p_shard < 0 OR p_shard >= {shards} THEN\n\
+         \x20       RAISE EXCEPTION 'outbox shard % does not exist: shards are 0..%', p_shard, {last_shard}\n\
+         \x20           USING HINT = 'pass a shard below {shards}, or raise shards in the config and rerun outbox-streamer setup';\n\
+         \x20   END IF;\n\
+         \x20   IF p_key IS NOT NULL AND {partitions} > 1 THEN\n\
+         \x20       part := abs(('x' || substr(md5(p_key), 1, 8))::bit(32)::int::bigint) % {partitions};\n\
+         \x20   END IF;\n\
+         \x20   EXECUTE format('INSERT INTO %I (topic, msg_key, payload, headers) VALUES ($1, $2, $3, $4) RETURNING id',\n\
+         \x20                  '{prefix}_' || p_shard || '_' || part)\n\
+         \x20       INTO new_id USING p_topic, p_key, p_payload, p_headers;\n\
+         \x20   RETURN new_id;\n\
+         END\n\
+         $fn$",
+        shards = plan.shards,
+        last_shard = plan.shards.saturating_sub(1),
+        partitions = plan.partitions,
+    )
+}
+
+/// Runs the plan: schema statements in one transaction, then each slot on its own.
+pub async fn apply(client: &mut Client, plan: &SetupPlan) -> Result<(), tokio_postgres::Error> {
+    let tx = client.transaction().await?;
+    // Two setups racing on a fresh database would both try CREATE TABLE; serialise them.
+    tx.batch_execute("SELECT pg_advisory_xact_lock(hashtext('outbox-streamer setup'))").await?;
+    for stmt in schema_statements(plan) {
+        tx.batch_execute(&stmt).await?;
+    }
+    tx.commit().await?;
+    for stmt in slot_statements(plan) {
+        client.batch_execute(&stmt).await?;
+    }
+    Ok(())
+}
+
+/// One failed server check: what is wrong and what to change.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CheckFailure {
+    pub what: String,
+    pub fix: String,
+}
+
+impl std::fmt::Display for CheckFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}; fix: {}", self.what, self.fix)
+    }
+}
+
+/// Checks the server before setup creates anything: logical WAL, room for the slots and
+/// senders still to be created, and the streamer role's REPLICATION attribute.
+pub async fn check_server(client: &Client, plan: &SetupPlan) -> Result<Vec<CheckFailure>, tokio_postgres::Error> {
+    let mut failures = Vec::new();
+    let wal_level: String = client.query_one("SHOW wal_level", &[]).await?.get(0);
+    if wal_level != "logical" {
+        failures.push(CheckFailure {
+            what: format!("wal_level is '{wal_level}', logical decoding needs 'logical'"),
+            fix: "set wal_level = logical in postgresql.conf (or ALTER SYSTEM SET wal_level = logical) and restart PostgreSQL".into(),
+        });
+    }
+    let slot_names: Vec<String> = plan.streams.iter().map(|s| s.slot.clone()).collect();
+    let row = client
+        .query_one(
+            "SELECT current_setting('max_replication_slots')::int,
+                    (SELECT count(*) FROM pg_replication_slots)::int,
+                    (SELECT count(*) FROM pg_replication_slots WHERE slot_name = ANY($1))::int,
+                    current_setting('max_wal_senders')::int,
+                    (SELECT count(*) FROM pg_stat_replication)::int",
+            &[&slot_names],
+        )
+        .await?;
+    let (max_slots, used_slots, ours, max_senders, used_senders): (i32, i32, i32, i32, i32) =
+        (row.get(0), row.get(1), row.get(2), row.get(3), row.get(4));
+    let missing = plan.streams.len() as i32 - ours;
+    if used_slots + missing > max_slots {
+        failures.push(CheckFailure {
+            what: format!("max_replication_slots is {max_slots} with {used_slots} in use; {missing} more are needed"),
+            fix: format!(
+                "raise max_replication_slots to at least {} and restart PostgreSQL, or drop unused slots",
+                used_slots + missing
+            ),
+        });
+    }
+    if used_senders + plan.streams.len() as i32 > max_senders {
+        failures.push(CheckFailure {
+            what: format!(
+                "max_wal_senders is {max_senders} with {used_senders} in use; each shard-partition streams through one"
+            ),
+            fix: format!(
+                "raise max_wal_senders to at least {} and restart PostgreSQL",
+                used_senders + plan.streams.len() as i32
+            ),
+        });
+    }
+    if let Some(role) = &plan.streamer_role {
+        let row = client
+            .query_opt("SELECT rolreplication OR rolsuper, rolcanlogin FROM pg_roles WHERE rolname = $1", &[role])
+            .await?;
+        match row {
+            None => failures.push(CheckFailure {
+                what: format!("the streamer role {role:?} does not exist"),
+                fix: format!(
+                    "CREATE ROLE {} LOGIN REPLICATION PASSWORD '…' (see docs/configure-postgres.md)",
+                    ident(role)
+                ),
+            }),
+            Some(r) => {
+                if !r.get::<_, bool>(0) {
+                    failures.push(CheckFailure {
+                        what: format!("the streamer role {role:?} lacks the REPLICATION attribute"),
+                        fix: format!("ALTER ROLE {} REPLICATION", ident(role)),
+                    });
+                }
+                if !r.get::<_, bool>(1) {
+                    failures.push(CheckFailure {
+                        what: format!("the streamer role {role:?} cannot log in"),
+                        fix: format!("ALTER ROLE {} LOGIN", ident(role)),
+                    });
+                }
+            }
+        }
+    }
+    Ok(failures)
+}
+
+/// After setup: the streamer role can read and delete every table (checked, not assumed).
+pub async fn check_privileges(client: &Client, plan: &SetupPlan) -> Result<Vec<CheckFailure>, tokio_postgres::Error> {
+    let Some(role) = &plan.streamer_role else { return Ok(Vec::new()) };
+    let mut failures = Vec::new();
+    for s in &plan.streams {
+        let row = client
+            .query_one(
+                "SELECT has_table_privilege($1, $2, 'SELECT'), has_table_privilege($1, $2, 'DELETE')",
+                &[role, &ident(&s.table)],
+            )
+            .await?;
+        if !(row.get::<_, bool>(0) && row.get::<_, bool>(1)) {
+            failures.push(CheckFailure {
+                what: format!("role {role:?} cannot SELECT and DELETE on {}", s.table),
+                fix: format!("GRANT SELECT, DELETE ON {} TO {}", ident(&s.table), ident(role)),
+            });
+        }
+    }
+    Ok(failures)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn plan() -> SetupPlan {
+        SetupPlan {
+            prefix: "outbox".into(),
+            shards: 2,
+            partitions: 3,
+            streams: vec![StreamObjects {
+                table: "outbox_0_0".into(),
+                publication: "outbox_0_0".into(),
+                slot: "outbox_0_0".into(),
+            }],
+            streamer_role: Some("outbox_streamer".into()),
+        }
+    }
+
+    #[test]
+    fn quoting() {
+        assert_eq!(ident(r#"a"b"#), r#""a""b""#);
+        assert_eq!(literal("it's"), "'it''s'");
+    }
+
+    #[test]
+    fn plan_creates_publication_insert_only_and_grants() {
+        let sql = schema_statements(&plan()).join(";\n");
+        assert!(sql.contains("CREATE TABLE IF NOT EXISTS \"outbox_0_0\""));
+        assert!(sql.contains("WITH (publish = 'insert')"));
+        assert!(sql.contains("GRANT SELECT, DELETE ON \"outbox_0_0\" TO \"outbox_streamer\""));
+        assert!(sql.contains("% 3"), "routes over 3 partitions");
+        let slots = slot_statements(&plan());
+        assert_eq!(slots.len(), 1);
+        assert!(slots[0].contains("pg_create_logical_replication_slot('outbox_0_0', 'pgoutput')"));
+    }
+}

@@ -1,0 +1,50 @@
+//! Slot facts for `status`, metrics and start-up checks.
+
+use pgwire_replication::Lsn;
+use tokio_postgres::Client;
+
+/// One slot as `pg_replication_slots` shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SlotState {
+    pub exists: bool,
+    pub active_pid: Option<i32>,
+    pub confirmed_flush: Option<Lsn>,
+    /// `wal_status`: reserved, extended, unreserved or lost.
+    pub wal_status: Option<String>,
+    /// Bytes of WAL between the slot's confirmed position and the server's current one.
+    pub lag_bytes: Option<i64>,
+}
+
+pub async fn state(client: &Client, slot: &str) -> Result<SlotState, tokio_postgres::Error> {
+    let row = client
+        .query_opt(
+            "SELECT active_pid, confirmed_flush_lsn::text, wal_status,
+                    (pg_current_wal_lsn() - confirmed_flush_lsn)::bigint
+             FROM pg_replication_slots WHERE slot_name = $1",
+            &[&slot],
+        )
+        .await?;
+    Ok(match row {
+        None => SlotState { exists: false, active_pid: None, confirmed_flush: None, wal_status: None, lag_bytes: None },
+        Some(r) => SlotState {
+            exists: true,
+            active_pid: r.get(0),
+            confirmed_flush: r.get::<_, Option<String>>(1).and_then(|s| Lsn::parse(&s).ok()),
+            wal_status: r.get(2),
+            lag_bytes: r.get(3),
+        },
+    })
+}
+
+/// Moves an inactive slot to `lsn` (never backwards). Used on shutdown, after the replication
+/// session closed, so the last confirmed position is recorded at once.
+pub async fn advance(client: &Client, slot: &str, lsn: Lsn) -> Result<(), tokio_postgres::Error> {
+    client
+        .execute(
+            "SELECT pg_replication_slot_advance($1, $2::text::pg_lsn)
+             FROM pg_replication_slots WHERE slot_name = $1 AND confirmed_flush_lsn < $2::text::pg_lsn",
+            &[&slot, &lsn.to_pg_string()],
+        )
+        .await?;
+    Ok(())
+}

@@ -1,0 +1,140 @@
+//! One slot's replication stream, decoded into the changes an outbox streamer acts on.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use pgwire_replication::{Lsn, PgWireError, ReplicationClient, ReplicationConfig, ReplicationEvent};
+
+use crate::pgoutput::{self, Message, Relation, Value};
+
+/// A change in commit order. Between `Begin` and `Commit` come the inserts of exactly one
+/// committed transaction (protocol 1 never streams a transaction in progress).
+#[derive(Debug, Clone)]
+pub enum Change {
+    Begin {
+        final_lsn: Lsn,
+        xid: u32,
+    },
+    /// A (re)announced table shape; the stream has already replaced its cache entry.
+    Relation(Arc<Relation>),
+    Insert {
+        relation: Arc<Relation>,
+        values: Vec<Value>,
+    },
+    Commit {
+        commit_lsn: Lsn,
+        end_lsn: Lsn,
+        commit_time_micros: i64,
+    },
+    /// The server's WAL end while nothing of ours is in this part of the WAL.
+    KeepAlive {
+        wal_end: Lsn,
+    },
+    /// A `pg_logical_emit_message` (our heartbeat or anyone's).
+    Message {
+        lsn: Lsn,
+        prefix: String,
+        content: Bytes,
+    },
+    /// An update, delete or truncate reached us: the publication is not insert-only.
+    Unexpected {
+        tag: char,
+    },
+}
+
+/// Why the stream ended.
+#[derive(Debug, thiserror::Error)]
+pub enum StreamError {
+    #[error("replication connection: {0}")]
+    Wire(#[from] PgWireError),
+    #[error(transparent)]
+    Decode(#[from] pgoutput::DecodeError),
+    #[error("insert for relation {0} arrived before its Relation message")]
+    UnknownRelation(u32),
+}
+
+impl StreamError {
+    /// True when another session holds the slot (SQLSTATE 55006): another owner is alive.
+    pub fn slot_in_use(&self) -> bool {
+        matches!(self, StreamError::Wire(PgWireError::Server(m)) if m.contains("55006") || m.contains("is active for PID"))
+    }
+
+    /// True when the slot does not exist (SQLSTATE 42704).
+    pub fn slot_missing(&self) -> bool {
+        matches!(self, StreamError::Wire(PgWireError::Server(m)) if m.contains("42704") || (m.contains("replication slot") && m.contains("does not exist")))
+    }
+}
+
+/// A started replication session on one slot.
+pub struct ReplicationStream {
+    client: ReplicationClient,
+    relations: HashMap<u32, Arc<Relation>>,
+}
+
+impl std::fmt::Debug for ReplicationStream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReplicationStream").field("relations", &self.relations.len()).finish()
+    }
+}
+
+impl ReplicationStream {
+    /// Connects and starts streaming from the slot's confirmed position.
+    pub async fn start(cfg: ReplicationConfig) -> Result<Self, StreamError> {
+        let mut client = ReplicationClient::connect(cfg).await?;
+        client.wait_started().await?;
+        Ok(Self { client, relations: HashMap::new() })
+    }
+
+    /// The next change; `Ok(None)` when the server ended the stream.
+    pub async fn next(&mut self) -> Result<Option<Change>, StreamError> {
+        loop {
+            let Some(event) = self.client.recv().await? else { return Ok(None) };
+            let change = match event {
+                ReplicationEvent::Begin { final_lsn, xid, .. } => Change::Begin { final_lsn, xid },
+                ReplicationEvent::Commit { lsn, end_lsn, commit_time_micros } => {
+                    Change::Commit { commit_lsn: lsn, end_lsn, commit_time_micros }
+                }
+                ReplicationEvent::KeepAlive { wal_end, .. } => Change::KeepAlive { wal_end },
+                ReplicationEvent::Message { lsn, prefix, content, .. } => Change::Message { lsn, prefix, content },
+                ReplicationEvent::StoppedAt { .. } => return Ok(None),
+                ReplicationEvent::XLogData { data, .. } => match pgoutput::decode(data)? {
+                    Message::Relation(rel) => {
+                        let rel = Arc::new(rel);
+                        self.relations.insert(rel.id, rel.clone());
+                        Change::Relation(rel)
+                    }
+                    Message::Insert { relation_id, values } => {
+                        let relation = self
+                            .relations
+                            .get(&relation_id)
+                            .cloned()
+                            .ok_or(StreamError::UnknownRelation(relation_id))?;
+                        Change::Insert { relation, values }
+                    }
+                    Message::OtherChange { tag } => Change::Unexpected { tag: tag as char },
+                    Message::Ignored { .. } => continue,
+                },
+            };
+            return Ok(Some(change));
+        }
+    }
+
+    /// Lets the slot forget everything up to `lsn`: call only once every row before it is
+    /// published and deleted. Monotonic; reported to the server within the status interval.
+    pub fn confirm(&self, lsn: Lsn) {
+        self.client.update_applied_lsn(lsn);
+    }
+
+    /// The last position handed to [`confirm`](Self::confirm).
+    pub fn confirmed(&self) -> Lsn {
+        self.client.metrics().last_applied_lsn()
+    }
+
+    /// Ends the session cleanly (CopyDone) and waits for the connection to close.
+    pub async fn shutdown(mut self) {
+        if let Err(e) = self.client.shutdown().await {
+            tracing::debug!(error = %e, "replication session ended with an error during shutdown");
+        }
+    }
+}

@@ -1,0 +1,719 @@
+"""Real PostgreSQL, MariaDB, Apache Kafka (KRaft) and ZooKeeper on loopback, for the demo,
+the tests, CI and the benchmarks.
+
+Contract:
+  * `up` installs what is missing (Debian packages, Maven Central jars resolved into a cache),
+    then starts every service with its data under the scratch directory (default
+    `target/services`, moved with OUTBOX_SERVICES_DIR), bound to 127.0.0.1 on ports of our own,
+    and waits with a deadline until each one answers a real request. Running `up` again while
+    the services run is a no-op.
+  * `env` prints `export NAME=value` lines; tests, the demo and the benchmarks read only these.
+  * `down` stops only the processes `up` started, by the pid it recorded.
+  * `status` shows each service, its pid, its port and whether it answers.
+
+Nothing here touches a system-wide service: packages are installed with service start-up
+suppressed, and every server runs from a data directory under the scratch directory.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import pwd
+import secrets
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+ROOT = Path(__file__).resolve().parents[2]
+HERE = Path(__file__).resolve().parent
+STATE = Path(os.environ.get("OUTBOX_SERVICES_DIR", ROOT / "target" / "services")).resolve()
+CACHE = Path(os.environ.get("OUTBOX_SERVICES_CACHE", Path.home() / ".cache" / "outbox-streamer")).resolve()
+PG_BIN = Path("/usr/lib/postgresql/15/bin")
+START_DEADLINE_S = float(os.environ.get("OUTBOX_SERVICES_DEADLINE", "90"))
+STOP_DEADLINE_S = 30.0
+IS_ROOT = os.geteuid() == 0
+
+
+def port(var: str, default: int) -> int:
+    raw = os.environ.get(var, str(default))
+    try:
+        return int(raw)
+    except ValueError:
+        fail(f"{var}={raw!r} is not a port number; unset it or give a number such as {default}")
+
+
+PG_PORT = port("OUTBOX_PG_PORT", 25432)
+MYSQL_PORT = port("OUTBOX_MYSQL_PORT", 23306)
+KAFKA_PORT = port("OUTBOX_KAFKA_PORT", 29092)
+KAFKA_CONTROLLER_PORT = port("OUTBOX_KAFKA_CONTROLLER_PORT", 29093)
+ZK_PORT = port("OUTBOX_ZK_PORT", 22181)
+
+
+class ServiceError(Exception):
+    pass
+
+
+def fail(msg: str) -> None:
+    print(f"scripts/services: error: {msg}", file=sys.stderr)
+    sys.exit(1)
+
+
+def say(msg: str) -> None:
+    print(f"scripts/services: {msg}", flush=True)
+
+
+def run(cmd: list[str], **kw) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, check=False, text=True, capture_output=True, **kw)
+
+
+def tail(path: Path, lines: int = 15) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except FileNotFoundError:
+        return "(no log written yet)"
+
+
+# ---------------------------------------------------------------- secrets
+
+def password(name: str) -> str:
+    """A random password made on first use and kept in the state directory (mode 0600)."""
+    path = STATE / "secrets" / name
+    if path.exists():
+        return path.read_text().strip()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    os.chmod(path.parent, 0o700)
+    value = secrets.token_urlsafe(18)
+    path.write_text(value + "\n")
+    os.chmod(path, 0o600)
+    return value
+
+
+# ---------------------------------------------------------------- install
+
+def apt_install(packages: list[str]) -> None:
+    if not IS_ROOT:
+        fail(f"missing packages {' '.join(packages)}; run `sudo apt-get install {' '.join(packages)}` or run this as root")
+    say(f"installing {' '.join(packages)} from Debian packages (system services stay stopped)")
+    policy = Path("/usr/sbin/policy-rc.d")
+    made_policy = False
+    if not policy.exists():
+        # Debian's hook for "do not start services from maintainer scripts".
+        policy.write_text("#!/bin/sh\nexit 101\n")
+        policy.chmod(0o755)
+        made_policy = True
+    try:
+        env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+        lists = Path("/var/lib/apt/lists")
+        if not any(lists.glob("*Packages*")):
+            subprocess.run(["apt-get", "update", "-q"], check=True, env=env)
+        result = subprocess.run(["apt-get", "install", "-y", "-q", "--no-install-recommends", *packages], env=env)
+        if result.returncode != 0:
+            subprocess.run(["apt-get", "update", "-q"], check=True, env=env)
+            subprocess.run(["apt-get", "install", "-y", "-q", "--no-install-recommends", *packages], check=True, env=env)
+    finally:
+        if made_policy:
+            policy.unlink()
+    # Packages may have started their system service despite the policy (non-Debian init);
+    # they are not ours to stop, but they must not hold our ports, which are not defaults.
+
+
+def java_major() -> int:
+    java = shutil.which("java")
+    if not java:
+        return 0
+    out = run([java, "-version"]).stderr
+    for token in out.replace('"', " ").split():
+        if token[:2].isdigit() or token[:1].isdigit():
+            head = token.split(".")[0]
+            if head == "1":
+                return int(token.split(".")[1])
+            if head.isdigit():
+                return int(head)
+    return 0
+
+
+def install() -> None:
+    missing = []
+    if not (PG_BIN / "postgres").exists():
+        missing += ["postgresql-15", "postgresql-client-15"]
+    if not shutil.which("psql"):
+        missing.append("postgresql-client-15")
+    if not (Path("/usr/sbin/mariadbd").exists() and shutil.which("mariadb-install-db")):
+        missing += ["mariadb-server", "mariadb-client"]
+    if java_major() < 17:
+        missing.append("openjdk-17-jre-headless")
+    if not shutil.which("mvn"):
+        missing.append("maven")
+    if missing:
+        apt_install(sorted(set(missing)))
+    for name in ("kafka", "zookeeper"):
+        classpath(name)
+
+
+def classpath(name: str) -> str:
+    """The runtime classpath of `name`, resolved once with Maven into CACHE and reused offline."""
+    pom = HERE / f"{name}.pom.xml"
+    out = CACHE / f"{name}.classpath"
+    stamp = CACHE / f"{name}.pom.sha"
+    digest = str(hash_file(pom))
+    if out.exists() and stamp.exists() and stamp.read_text() == digest:
+        cp = out.read_text().strip()
+        if cp and all(Path(p).exists() for p in cp.split(":")):
+            return cp
+    CACHE.mkdir(parents=True, exist_ok=True)
+    say(f"resolving {name} jars from Maven Central into {CACHE / 'maven'}")
+    result = run(["mvn", "-q", "-B", "-f", str(pom), f"-Dmaven.repo.local={CACHE / 'maven'}",
+                  "dependency:build-classpath", f"-Dmdep.outputFile={out}"])
+    if result.returncode != 0:
+        fail(f"maven could not resolve {name} ({pom}):\n{result.stdout[-3000:]}{result.stderr[-2000:]}")
+    stamp.write_text(digest)
+    return out.read_text().strip()
+
+
+def hash_file(path: Path) -> str:
+    import hashlib
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+# ---------------------------------------------------------------- process handling
+
+@dataclass
+class Service:
+    name: str
+    port: int
+    port_var: str
+    prepare: Callable[[], None]
+    command: Callable[[], list[str]]
+    check: Callable[[], str | None]  # None when ready, else why not
+    run_as: str | None = None
+    stop_signal: int = signal.SIGTERM
+    after_ready: Callable[[], None] | None = None
+
+    @property
+    def dir(self) -> Path:
+        return STATE / self.name
+
+    @property
+    def pidfile(self) -> Path:
+        return self.dir / "pid"
+
+    @property
+    def log(self) -> Path:
+        return self.dir / f"{self.name}.log"
+
+    def pid(self) -> int | None:
+        try:
+            pid = int(self.pidfile.read_text().strip())
+        except (FileNotFoundError, ValueError):
+            return None
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+        except FileNotFoundError:
+            return None
+        # The pid is ours only while it still runs a command that names our directory.
+        return pid if str(self.dir) in cmdline else None
+
+
+def port_free(p: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", p))
+            return True
+        except OSError:
+            return False
+
+
+def user_ids(name: str | None):
+    if not IS_ROOT or name is None:
+        return None
+    entry = pwd.getpwnam(name)
+    return entry.pw_uid, entry.pw_gid
+
+
+def chown_tree(path: Path, owner: str | None) -> None:
+    ids = user_ids(owner)
+    if ids is None:
+        return
+    for dirpath, dirnames, filenames in os.walk(path):
+        os.chown(dirpath, *ids)
+        for f in filenames:
+            os.chown(os.path.join(dirpath, f), *ids)
+
+
+def check_reachable(svc: Service) -> None:
+    """A server running as another user must be able to reach its directory."""
+    ids = user_ids(svc.run_as)
+    if ids is None:
+        return
+    probe = run(["runuser", "-u", svc.run_as, "--", "test", "-w", str(svc.dir)])
+    if probe.returncode != 0:
+        raise ServiceError(
+            f"{svc.name}: user {svc.run_as!r} cannot write {svc.dir}; a parent directory is not "
+            f"traversable. Set OUTBOX_SERVICES_DIR to a directory it can reach, e.g. /tmp/outbox-services")
+
+
+def start(svc: Service) -> None:
+    if svc.pid() is not None:
+        return
+    if not port_free(svc.port):
+        raise ServiceError(
+            f"{svc.name}: port {svc.port} on 127.0.0.1 is already in use by another process; "
+            f"set {svc.port_var} to a free port (and use the same value for every scripts/services call)")
+    svc.dir.mkdir(parents=True, exist_ok=True)
+    chown_tree(svc.dir, svc.run_as)
+    check_reachable(svc)
+    svc.prepare()
+    chown_tree(svc.dir, svc.run_as)
+    ids = user_ids(svc.run_as)
+    with open(svc.log, "ab") as log:
+        log.write(f"\n==== started by scripts/services at {time.ctime()} ====\n".encode())
+        log.flush()
+        proc = subprocess.Popen(
+            svc.command(), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            cwd=svc.dir, start_new_session=True,
+            user=ids[0] if ids else None, group=ids[1] if ids else None,
+            extra_groups=[] if ids else None)
+    svc.pidfile.write_text(f"{proc.pid}\n")
+
+
+def wait_ready(svc: Service, deadline: float) -> None:
+    last = "not started"
+    while time.monotonic() < deadline:
+        if svc.pid() is None:
+            time.sleep(0.5)  # let the dying process's last words reach the log
+            raise ServiceError(f"{svc.name} exited during start-up; log {svc.log}:\n{tail(svc.log)}")
+        try:
+            why = svc.check()
+        except OSError as e:
+            why = str(e)
+        if why is None:
+            if svc.after_ready:
+                svc.after_ready()
+            return
+        last = why
+        time.sleep(0.2)
+    raise ServiceError(
+        f"{svc.name} did not answer within {START_DEADLINE_S:.0f}s (last check: {last}); "
+        f"log {svc.log}:\n{tail(svc.log)}")
+
+
+def stop(svc: Service) -> None:
+    pid = svc.pid()
+    if pid is None:
+        svc.pidfile.unlink(missing_ok=True)
+        return
+    os.kill(pid, svc.stop_signal)
+    deadline = time.monotonic() + STOP_DEADLINE_S
+    while time.monotonic() < deadline and svc.pid() is not None:
+        time.sleep(0.1)
+    if svc.pid() is not None:
+        say(f"{svc.name} (pid {pid}) did not stop within {STOP_DEADLINE_S:.0f}s; sending SIGKILL")
+        os.killpg(pid, signal.SIGKILL)
+    svc.pidfile.unlink(missing_ok=True)
+
+
+# ---------------------------------------------------------------- PostgreSQL
+
+PG_USER = "outbox_admin"
+
+
+def pg_prepare() -> None:
+    data = STATE / "postgres" / "data"
+    if (data / "PG_VERSION").exists():
+        return
+    pwfile = STATE / "postgres" / "initdb.pw"
+    pwfile.write_text(password("postgres") + "\n")
+    chown_tree(STATE / "postgres", "postgres")
+    cmd = [str(PG_BIN / "initdb"), "-D", str(data), "-U", PG_USER, f"--pwfile={pwfile}",
+           "--auth=scram-sha-256", "--encoding=UTF8", "--locale=C.UTF-8"]
+    if IS_ROOT:
+        cmd = ["runuser", "-u", "postgres", "--", *cmd]
+    result = run(cmd)
+    pwfile.unlink()
+    if result.returncode != 0:
+        raise ServiceError(f"postgres: initdb failed:\n{result.stdout}{result.stderr}")
+    with open(data / "postgresql.conf", "a") as conf:
+        conf.write("\n# outbox-streamer test/demo settings (scripts/services)\n")
+        for line in [
+            "listen_addresses = '127.0.0.1'",
+            "unix_socket_directories = ''",
+            "wal_level = logical",
+            "max_replication_slots = 64",
+            "max_wal_senders = 64",
+            "track_commit_timestamp = on",
+            "max_connections = 300",
+            "shared_buffers = 256MB",
+            "logical_decoding_work_mem = 64MB",
+            "log_min_messages = warning",
+            "log_line_prefix = '%m [%p] %q%u@%d '",
+        ]:
+            conf.write(line + "\n")
+    with open(data / "pg_hba.conf", "w") as hba:
+        hba.write("# outbox-streamer: TCP on loopback only, SCRAM passwords\n")
+        hba.write("host all all 127.0.0.1/32 scram-sha-256\n")
+        hba.write("host replication all 127.0.0.1/32 scram-sha-256\n")
+
+
+def pg_command() -> list[str]:
+    return [str(PG_BIN / "postgres"), "-D", str(STATE / "postgres" / "data"), "-p", str(PG_PORT)]
+
+
+def psql(sql: str, db: str = "postgres") -> subprocess.CompletedProcess:
+    return run(["psql", "-X", "-v", "ON_ERROR_STOP=1", "-h", "127.0.0.1", "-p", str(PG_PORT), "-U", PG_USER,
+                "-d", db, "-Atc", sql], env=dict(os.environ, PGPASSWORD=password("postgres"), PGCONNECT_TIMEOUT="2"))
+
+
+def pg_check() -> str | None:
+    r = psql("SHOW wal_level")
+    if r.returncode != 0:
+        return r.stderr.strip().splitlines()[-1] if r.stderr.strip() else "psql failed"
+    if r.stdout.strip() != "logical":
+        return f"wal_level is {r.stdout.strip()!r}, expected 'logical'"
+    return None
+
+
+# ---------------------------------------------------------------- MariaDB
+
+MYSQL_USER = "outbox_admin"
+
+
+def mysql_sock() -> Path:
+    return STATE / "mariadb" / "mysqld.sock"
+
+
+def mysql_prepare() -> None:
+    data = STATE / "mariadb" / "data"
+    (STATE / "mariadb" / "binlog").mkdir(parents=True, exist_ok=True)
+    if (data / "mysql").exists():
+        return
+    data.mkdir(parents=True, exist_ok=True)
+    chown_tree(STATE / "mariadb", "mysql")
+    socket_user = "root" if IS_ROOT else pwd.getpwuid(os.geteuid()).pw_name
+    cmd = ["mariadb-install-db", "--no-defaults", f"--datadir={data}", "--auth-root-authentication-method=socket",
+           f"--auth-root-socket-user={socket_user}", "--skip-test-db"]
+    if IS_ROOT:
+        cmd.append("--user=mysql")
+    result = run(cmd)
+    if result.returncode != 0:
+        raise ServiceError(f"mariadb: mariadb-install-db failed:\n{result.stdout[-3000:]}{result.stderr[-3000:]}")
+
+
+def mysql_command() -> list[str]:
+    base = STATE / "mariadb"
+    cmd = ["/usr/sbin/mariadbd", "--no-defaults", f"--datadir={base / 'data'}", f"--port={MYSQL_PORT}",
+           "--bind-address=127.0.0.1", f"--socket={mysql_sock()}", f"--pid-file={base / 'mariadbd.pid'}",
+           f"--log-bin={base / 'binlog' / 'mariadb-bin'}", "--server-id=1", "--binlog-format=ROW",
+           "--binlog-row-image=FULL", "--binlog-row-metadata=FULL", "--sync-binlog=1",
+           "--innodb-flush-log-at-trx-commit=1", "--gtid-strict-mode=ON", "--log-bin-compress=OFF",
+           "--max-connections=300", "--innodb-buffer-pool-size=256M", "--max-allowed-packet=64M",
+           "--skip-name-resolve", "--character-set-server=utf8mb4", "--collation-server=utf8mb4_bin"]
+    if IS_ROOT:
+        cmd.append("--user=mysql")
+    return cmd
+
+
+def mysql_query(sql: str, admin: bool = True) -> subprocess.CompletedProcess:
+    if admin:
+        return run(["mariadb", "--no-defaults", "-h", "127.0.0.1", "-P", str(MYSQL_PORT), "-u", MYSQL_USER,
+                    "--connect-timeout=2", "-N", "-B", "-e", sql], env=dict(os.environ, MYSQL_PWD=password("mariadb")))
+    return run(["mariadb", "--no-defaults", f"--socket={mysql_sock()}", "-u", "root", "--connect-timeout=2",
+                "-N", "-B", "-e", sql])
+
+
+def mysql_check() -> str | None:
+    r = mysql_query("SELECT @@log_bin, @@binlog_format, @@binlog_row_image")
+    if r.returncode != 0:
+        # The admin user is created right after the first start; the root socket answers first.
+        root = mysql_query("SELECT 1", admin=False)
+        if root.returncode == 0:
+            mysql_create_admin()
+            r = mysql_query("SELECT @@log_bin, @@binlog_format, @@binlog_row_image")
+        if r.returncode != 0:
+            return (r.stderr.strip() or "mariadb client failed").splitlines()[-1]
+    fields = r.stdout.split()
+    if fields != ["1", "ROW", "FULL"]:
+        return f"binlog settings are {fields}, expected log_bin=1 ROW FULL"
+    return None
+
+
+def mysql_create_admin() -> None:
+    pw = password("mariadb").replace("'", "''")
+    sql = (f"CREATE USER IF NOT EXISTS '{MYSQL_USER}'@'127.0.0.1' IDENTIFIED BY '{pw}'; "
+           f"ALTER USER '{MYSQL_USER}'@'127.0.0.1' IDENTIFIED BY '{pw}'; "
+           f"GRANT ALL PRIVILEGES ON *.* TO '{MYSQL_USER}'@'127.0.0.1' WITH GRANT OPTION;")
+    r = mysql_query(sql, admin=False)
+    if r.returncode != 0:
+        raise ServiceError(f"mariadb: could not create {MYSQL_USER}: {r.stderr.strip()}")
+
+
+# ---------------------------------------------------------------- ZooKeeper
+
+def zk_prepare() -> None:
+    d = STATE / "zookeeper"
+    (d / "data").mkdir(parents=True, exist_ok=True)
+    (d / "zoo.cfg").write_text("\n".join([
+        "# outbox-streamer test/demo ZooKeeper (scripts/services)",
+        "tickTime=500",
+        "minSessionTimeout=1000",
+        "maxSessionTimeout=60000",
+        f"dataDir={d / 'data'}",
+        f"clientPort={ZK_PORT}",
+        "clientPortAddress=127.0.0.1",
+        "maxClientCnxns=200",
+        "admin.enableServer=false",
+        "4lw.commands.whitelist=ruok,srvr,stat,mntr",
+        "",
+    ]))
+
+
+def zk_command() -> list[str]:
+    d = STATE / "zookeeper"
+    return ["java", "-Xms64m", "-Xmx256m", f"-Dlogback.configurationFile={HERE / 'zookeeper-logback.xml'}",
+            f"-Dzookeeper.outbox.dir={d}", "-cp", classpath("zookeeper"),
+            "org.apache.zookeeper.server.ZooKeeperServerMain", str(d / "zoo.cfg")]
+
+
+def four_letter(p: int, word: bytes) -> bytes:
+    with socket.create_connection(("127.0.0.1", p), timeout=2) as s:
+        s.sendall(word)
+        chunks = []
+        while True:
+            b = s.recv(4096)
+            if not b:
+                break
+            chunks.append(b)
+        return b"".join(chunks)
+
+
+def zk_check() -> str | None:
+    reply = four_letter(ZK_PORT, b"srvr")
+    if b"Mode: standalone" not in reply:
+        return f"srvr answered {reply[:80]!r}"
+    return None
+
+
+# ---------------------------------------------------------------- Kafka
+
+def kafka_props() -> Path:
+    return STATE / "kafka" / "server.properties"
+
+
+def kafka_prepare() -> None:
+    d = STATE / "kafka"
+    (d / "data").mkdir(parents=True, exist_ok=True)
+    kafka_props().write_text("\n".join([
+        "# outbox-streamer test/demo Kafka: one combined broker+controller (KRaft), scripts/services",
+        "process.roles=broker,controller",
+        "node.id=1",
+        f"controller.quorum.voters=1@127.0.0.1:{KAFKA_CONTROLLER_PORT}",
+        f"listeners=PLAINTEXT://127.0.0.1:{KAFKA_PORT},CONTROLLER://127.0.0.1:{KAFKA_CONTROLLER_PORT}",
+        f"advertised.listeners=PLAINTEXT://127.0.0.1:{KAFKA_PORT}",
+        "controller.listener.names=CONTROLLER",
+        "inter.broker.listener.name=PLAINTEXT",
+        "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+        f"log.dirs={d / 'data'}",
+        "num.partitions=1",
+        "auto.create.topics.enable=false",
+        "offsets.topic.replication.factor=1",
+        "offsets.topic.num.partitions=4",
+        "transaction.state.log.replication.factor=1",
+        "transaction.state.log.min.isr=1",
+        "transaction.state.log.num.partitions=4",
+        "share.coordinator.state.topic.replication.factor=1",
+        "share.coordinator.state.topic.min.isr=1",
+        "group.initial.rebalance.delay.ms=0",
+        "delete.topic.enable=true",
+        "",
+    ]))
+    if (d / "data" / "meta.properties").exists():
+        return
+    cluster_id = base64.urlsafe_b64encode(secrets.token_bytes(16)).decode().rstrip("=")
+    r = run(["java", "-Xmx256m", f"-Dlog4j2.configurationFile={HERE / 'kafka-log4j2.properties'}",
+             "-cp", classpath("kafka"), "kafka.tools.StorageTool", "format", "-t", cluster_id,
+             "-c", str(kafka_props())])
+    if r.returncode != 0:
+        raise ServiceError(f"kafka: formatting storage failed:\n{r.stdout[-3000:]}{r.stderr[-3000:]}")
+
+
+def kafka_command() -> list[str]:
+    d = STATE / "kafka"
+    return ["java", "-Xms512m", "-Xmx1g", "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20", "-Djava.awt.headless=true",
+            f"-Dlog4j2.configurationFile={HERE / 'kafka-log4j2.properties'}", f"-Dkafka.logs.dir={d}",
+            "-cp", classpath("kafka"), "kafka.Kafka", str(kafka_props())]
+
+
+def kafka_request(sock: socket.socket, api_key: int, version: int, body: bytes, correlation: int) -> bytes:
+    client = b"outbox-services"
+    header = struct.pack(">hhih", api_key, version, correlation, len(client)) + client
+    msg = header + body
+    sock.sendall(struct.pack(">i", len(msg)) + msg)
+    size = struct.unpack(">i", recv_exact(sock, 4))[0]
+    payload = recv_exact(sock, size)
+    if struct.unpack(">i", payload[:4])[0] != correlation:
+        raise OSError("kafka answered with a different correlation id")
+    return payload[4:]
+
+
+def recv_exact(sock: socket.socket, n: int) -> bytes:
+    buf = b""
+    while len(buf) < n:
+        chunk = sock.recv(n - len(buf))
+        if not chunk:
+            raise OSError("connection closed by kafka")
+        buf += chunk
+    return buf
+
+
+def kafka_check() -> str | None:
+    """ApiVersions v0, then Metadata v1: the broker must list itself and a controller."""
+    with socket.create_connection(("127.0.0.1", KAFKA_PORT), timeout=2) as s:
+        s.settimeout(3)
+        versions = kafka_request(s, 18, 0, b"", 1)
+        err = struct.unpack(">h", versions[:2])[0]
+        if err != 0:
+            return f"ApiVersions error code {err}"
+        meta = kafka_request(s, 3, 1, struct.pack(">i", 0), 2)  # empty topic list
+        (brokers,) = struct.unpack(">i", meta[:4])
+        pos = 4
+        for _ in range(brokers):
+            pos += 4
+            (hl,) = struct.unpack(">h", meta[pos:pos + 2])
+            pos += 2 + hl + 4
+            (rl,) = struct.unpack(">h", meta[pos:pos + 2])
+            pos += 2 + max(rl, 0)
+        (controller,) = struct.unpack(">i", meta[pos:pos + 4])
+        if brokers < 1 or controller < 0:
+            return f"metadata lists {brokers} broker(s), controller {controller}"
+    return None
+
+
+# ---------------------------------------------------------------- registry
+
+SERVICES = [
+    Service("postgres", PG_PORT, "OUTBOX_PG_PORT", pg_prepare, pg_command, pg_check,
+            run_as="postgres", stop_signal=signal.SIGINT),
+    Service("mariadb", MYSQL_PORT, "OUTBOX_MYSQL_PORT", mysql_prepare, mysql_command, mysql_check,
+            run_as="mysql"),
+    Service("kafka", KAFKA_PORT, "OUTBOX_KAFKA_PORT", kafka_prepare, kafka_command, kafka_check),
+    Service("zookeeper", ZK_PORT, "OUTBOX_ZK_PORT", zk_prepare, zk_command, zk_check),
+]
+
+
+def env_lines() -> list[str]:
+    return [
+        f"export OUTBOX_PG_URL=postgres://{PG_USER}:{password('postgres')}@127.0.0.1:{PG_PORT}/postgres",
+        f"export OUTBOX_MYSQL_URL=mysql://{MYSQL_USER}:{password('mariadb')}@127.0.0.1:{MYSQL_PORT}/mysql",
+        f"export OUTBOX_KAFKA_BROKERS=127.0.0.1:{KAFKA_PORT}",
+        f"export OUTBOX_ZK_CONNECT=127.0.0.1:{ZK_PORT}",
+        f"export OUTBOX_SERVICES_DIR={STATE}",
+    ]
+
+
+def cmd_up() -> None:
+    began = time.monotonic()
+    install()
+    STATE.mkdir(parents=True, exist_ok=True)
+    errors: list[str] = []
+    deadline = time.monotonic() + START_DEADLINE_S
+    lock = threading.Lock()
+
+    def bring_up(svc: Service) -> None:
+        try:
+            already = svc.pid() is not None
+            start(svc)
+            wait_ready(svc, deadline)
+            with lock:
+                say(f"{svc.name:<9} {'already running' if already else 'ready'} on 127.0.0.1:{svc.port} "
+                    f"(pid {svc.pid()}, log {svc.log})")
+        except ServiceError as e:
+            with lock:
+                errors.append(str(e))
+
+    threads = [threading.Thread(target=bring_up, args=(s,)) for s in SERVICES]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        fail("\n\n".join(errors) + "\n\n(`scripts/services down` stops what did start)")
+    say(f"all services up in {time.monotonic() - began:.1f}s; connection settings: `scripts/services env`")
+
+
+def cmd_down() -> None:
+    for svc in reversed(SERVICES):
+        pid = svc.pid()
+        stop(svc)
+        if pid:
+            say(f"{svc.name:<9} stopped (pid {pid})")
+        else:
+            say(f"{svc.name:<9} was not running")
+
+
+def cmd_status() -> int:
+    print(f"{'service':<10} {'pid':>8} {'port':>6}  state")
+    bad = 0
+    for svc in SERVICES:
+        pid = svc.pid()
+        if pid is None:
+            state = "stopped"
+            bad += 1
+        else:
+            try:
+                why = svc.check()
+            except OSError as e:
+                why = str(e)
+            state = "answering" if why is None else f"not answering: {why}"
+            bad += why is not None
+        print(f"{svc.name:<10} {pid or '-':>8} {svc.port:>6}  {state}")
+    return 1 if bad else 0
+
+
+KAFKA_TOOLS = {
+    "kafka-topics": "org.apache.kafka.tools.TopicCommand",
+    "kafka-console-consumer": "org.apache.kafka.tools.consumer.ConsoleConsumer",
+}
+
+
+def kafka_tool(name: str, args: list[str]) -> int:
+    """Runs one of Kafka's own command-line tools against our broker."""
+    cmd = ["java", "-Xmx256m", f"-Dlog4j2.configurationFile={HERE / 'kafka-tools-log4j2.properties'}",
+           "-cp", classpath("kafka"), KAFKA_TOOLS[name], "--bootstrap-server", f"127.0.0.1:{KAFKA_PORT}", *args]
+    return subprocess.run(cmd).returncode
+
+
+def main(argv: list[str]) -> int:
+    usage = ("usage: scripts/services up | down | status | env\n"
+             "       scripts/services kafka-topics ARGS… | kafka-console-consumer ARGS…  (Kafka's own tools, "
+             "--bootstrap-server is added)")
+    if argv and argv[0] in KAFKA_TOOLS:
+        return kafka_tool(argv[0], argv[1:])
+    if len(argv) != 1:
+        print(usage, file=sys.stderr)
+        return 2
+    cmd = argv[0]
+    if cmd == "up":
+        cmd_up()
+    elif cmd == "down":
+        cmd_down()
+    elif cmd == "status":
+        return cmd_status()
+    elif cmd == "env":
+        print("\n".join(env_lines()))
+    else:
+        print(usage, file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

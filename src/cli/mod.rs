@@ -1,0 +1,85 @@
+//! Command-line parsing and dispatch: `setup`, `run`, `status`, `bench`.
+
+mod setup;
+mod status;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand, ValueEnum};
+
+use crate::config::Config;
+
+#[derive(Debug, Parser)]
+#[command(name = "outbox-streamer", version, about = "Streams transactional-outbox rows to Kafka in commit order")]
+pub struct Cli {
+    /// The TOML configuration file.
+    #[arg(long, short, env = "OUTBOX_CONFIG", default_value = "outbox-streamer.toml", global = true)]
+    pub config: PathBuf,
+    /// Log format on stderr.
+    #[arg(long, value_enum, default_value_t = LogFormat::Text, global = true)]
+    pub log_format: LogFormat,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Create (idempotently) the outbox tables, publications, slots and enqueue function.
+    Setup {
+        /// Print the SQL instead of running it.
+        #[arg(long)]
+        dry_run: bool,
+        /// Run the DDL as this login (an owner or superuser) instead of the source's `url`;
+        /// the source's login is then granted what the streamer needs.
+        #[arg(long, env = "OUTBOX_SETUP_URL", hide_env_values = true)]
+        admin_url: Option<String>,
+    },
+    /// Stream every shard-partition until SIGTERM or SIGINT.
+    Run,
+    /// Show every shard-partition: slot, position, lag and rows pending.
+    Status {
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Measure throughput and latency against the running services.
+    Bench,
+}
+
+/// Installs the tracing subscriber (`RUST_LOG` filters, default `info`).
+pub fn init_logging(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,rdkafka=warn"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}
+
+pub async fn execute(cli: Cli) -> anyhow::Result<ExitCode> {
+    let load = || Config::load(&cli.config).with_context(|| "loading the configuration (see docs/configuration.md)");
+    match cli.command {
+        Command::Setup { dry_run, admin_url } => setup::setup(&load()?, dry_run, admin_url.as_deref()).await,
+        Command::Run => {
+            crate::run::run(load()?).await?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Status { json } => status::status(&load()?, json).await,
+        Command::Bench => anyhow::bail!(
+            "the benchmark harness is not built yet (tracked as issue 7); \
+             docs/benchmarks.md lists what has been measured so far and how"
+        ),
+    }
+}

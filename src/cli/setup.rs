@@ -1,0 +1,89 @@
+//! `outbox-streamer setup`: creates what every shard-partition needs, after checking the server.
+
+use std::process::ExitCode;
+
+use anyhow::{Context, bail};
+use outbox_postgres::connect::PgTarget;
+use outbox_postgres::setup::{self as pg, SetupPlan, StreamObjects};
+
+use crate::config::{Config, SourceConfig, SourceKind};
+use crate::names::{all_streams, stream_names};
+
+pub async fn setup(config: &Config, dry_run: bool, admin_url: Option<&str>) -> anyhow::Result<ExitCode> {
+    let mut ok = true;
+    for source in &config.sources {
+        match source.kind {
+            SourceKind::Postgres => ok &= setup_postgres(source, dry_run, admin_url).await?,
+            SourceKind::Mysql => bail!(
+                "source {:?}: MySQL/MariaDB setup is not available yet (tracked as issue 4); remove the source or use kind = \"postgres\"",
+                source.name
+            ),
+        }
+    }
+    Ok(if ok { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+}
+
+/// The setup plan of a PostgreSQL source; the streamer role is the source URL's user.
+pub fn postgres_plan(source: &SourceConfig, streamer: &PgTarget) -> SetupPlan {
+    SetupPlan {
+        prefix: source.table_prefix.clone(),
+        shards: source.shards,
+        partitions: source.partitions,
+        streams: all_streams(source.shards, source.partitions)
+            .map(|id| {
+                let n = stream_names(&source.table_prefix, id);
+                StreamObjects { table: n.table, publication: n.publication, slot: n.slot }
+            })
+            .collect(),
+        streamer_role: Some(streamer.user().to_string()),
+    }
+}
+
+async fn setup_postgres(source: &SourceConfig, dry_run: bool, admin_url: Option<&str>) -> anyhow::Result<bool> {
+    let streamer = PgTarget::from_url(source.url.expose(), source.password()?.as_deref())
+        .with_context(|| format!("source {:?}: url", source.name))?;
+    let plan = postgres_plan(source, &streamer);
+    if dry_run {
+        println!("-- source {:?}: run in database {:?}", source.name, streamer.database());
+        for stmt in pg::schema_statements(&plan) {
+            println!("{stmt};\n");
+        }
+        println!("-- outside a transaction block:");
+        for stmt in pg::slot_statements(&plan) {
+            println!("{stmt};\n");
+        }
+        return Ok(true);
+    }
+    let admin = match admin_url {
+        Some(url) => PgTarget::from_url(url, None).context("--admin-url")?,
+        None => streamer.clone(),
+    };
+    let mut client = admin
+        .connect()
+        .await
+        .with_context(|| format!("source {:?}: connecting to {}", source.name, admin.display()))?;
+    let failures = pg::check_server(&client, &plan).await?;
+    if !failures.is_empty() {
+        eprintln!("source {:?}: the server is not ready for outbox-streamer:", source.name);
+        for f in &failures {
+            eprintln!("  - {f}");
+        }
+        return Ok(false);
+    }
+    pg::apply(&mut client, &plan).await.with_context(|| {
+        format!("source {:?}: creating tables, publications and slots as {}", source.name, admin.display())
+    })?;
+    let failures = pg::check_privileges(&client, &plan).await?;
+    for f in &failures {
+        eprintln!("source {:?}: {f}", source.name);
+    }
+    println!(
+        "source {:?}: {} shard-partition(s) ready in {} ({}_<shard>_<partition>: table, publication, slot; {}_enqueue())",
+        source.name,
+        plan.streams.len(),
+        streamer.database(),
+        plan.prefix,
+        plan.prefix
+    );
+    Ok(failures.is_empty())
+}

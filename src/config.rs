@@ -1,0 +1,573 @@
+//! The TOML configuration, its defaults and its validation.
+//!
+//! ```toml
+//! [kafka]
+//! brokers = "127.0.0.1:9092"
+//!
+//! [[source]]
+//! name = "app"
+//! kind = "postgres"
+//! url = "postgres://outbox_streamer@127.0.0.1:5432/app"
+//! password_env = "OUTBOX_APP_PASSWORD"   # or password_file, or in the URL
+//! shards = 2
+//! partitions = 1
+//!
+//! [source.defaults]          # every shard-partition of this source
+//! linger_ms = 5
+//!
+//! [[source.override]]        # one shard (or one shard-partition) differs
+//! shard = 1
+//! linger_ms = 0
+//! ```
+//!
+//! Strings may use `${VAR}` to read an environment variable; `OUTBOX_KAFKA_BROKERS` and
+//! `OUTBOX_METRICS_LISTEN` override their settings outright.
+
+use std::collections::{BTreeMap, HashSet};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+use crate::names::StreamId;
+use crate::secret::SecretUrl;
+
+pub const DEFAULT_SHARDS: u32 = 2;
+pub const DEFAULT_PARTITIONS: u32 = 1;
+pub const DEFAULT_TABLE_PREFIX: &str = "outbox";
+pub const DEFAULT_BROKERS: &str = "127.0.0.1:9092";
+pub const DEFAULT_MESSAGE_TIMEOUT_MS: u64 = 30_000;
+pub const DEFAULT_LINGER_MS: u64 = 5;
+pub const DEFAULT_COMPRESSION: Compression = Compression::Lz4;
+pub const DEFAULT_MAX_IN_FLIGHT_BYTES: u64 = 64 * 1024 * 1024;
+pub const DEFAULT_CLEANUP_INTERVAL_MS: u64 = 20;
+pub const DEFAULT_CLEANUP_MAX_ROWS: usize = 10_000;
+pub const DEFAULT_STATUS_INTERVAL_MS: u64 = 1_000;
+pub const DEFAULT_POLL_BATCH: u32 = 1024;
+pub const MAX_SHARDS: u32 = 1024;
+pub const MAX_PARTITIONS: u32 = 1024;
+
+/// An error in the configuration; names the setting and says what to do.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {path}: {source}")]
+    Read { path: PathBuf, source: std::io::Error },
+    #[error("config file {path}: {message}")]
+    Parse { path: PathBuf, message: String },
+    #[error("{field}: {message}")]
+    Invalid { field: String, message: String },
+}
+
+fn invalid(field: impl Into<String>, message: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid { field: field.into(), message: message.into() }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    #[serde(default)]
+    pub kafka: KafkaConfig,
+    #[serde(default)]
+    pub metrics: MetricsConfig,
+    #[serde(default, rename = "source")]
+    pub sources: Vec<SourceConfig>,
+    /// Absent: this one instance owns every shard-partition (no ZooKeeper needed).
+    pub coordination: Option<CoordinationConfig>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KafkaConfig {
+    #[serde(default = "default_brokers")]
+    pub brokers: String,
+    /// How long librdkafka retries one record before the streamer resends from its last
+    /// confirmed position.
+    #[serde(default = "default_message_timeout_ms")]
+    pub message_timeout_ms: u64,
+    /// Any other librdkafka producer property (security settings, batch sizes, …).
+    #[serde(default)]
+    pub properties: BTreeMap<String, String>,
+}
+
+impl Default for KafkaConfig {
+    fn default() -> Self {
+        Self { brokers: default_brokers(), message_timeout_ms: DEFAULT_MESSAGE_TIMEOUT_MS, properties: BTreeMap::new() }
+    }
+}
+
+fn default_brokers() -> String {
+    DEFAULT_BROKERS.into()
+}
+fn default_message_timeout_ms() -> u64 {
+    DEFAULT_MESSAGE_TIMEOUT_MS
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MetricsConfig {
+    /// Address of the Prometheus endpoint (`/metrics`); keep it on loopback or a private network.
+    pub listen: Option<SocketAddr>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CoordinationConfig {
+    pub kind: CoordinationKind,
+    pub connect: String,
+    #[serde(default = "default_cluster_name")]
+    pub cluster_name: String,
+}
+
+fn default_cluster_name() -> String {
+    "default".into()
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CoordinationKind {
+    Zookeeper,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SourceKind {
+    Postgres,
+    Mysql,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SourceConfig {
+    /// A short label for logs, metrics and `status`.
+    pub name: String,
+    pub kind: SourceKind,
+    /// Connection URL of the streamer's own (least-privilege) login.
+    pub url: SecretUrl,
+    /// Read the password from this environment variable instead of the URL.
+    pub password_env: Option<String>,
+    /// Read the password from this file (first line) instead of the URL.
+    pub password_file: Option<PathBuf>,
+    #[serde(default = "default_table_prefix")]
+    pub table_prefix: String,
+    #[serde(default = "default_shards")]
+    pub shards: u32,
+    #[serde(default = "default_partitions")]
+    pub partitions: u32,
+    #[serde(default)]
+    pub defaults: StreamOverrides,
+    #[serde(default, rename = "override")]
+    pub overrides: Vec<StreamOverrides>,
+}
+
+fn default_table_prefix() -> String {
+    DEFAULT_TABLE_PREFIX.into()
+}
+fn default_shards() -> u32 {
+    DEFAULT_SHARDS
+}
+fn default_partitions() -> u32 {
+    DEFAULT_PARTITIONS
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    /// Logical replication (PostgreSQL) or the binlog (MySQL/MariaDB).
+    Cdc,
+    /// `SELECT … ORDER BY id LIMIT n` → publish → `DELETE`.
+    Polling,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Compression {
+    None,
+    Gzip,
+    Snappy,
+    Lz4,
+    Zstd,
+}
+
+impl Compression {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Compression::None => "none",
+            Compression::Gzip => "gzip",
+            Compression::Snappy => "snappy",
+            Compression::Lz4 => "lz4",
+            Compression::Zstd => "zstd",
+        }
+    }
+}
+
+/// What happens to a row that can never become a Kafka record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum BadRowPolicy {
+    /// Stop this shard-partition with an error naming the row; the others keep running.
+    Halt,
+    /// Publish the row to `dead_letter_topic` with the reason in headers, then go on.
+    DeadLetter,
+}
+
+/// Settings of one shard-partition; in `defaults` or in an `override` that names a shard
+/// (and optionally a partition). Unset fields inherit.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StreamOverrides {
+    /// Only in `[[source.override]]`: the shard this applies to.
+    pub shard: Option<u32>,
+    /// Only in `[[source.override]]`: narrows it to one partition of that shard.
+    pub partition: Option<u32>,
+    pub mode: Option<Mode>,
+    pub linger_ms: Option<u64>,
+    pub compression: Option<Compression>,
+    pub on_bad_row: Option<BadRowPolicy>,
+    pub dead_letter_topic: Option<String>,
+    pub max_in_flight_bytes: Option<u64>,
+    pub cleanup_interval_ms: Option<u64>,
+    pub cleanup_max_rows: Option<usize>,
+    pub status_interval_ms: Option<u64>,
+    pub poll_batch: Option<u32>,
+}
+
+/// The resolved settings of one shard-partition.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StreamSettings {
+    pub mode: Mode,
+    pub linger_ms: u64,
+    pub compression: Compression,
+    pub on_bad_row: BadRowPolicy,
+    pub dead_letter_topic: Option<String>,
+    pub max_in_flight_bytes: u64,
+    pub cleanup_interval_ms: u64,
+    pub cleanup_max_rows: usize,
+    pub status_interval_ms: u64,
+    pub poll_batch: u32,
+}
+
+impl Default for StreamSettings {
+    fn default() -> Self {
+        Self {
+            mode: Mode::Cdc,
+            linger_ms: DEFAULT_LINGER_MS,
+            compression: DEFAULT_COMPRESSION,
+            on_bad_row: BadRowPolicy::Halt,
+            dead_letter_topic: None,
+            max_in_flight_bytes: DEFAULT_MAX_IN_FLIGHT_BYTES,
+            cleanup_interval_ms: DEFAULT_CLEANUP_INTERVAL_MS,
+            cleanup_max_rows: DEFAULT_CLEANUP_MAX_ROWS,
+            status_interval_ms: DEFAULT_STATUS_INTERVAL_MS,
+            poll_batch: DEFAULT_POLL_BATCH,
+        }
+    }
+}
+
+impl StreamSettings {
+    fn apply(&mut self, o: &StreamOverrides) {
+        if let Some(v) = o.mode {
+            self.mode = v;
+        }
+        if let Some(v) = o.linger_ms {
+            self.linger_ms = v;
+        }
+        if let Some(v) = o.compression {
+            self.compression = v;
+        }
+        if let Some(v) = o.on_bad_row {
+            self.on_bad_row = v;
+        }
+        if let Some(v) = &o.dead_letter_topic {
+            self.dead_letter_topic = Some(v.clone());
+        }
+        if let Some(v) = o.max_in_flight_bytes {
+            self.max_in_flight_bytes = v;
+        }
+        if let Some(v) = o.cleanup_interval_ms {
+            self.cleanup_interval_ms = v;
+        }
+        if let Some(v) = o.cleanup_max_rows {
+            self.cleanup_max_rows = v;
+        }
+        if let Some(v) = o.status_interval_ms {
+            self.status_interval_ms = v;
+        }
+        if let Some(v) = o.poll_batch {
+            self.poll_batch = v;
+        }
+    }
+}
+
+impl SourceConfig {
+    /// The settings of one shard-partition: defaults, then shard overrides, then
+    /// shard-partition overrides.
+    pub fn settings_for(&self, id: StreamId) -> StreamSettings {
+        let mut s = StreamSettings::default();
+        s.apply(&self.defaults);
+        for o in self.overrides.iter().filter(|o| o.shard == Some(id.shard) && o.partition.is_none()) {
+            s.apply(o);
+        }
+        for o in self.overrides.iter().filter(|o| o.shard == Some(id.shard) && o.partition == Some(id.partition)) {
+            s.apply(o);
+        }
+        s
+    }
+
+    /// The password from `password_env` or `password_file`, if either is set.
+    pub fn password(&self) -> Result<Option<String>, ConfigError> {
+        let field = |f: &str| format!("source[{}].{f}", self.name);
+        if let Some(var) = &self.password_env {
+            return std::env::var(var)
+                .map(Some)
+                .map_err(|_| invalid(field("password_env"), format!("environment variable {var} is not set")));
+        }
+        if let Some(path) = &self.password_file {
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| invalid(field("password_file"), format!("cannot read {}: {e}", path.display())))?;
+            return Ok(Some(text.lines().next().unwrap_or_default().to_string()));
+        }
+        Ok(None)
+    }
+}
+
+impl Config {
+    /// Reads, expands `${VAR}`, applies environment overrides and validates.
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.into(), source })?;
+        Self::from_toml(&text).map_err(|e| match e {
+            ConfigError::Parse { message, .. } => ConfigError::Parse { path: path.into(), message },
+            other => other,
+        })
+    }
+
+    pub fn from_toml(text: &str) -> Result<Self, ConfigError> {
+        let expanded = expand_env(text)?;
+        let mut config: Config = toml::from_str(&expanded)
+            .map_err(|e| ConfigError::Parse { path: PathBuf::new(), message: e.to_string() })?;
+        if let Ok(brokers) = std::env::var("OUTBOX_KAFKA_BROKERS") {
+            config.kafka.brokers = brokers;
+        }
+        if let Ok(listen) = std::env::var("OUTBOX_METRICS_LISTEN") {
+            config.metrics.listen = Some(
+                listen
+                    .parse()
+                    .map_err(|_| invalid("OUTBOX_METRICS_LISTEN", "must be an address such as 127.0.0.1:9187"))?,
+            );
+        }
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Checks every setting; the error names the first bad field.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.kafka.brokers.trim().is_empty() {
+            return Err(invalid("kafka.brokers", "must list at least one host:port"));
+        }
+        if self.kafka.message_timeout_ms < 1000 {
+            return Err(invalid("kafka.message_timeout_ms", "must be at least 1000"));
+        }
+        for key in ["enable.idempotence", "acks", "max.in.flight.requests.per.connection", "partitioner"] {
+            if self.kafka.properties.contains_key(key) {
+                return Err(invalid(
+                    format!("kafka.properties.{key}"),
+                    "is fixed by outbox-streamer for ordering and idempotence; remove it",
+                ));
+            }
+        }
+        if self.sources.is_empty() {
+            return Err(invalid("source", "at least one [[source]] is needed"));
+        }
+        let mut names = HashSet::new();
+        let mut prefixes = HashSet::new();
+        for (i, s) in self.sources.iter().enumerate() {
+            let f = |field: &str| format!("source[{i}].{field}");
+            if s.name.is_empty() || !s.name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-') {
+                return Err(invalid(f("name"), "must be non-empty letters, digits, '_' or '-'"));
+            }
+            if !names.insert(s.name.clone()) {
+                return Err(invalid(f("name"), format!("{:?} is used by two sources", s.name)));
+            }
+            if !prefixes.insert((s.url.redacted(), s.table_prefix.clone())) {
+                return Err(invalid(f("table_prefix"), "two sources use the same database and prefix"));
+            }
+            if s.url.expose().trim().is_empty() {
+                return Err(invalid(f("url"), "must be a connection URL"));
+            }
+            let prefix_ok = s.table_prefix.chars().next().is_some_and(|c| c.is_ascii_lowercase() || c == '_')
+                && s.table_prefix.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+                && s.table_prefix.len() <= 40;
+            if !prefix_ok {
+                return Err(invalid(f("table_prefix"), "must be lowercase letters, digits and '_', at most 40"));
+            }
+            if s.shards == 0 || s.shards > MAX_SHARDS {
+                return Err(invalid(f("shards"), format!("must be between 1 and {MAX_SHARDS}")));
+            }
+            if s.partitions == 0 || s.partitions > MAX_PARTITIONS {
+                return Err(invalid(f("partitions"), format!("must be between 1 and {MAX_PARTITIONS}")));
+            }
+            if s.password_env.is_some() && s.password_file.is_some() {
+                return Err(invalid(f("password_env"), "set password_env or password_file, not both"));
+            }
+            if s.defaults.shard.is_some() || s.defaults.partition.is_some() {
+                return Err(invalid(f("defaults"), "shard and partition belong in [[source.override]]"));
+            }
+            check_overrides(&f("defaults"), &s.defaults)?;
+            for (j, o) in s.overrides.iter().enumerate() {
+                let of = f(&format!("override[{j}]"));
+                match o.shard {
+                    None => return Err(invalid(format!("{of}.shard"), "is required in an override")),
+                    Some(shard) if shard >= s.shards => {
+                        return Err(invalid(format!("{of}.shard"), format!("must be below shards = {}", s.shards)));
+                    }
+                    _ => {}
+                }
+                if o.partition.is_some_and(|p| p >= s.partitions) {
+                    return Err(invalid(
+                        format!("{of}.partition"),
+                        format!("must be below partitions = {}", s.partitions),
+                    ));
+                }
+                check_overrides(&of, o)?;
+            }
+            for id in crate::names::all_streams(s.shards, s.partitions) {
+                let st = s.settings_for(id);
+                if st.on_bad_row == BadRowPolicy::DeadLetter && st.dead_letter_topic.is_none() {
+                    return Err(invalid(
+                        f("defaults.dead_letter_topic"),
+                        format!(
+                            "shard-partition {id} uses on_bad_row = \"dead-letter\" but names no dead_letter_topic"
+                        ),
+                    ));
+                }
+            }
+        }
+        if let Some(c) = &self.coordination
+            && c.connect.trim().is_empty()
+        {
+            return Err(invalid("coordination.connect", "must list ZooKeeper host:port pairs"));
+        }
+        Ok(())
+    }
+}
+
+fn check_overrides(field: &str, o: &StreamOverrides) -> Result<(), ConfigError> {
+    if o.linger_ms.is_some_and(|v| v > 60_000) {
+        return Err(invalid(format!("{field}.linger_ms"), "must be at most 60000"));
+    }
+    if o.max_in_flight_bytes == Some(0) {
+        return Err(invalid(format!("{field}.max_in_flight_bytes"), "must be greater than 0"));
+    }
+    if o.cleanup_interval_ms == Some(0) {
+        return Err(invalid(format!("{field}.cleanup_interval_ms"), "must be greater than 0"));
+    }
+    if o.cleanup_max_rows == Some(0) {
+        return Err(invalid(format!("{field}.cleanup_max_rows"), "must be greater than 0"));
+    }
+    if o.status_interval_ms.is_some_and(|v| !(10..=60_000).contains(&v)) {
+        return Err(invalid(format!("{field}.status_interval_ms"), "must be between 10 and 60000"));
+    }
+    if o.poll_batch.is_some_and(|v| v == 0 || v > 100_000) {
+        return Err(invalid(format!("{field}.poll_batch"), "must be between 1 and 100000"));
+    }
+    if o.dead_letter_topic.as_deref().is_some_and(str::is_empty) {
+        return Err(invalid(format!("{field}.dead_letter_topic"), "must not be empty"));
+    }
+    Ok(())
+}
+
+/// Replaces `${VAR}` with the environment variable's value; an unset variable is an error.
+fn expand_env(text: &str) -> Result<String, ConfigError> {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(start) = rest.find("${") {
+        out.push_str(&rest[..start]);
+        let after = &rest[start + 2..];
+        let end = after.find('}').ok_or_else(|| invalid("config", "unterminated ${ in the file"))?;
+        let var = &after[..end];
+        let value = std::env::var(var).map_err(|_| {
+            invalid(format!("${{{var}}}"), "the config refers to this environment variable, which is not set")
+        })?;
+        out.push_str(&value);
+        rest = &after[end + 1..];
+    }
+    out.push_str(rest);
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MINIMAL: &str = r#"
+        [[source]]
+        name = "app"
+        kind = "postgres"
+        url = "postgres://u:pw@localhost/app"
+    "#;
+
+    #[test]
+    fn defaults() {
+        let c = Config::from_toml(MINIMAL).unwrap();
+        let s = &c.sources[0];
+        assert_eq!((s.shards, s.partitions), (DEFAULT_SHARDS, DEFAULT_PARTITIONS));
+        assert_eq!(s.settings_for(StreamId { shard: 0, partition: 0 }), StreamSettings::default());
+        assert!(c.coordination.is_none());
+    }
+
+    #[test]
+    fn overrides_apply_shard_then_partition() {
+        let c = Config::from_toml(&format!(
+            "{MINIMAL}
+            partitions = 2
+            [source.defaults]
+            linger_ms = 10
+            [[source.override]]
+            shard = 1
+            linger_ms = 0
+            compression = \"zstd\"
+            [[source.override]]
+            shard = 1
+            partition = 1
+            compression = \"none\"
+            "
+        ))
+        .unwrap();
+        let s = &c.sources[0];
+        assert_eq!(s.settings_for(StreamId { shard: 0, partition: 0 }).linger_ms, 10);
+        let a = s.settings_for(StreamId { shard: 1, partition: 0 });
+        assert_eq!((a.linger_ms, a.compression), (0, Compression::Zstd));
+        let b = s.settings_for(StreamId { shard: 1, partition: 1 });
+        assert_eq!((b.linger_ms, b.compression), (0, Compression::None));
+    }
+
+    #[test]
+    fn errors_name_the_field() {
+        let err = |extra: &str| Config::from_toml(&format!("{MINIMAL}{extra}")).unwrap_err().to_string();
+        assert!(err("shards = 0").starts_with("source[0].shards:"));
+        assert!(err("[[source.override]]\nshard = 5").contains("source[0].override[0].shard"));
+        assert!(err("[source.defaults]\non_bad_row = \"dead-letter\"").contains("dead_letter_topic"));
+        assert!(err("bogus = 1").contains("unknown field"));
+        assert!(err("[source.defaults]\nmax_in_flight_bytes = 0").contains("max_in_flight_bytes"));
+        let e =
+            Config::from_toml("[kafka.properties]\nacks = \"1\"\n[[source]]\nname=\"a\"\nkind=\"postgres\"\nurl=\"x\"")
+                .unwrap_err();
+        assert!(e.to_string().contains("kafka.properties.acks"));
+    }
+
+    #[test]
+    fn debug_never_shows_the_password() {
+        let c = Config::from_toml(MINIMAL).unwrap();
+        assert!(!format!("{c:?}").contains("pw@"));
+    }
+
+    #[test]
+    fn env_expansion() {
+        assert!(
+            expand_env("x = \"${OUTBOX_SURELY_UNSET_VAR}\"")
+                .unwrap_err()
+                .to_string()
+                .contains("OUTBOX_SURELY_UNSET_VAR")
+        );
+        assert_eq!(expand_env("no vars").unwrap(), "no vars");
+    }
+}

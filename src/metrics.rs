@@ -1,0 +1,64 @@
+//! Metric names, described once, and the Prometheus endpoint.
+//!
+//! Labels are low-cardinality: `source`, `shard`, `partition` (and `kind` for errors).
+
+use std::net::SocketAddr;
+
+use metrics::{Unit, describe_counter, describe_gauge, describe_histogram};
+use metrics_exporter_prometheus::PrometheusBuilder;
+
+pub const PUBLISHED_RECORDS: &str = "outbox_published_records_total";
+pub const DELETED_ROWS: &str = "outbox_deleted_rows_total";
+pub const DEAD_LETTERED_RECORDS: &str = "outbox_dead_lettered_records_total";
+pub const SKIPPED_REPLAYED_ROWS: &str = "outbox_replayed_rows_skipped_total";
+pub const ERRORS: &str = "outbox_errors_total";
+pub const IN_FLIGHT_RECORDS: &str = "outbox_in_flight_records";
+pub const IN_FLIGHT_BYTES: &str = "outbox_in_flight_bytes";
+pub const REPLICATION_LAG_BYTES: &str = "outbox_replication_lag_bytes";
+pub const END_TO_END_LATENCY: &str = "outbox_end_to_end_latency_seconds";
+pub const STREAM_STATE: &str = "outbox_stream_state";
+
+/// Latency buckets in seconds: 1 ms to 30 s.
+const LATENCY_BUCKETS: &[f64] = &[0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0];
+
+/// Values of [`STREAM_STATE`].
+pub mod state {
+    pub const STOPPED: f64 = 0.0;
+    pub const STREAMING: f64 = 1.0;
+    pub const RETRYING: f64 = 2.0;
+    pub const HALTED: f64 = 3.0;
+}
+
+pub fn describe() {
+    describe_counter!(PUBLISHED_RECORDS, Unit::Count, "records acknowledged by Kafka");
+    describe_counter!(DELETED_ROWS, Unit::Count, "outbox rows deleted after their records were acknowledged");
+    describe_counter!(DEAD_LETTERED_RECORDS, Unit::Count, "bad rows sent to the dead-letter topic");
+    describe_counter!(
+        SKIPPED_REPLAYED_ROWS,
+        Unit::Count,
+        "replayed rows not published again because they were already deleted"
+    );
+    describe_counter!(ERRORS, Unit::Count, "errors by kind: source, kafka_transient, kafka_definite, bad_row");
+    describe_gauge!(IN_FLIGHT_RECORDS, Unit::Count, "records handed to Kafka and not yet acknowledged");
+    describe_gauge!(IN_FLIGHT_BYTES, Unit::Bytes, "bytes of records handed to Kafka and not yet acknowledged");
+    describe_gauge!(
+        REPLICATION_LAG_BYTES,
+        Unit::Bytes,
+        "WAL between the slot's confirmed position and the server's current one"
+    );
+    describe_histogram!(END_TO_END_LATENCY, Unit::Seconds, "row created_at (database clock) to Kafka acknowledgement");
+    describe_gauge!(
+        STREAM_STATE,
+        "0 stopped, 1 streaming, 2 retrying after an error, 3 halted (operator action needed)"
+    );
+}
+
+/// Installs the global recorder and serves the text exposition on `listen` (any path).
+pub fn serve(listen: SocketAddr) -> Result<(), metrics_exporter_prometheus::BuildError> {
+    PrometheusBuilder::new()
+        .with_http_listener(listen)
+        .set_buckets_for_metric(metrics_exporter_prometheus::Matcher::Full(END_TO_END_LATENCY.into()), LATENCY_BUCKETS)?
+        .install()?;
+    describe();
+    Ok(())
+}

@@ -1,0 +1,355 @@
+//! The PostgreSQL CDC source: one slot's pgoutput stream turned into outbox records.
+//!
+//! # Positions
+//!
+//! A transaction's position is its commit *end* LSN: confirming it tells the server every
+//! change before it was handled, so a restart resumes with the next transaction. Records are
+//! stamped with the commit LSN (`outbox-lsn`), known from `Begin` before the first insert.
+//!
+//! # Columns
+//!
+//! Columns are found by name in each Relation message, so `ALTER TABLE … ADD COLUMN` while
+//! running keeps working; a required column dropped or retyped halts this shard-partition
+//! with an error naming the column.
+
+use std::time::Duration;
+
+use outbox_postgres::connect::PgTarget;
+use outbox_postgres::pgoutput::{Relation, Value, oid};
+use outbox_postgres::stream::{Change, ReplicationStream, StreamError};
+use outbox_postgres::{Lsn, cleanup, slot, values};
+use tokio_postgres::Client;
+
+use crate::names::StreamNames;
+use crate::record::{InvalidRow, OutboxRecord, parse_headers};
+use crate::source::{Source, SourceError, SourceEvent};
+
+/// A required column and the types it may have.
+const COLUMNS: [(&str, &[u32]); 7] = [
+    ("id", &[oid::INT8]),
+    ("topic", &[oid::TEXT, oid::VARCHAR]),
+    ("msg_key", &[oid::BYTEA]),
+    ("payload", &[oid::BYTEA]),
+    ("headers", &[oid::JSONB, oid::JSON]),
+    ("kafka_partition", &[oid::INT4, oid::INT2]),
+    ("created_at", &[oid::TIMESTAMPTZ]),
+];
+
+/// Where each required column sits in the relation's tuples.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ColumnMap {
+    relation_id: u32,
+    index: [usize; 7],
+}
+
+impl ColumnMap {
+    /// Checks a Relation message against the required columns.
+    pub fn new(rel: &Relation) -> Result<Self, SourceError> {
+        let mut index = [0; 7];
+        for (slot, (name, types)) in COLUMNS.iter().enumerate() {
+            let Some(pos) = rel.columns.iter().position(|c| c.name == *name) else {
+                return Err(SourceError::Definite {
+                    message: format!("table {} has no column {name:?} (dropped or renamed?)", rel.name),
+                    fix: format!(
+                        "restore the column as created by `outbox-streamer setup` (ALTER TABLE {} ADD COLUMN {name} …), then restart",
+                        rel.name
+                    ),
+                });
+            };
+            let type_oid = rel.columns[pos].type_oid;
+            if !types.contains(&type_oid) {
+                return Err(SourceError::Definite {
+                    message: format!(
+                        "column {}.{name} has type oid {type_oid}, which the streamer cannot read",
+                        rel.name
+                    ),
+                    fix: format!(
+                        "change {name} back to the type `outbox-streamer setup --dry-run` shows, then restart"
+                    ),
+                });
+            }
+            index[slot] = pos;
+        }
+        Ok(Self { relation_id: rel.id, index })
+    }
+
+    /// Builds the record of one inserted tuple; a bad value names the row and column.
+    pub fn record(&self, values: &[Value]) -> Result<OutboxRecord, InvalidRow> {
+        let text = |slot: usize| -> Option<&[u8]> {
+            match values.get(self.index[slot]) {
+                Some(Value::Text(b) | Value::Binary(b)) => Some(b),
+                _ => None,
+            }
+        };
+        let bad = |id: Option<i64>, column: &'static str, reason: String| InvalidRow { id, column, reason };
+        let id = text(0)
+            .ok_or_else(|| bad(None, "id", "is NULL".into()))
+            .and_then(|t| values::int(t).map_err(|e| bad(None, "id", e.into())))?;
+        let id_some = Some(id);
+        let topic = match text(1) {
+            None => return Err(bad(id_some, "topic", "is NULL; every row needs a Kafka topic".into())),
+            Some(t) => String::from_utf8(t.to_vec()).map_err(|_| bad(id_some, "topic", "is not UTF-8".into()))?,
+        };
+        if topic.is_empty() || topic.len() > 249 {
+            return Err(bad(
+                id_some,
+                "topic",
+                format!("{topic:?} is not a valid Kafka topic name (1 to 249 characters)"),
+            ));
+        }
+        let key = text(2).map(values::bytea).transpose().map_err(|e| bad(id_some, "msg_key", e.into()))?;
+        let payload = text(3).map(values::bytea).transpose().map_err(|e| bad(id_some, "payload", e.into()))?;
+        let headers = match text(4) {
+            None => Vec::new(),
+            Some(json) => parse_headers(json).map_err(|e| bad(id_some, "headers", e))?,
+        };
+        let kafka_partition = match text(5) {
+            None => None,
+            Some(t) => {
+                let p = values::int(t).map_err(|e| bad(id_some, "kafka_partition", e.into()))?;
+                if !(0..=i32::MAX as i64).contains(&p) {
+                    return Err(bad(id_some, "kafka_partition", format!("{p} is not a partition number (0 or more)")));
+                }
+                Some(p as i32)
+            }
+        };
+        let created_at_micros = text(6).and_then(|t| values::timestamptz_micros(t).ok());
+        Ok(OutboxRecord { id, topic, key, payload, headers, kafka_partition, created_at_micros })
+    }
+}
+
+/// One shard-partition's logical replication session plus an SQL session for deletes.
+#[derive(Debug)]
+pub struct PgSource {
+    stream: ReplicationStream,
+    sql: Client,
+    names: StreamNames,
+    columns: Option<ColumnMap>,
+}
+
+impl PgSource {
+    /// Opens the SQL session and starts streaming from the slot's confirmed position.
+    pub async fn connect(
+        target: &PgTarget,
+        names: &StreamNames,
+        status_interval: Duration,
+    ) -> Result<Self, SourceError> {
+        let sql = target
+            .connect()
+            .await
+            .map_err(|e| SourceError::Transient(format!("connecting to {}: {e}", target.display())))?;
+        let state = slot::state(&sql, &names.slot)
+            .await
+            .map_err(|e| SourceError::Transient(format!("reading slot {}: {e}", names.slot)))?;
+        if !state.exists {
+            return Err(SourceError::Definite {
+                message: format!("replication slot {:?} does not exist in {}", names.slot, target.display()),
+                fix: "run `outbox-streamer setup`; rows still in the table are sent once streaming starts".into(),
+            });
+        }
+        if state.wal_status.as_deref() == Some("lost") {
+            return Err(SourceError::Definite {
+                message: format!(
+                    "replication slot {:?} was invalidated (wal_status=lost): the WAL it needed is gone",
+                    names.slot
+                ),
+                fix: format!(
+                    "drop the slot (SELECT pg_drop_replication_slot('{}')) and run `outbox-streamer setup`; rows still in {} must then be sent by polling mode",
+                    names.slot, names.table
+                ),
+            });
+        }
+        let cfg = target.replication(&names.slot, &names.publication, status_interval);
+        let stream = ReplicationStream::start(cfg).await.map_err(|e| stream_error(&names.slot, e))?;
+        Ok(Self { stream, sql, names: names.clone(), columns: None })
+    }
+}
+
+fn stream_error(slot: &str, e: StreamError) -> SourceError {
+    if e.slot_in_use() {
+        SourceError::Transient(format!("slot {slot:?} is in use by another session (another streamer owns it?): {e}"))
+    } else if e.slot_missing() {
+        SourceError::Definite {
+            message: format!("replication slot {slot:?} does not exist"),
+            fix: "run `outbox-streamer setup`".into(),
+        }
+    } else {
+        match e {
+            StreamError::Decode(_) | StreamError::UnknownRelation(_) => SourceError::Definite {
+                message: format!("slot {slot:?}: {e}"),
+                fix: "report this as a bug with the PostgreSQL version; restarting replays from the slot".into(),
+            },
+            other => SourceError::Transient(format!("slot {slot:?}: {other}")),
+        }
+    }
+}
+
+fn sql_error(what: &str, e: tokio_postgres::Error) -> SourceError {
+    SourceError::Transient(format!("{what}: {e}"))
+}
+
+impl Source for PgSource {
+    type Position = Lsn;
+    const POSITION_HEADER: &'static str = "outbox-lsn";
+
+    async fn next(&mut self) -> Result<Option<SourceEvent<Lsn>>, SourceError> {
+        loop {
+            let change = match self.stream.next().await {
+                Ok(Some(c)) => c,
+                Ok(None) => return Ok(None),
+                Err(e) => return Err(stream_error(&self.names.slot, e)),
+            };
+            let event = match change {
+                Change::Begin { final_lsn, .. } => SourceEvent::Begin { label: final_lsn.to_string() },
+                Change::Relation(rel) => {
+                    if rel.name == self.names.table {
+                        self.columns = Some(ColumnMap::new(&rel)?);
+                    }
+                    continue;
+                }
+                Change::Insert { relation, values } => {
+                    let map = match &self.columns {
+                        Some(m) if m.relation_id == relation.id => m,
+                        _ => {
+                            tracing::warn!(table = %relation.name, "insert into a table outside this stream's publication; ignored");
+                            continue;
+                        }
+                    };
+                    SourceEvent::Row(map.record(&values))
+                }
+                Change::Commit { end_lsn, .. } => SourceEvent::Commit(end_lsn),
+                Change::KeepAlive { wal_end } => SourceEvent::Idle(wal_end),
+                Change::Message { .. } => continue,
+                Change::Unexpected { tag } => {
+                    tracing::warn!(
+                        %tag,
+                        publication = %self.names.publication,
+                        "an update, delete or truncate reached the stream; the publication should be publish = 'insert'"
+                    );
+                    continue;
+                }
+            };
+            return Ok(Some(event));
+        }
+    }
+
+    async fn existing(&mut self, ids: &[i64]) -> Result<Vec<i64>, SourceError> {
+        cleanup::existing_ids(&self.sql, &self.names.table, ids)
+            .await
+            .map_err(|e| sql_error("checking replayed rows", e))
+    }
+
+    async fn finish(&mut self, ids: Vec<i64>, upto: Lsn) -> Result<u64, SourceError> {
+        let deleted = cleanup::delete_rows(&self.sql, &self.names.table, &ids)
+            .await
+            .map_err(|e| sql_error(&format!("deleting published rows from {}", self.names.table), e))?;
+        // Only now, with the delete committed, may the slot forget these transactions.
+        self.stream.confirm(upto);
+        Ok(deleted)
+    }
+
+    fn confirm_idle(&mut self, position: Lsn) {
+        self.stream.confirm(position);
+    }
+
+    async fn close(self) {
+        let confirmed = self.stream.confirmed();
+        self.stream.shutdown().await;
+        if confirmed.as_u64() == 0 {
+            return;
+        }
+        // The replication protocol has no final status on CopyDone; record the position now
+        // so a restart does not replay what was already confirmed. The walsender may hold the
+        // slot for a moment after the session closed.
+        for _ in 0..50 {
+            match slot::advance(&self.sql, &self.names.slot, confirmed).await {
+                Ok(()) => return,
+                Err(e) if e.to_string().contains("is active for PID") => {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                Err(e) => {
+                    tracing::debug!(error = %e, "could not advance the slot on close; the server replays from its last status");
+                    return;
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bytes::Bytes;
+    use outbox_postgres::pgoutput::Column;
+
+    fn relation() -> Relation {
+        let col = |name: &str, type_oid| Column { name: name.into(), type_oid };
+        Relation {
+            id: 1,
+            namespace: "public".into(),
+            name: "outbox_0_0".into(),
+            columns: vec![
+                col("id", oid::INT8),
+                col("topic", oid::TEXT),
+                col("msg_key", oid::BYTEA),
+                col("payload", oid::BYTEA),
+                col("headers", oid::JSONB),
+                col("kafka_partition", oid::INT4),
+                col("created_at", oid::TIMESTAMPTZ),
+                col("added_later", oid::TEXT),
+            ],
+        }
+    }
+
+    fn t(s: &str) -> Value {
+        Value::Text(Bytes::copy_from_slice(s.as_bytes()))
+    }
+
+    #[test]
+    fn maps_a_row() {
+        let map = ColumnMap::new(&relation()).unwrap();
+        let rec = map
+            .record(&[
+                t("7"),
+                t("orders"),
+                t("\\x6b"),
+                t("\\x7b7d"),
+                t(r#"{"h": "v"}"#),
+                Value::Null,
+                t("1970-01-01 00:00:01+00"),
+                Value::Null,
+            ])
+            .unwrap();
+        assert_eq!(rec.id, 7);
+        assert_eq!(rec.topic, "orders");
+        assert_eq!(rec.key.as_deref(), Some(&b"k"[..]));
+        assert_eq!(rec.payload.as_deref(), Some(&b"{}"[..]));
+        assert_eq!(rec.headers, vec![("h".to_string(), b"v".to_vec())]);
+        assert_eq!(rec.kafka_partition, None);
+        assert_eq!(rec.created_at_micros, Some(1_000_000));
+    }
+
+    #[test]
+    fn bad_values_name_row_and_column() {
+        let map = ColumnMap::new(&relation()).unwrap();
+        let e = map
+            .record(&[t("7"), Value::Null, Value::Null, Value::Null, Value::Null, Value::Null, Value::Null])
+            .unwrap_err();
+        assert_eq!((e.id, e.column), (Some(7), "topic"));
+        let e =
+            map.record(&[t("8"), t("x"), Value::Null, Value::Null, t("[1]"), Value::Null, Value::Null]).unwrap_err();
+        assert_eq!((e.id, e.column), (Some(8), "headers"));
+        let e = map.record(&[t("9"), t("x"), Value::Null, Value::Null, Value::Null, t("-1"), Value::Null]).unwrap_err();
+        assert_eq!((e.id, e.column), (Some(9), "kafka_partition"));
+    }
+
+    #[test]
+    fn dropped_or_retyped_columns_are_named() {
+        let mut rel = relation();
+        rel.columns.retain(|c| c.name != "payload");
+        assert!(ColumnMap::new(&rel).unwrap_err().to_string().contains("\"payload\""));
+        let mut rel = relation();
+        rel.columns[1].type_oid = oid::INT4;
+        assert!(ColumnMap::new(&rel).unwrap_err().to_string().contains("topic"));
+    }
+}

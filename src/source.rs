@@ -1,0 +1,66 @@
+//! The source side of a shard-partition: what a database connector must provide.
+//!
+//! # Contract
+//!
+//! * [`Source::next`] yields the outbox rows of committed transactions in commit order,
+//!   each transaction framed by `Begin` and `Commit`.
+//! * [`Source::finish`] is called with the rows of a *complete prefix* of transactions — every
+//!   record acknowledged by Kafka — and the position of the last one. It deletes the rows and
+//!   only then moves the stored position (slot or checkpoint) to that position. After a crash
+//!   the source resumes at the last stored position; rows replayed from there that are no
+//!   longer in the table are filtered with [`Source::existing`], so duplicates are possible
+//!   only for rows acknowledged by Kafka whose delete had not committed.
+//! * `next` must be cancellation-safe: the streamer polls it in a `select!`.
+
+use std::fmt;
+use std::future::Future;
+
+use crate::record::{InvalidRow, OutboxRecord};
+
+/// What a source reports, in commit order.
+#[derive(Debug)]
+pub enum SourceEvent<P> {
+    /// A transaction starts; `label` is its position as stamped on records (commit LSN, GTID).
+    Begin {
+        label: String,
+    },
+    Row(Result<OutboxRecord, InvalidRow>),
+    Commit(P),
+    /// Nothing of this stream is pending at the source up to `P`; confirming it keeps the
+    /// server from retaining log written by other tables.
+    Idle(P),
+}
+
+/// Why a source stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum SourceError {
+    /// Connection lost, server restarting, slot briefly held: reconnect with backoff.
+    #[error("{0}")]
+    Transient(String),
+    /// The stream cannot go on without an operator: the message says what and how to fix it.
+    #[error("{message}; fix: {fix}")]
+    Definite { message: String, fix: String },
+}
+
+/// One shard-partition's change source. See the module docs for the contract.
+pub trait Source: Send {
+    /// The resume position: only commit positions are stored, so it is totally ordered.
+    type Position: Clone + fmt::Display + Send + Sync + 'static;
+
+    /// The header that carries [`SourceEvent::Begin`]'s label (`outbox-lsn`, `outbox-gtid`).
+    const POSITION_HEADER: &'static str;
+
+    fn next(&mut self) -> impl Future<Output = Result<Option<SourceEvent<Self::Position>>, SourceError>> + Send;
+
+    /// Which of `ids` are still in the table.
+    fn existing(&mut self, ids: &[i64]) -> impl Future<Output = Result<Vec<i64>, SourceError>> + Send;
+
+    /// Deletes `ids`, then stores `upto`. Returns the number of rows deleted.
+    fn finish(&mut self, ids: Vec<i64>, upto: Self::Position) -> impl Future<Output = Result<u64, SourceError>> + Send;
+
+    /// Stores an idle position (see [`SourceEvent::Idle`]); nothing is in flight.
+    fn confirm_idle(&mut self, position: Self::Position);
+
+    /// Ends the session, recording the last stored position with the server if it can.
+    fn close(self) -> impl Future<Output = ()> + Send;
+}

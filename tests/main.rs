@@ -1,0 +1,10 @@
+//! Integration tests against real PostgreSQL, MariaDB, Kafka and ZooKeeper.
+//!
+//! Start the services with `scripts/services up && eval "$(scripts/services env)"`, or run
+//! everything with `scripts/test`. A missing service fails a test with that instruction.
+
+mod support;
+
+mod postgres_cdc;
+mod postgres_faults;
+mod smoke;

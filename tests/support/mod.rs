@@ -1,0 +1,42 @@
+//! Test support: service settings from the environment, a fresh database and role per test,
+//! fresh Kafka topics, a Kafka reader, the streamer as a real child process, and waits on
+//! conditions with deadlines (never sleeps as synchronisation).
+
+pub mod kafka;
+pub mod pg;
+pub mod streamer;
+
+use std::future::Future;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+/// How to get the services the tests need.
+pub const HOW_TO_START: &str = "start the services with `scripts/services up && eval \"$(scripts/services env)\"`, or run every test with `scripts/test`";
+
+/// A service setting; panics with how to start the services when it is missing.
+pub fn env(name: &str) -> String {
+    std::env::var(name).unwrap_or_else(|_| panic!("{name} is not set: {HOW_TO_START}"))
+}
+
+/// A name unique to this test process and call: `<prefix>_<pid>_<n>`.
+pub fn unique(prefix: &str) -> String {
+    static N: AtomicU32 = AtomicU32::new(0);
+    format!("{prefix}_{}_{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed))
+}
+
+/// Polls `check` until it returns `Some`, or panics with `what` after `timeout`.
+pub async fn wait_until<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + timeout;
+    let mut poll = tokio::time::interval(Duration::from_millis(50));
+    loop {
+        poll.tick().await;
+        if let Some(v) = check().await {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "timed out after {timeout:?} waiting for {what}");
+    }
+}

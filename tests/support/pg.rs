@@ -1,0 +1,63 @@
+//! A fresh PostgreSQL database per test, with the documented least-privilege streamer role.
+
+use tokio_postgres::{Client, NoTls};
+
+use super::{env, unique};
+
+/// One test's database: an admin session and the streamer role's URL.
+pub struct PgDb {
+    pub admin_url: String,
+    pub streamer_url: String,
+    pub admin: Client,
+}
+
+fn with_database(url: &str, db: &str) -> String {
+    let (base, _) = url.rsplit_once('/').expect("OUTBOX_PG_URL ends with /database");
+    format!("{base}/{db}")
+}
+
+pub async fn connect(url: &str) -> Client {
+    let (client, conn) = tokio_postgres::connect(url, NoTls)
+        .await
+        .unwrap_or_else(|e| panic!("connecting to PostgreSQL: {e}; {}", super::HOW_TO_START));
+    tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    client
+}
+
+/// Creates a database and a streamer role (LOGIN REPLICATION, nothing else; `setup` grants
+/// it SELECT and DELETE on the outbox tables). Slots left behind by earlier test processes
+/// are dropped first so they cannot pin WAL.
+pub async fn fresh_db() -> PgDb {
+    let root_url = env("OUTBOX_PG_URL");
+    let root = connect(&root_url).await;
+    let mine = format!("t_{}_", std::process::id());
+    root.execute(
+        "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots
+         WHERE NOT active AND database LIKE 't\\_%' AND database NOT LIKE $1",
+        &[&format!("{}%", mine.replace('_', "\\_"))],
+    )
+    .await
+    .expect("dropping stale test slots");
+    let name = unique("t");
+    root.batch_execute(&format!("CREATE DATABASE {name}")).await.expect("create database");
+    let role = format!("{name}_streamer");
+    let password = format!("pw-{}", unique("x"));
+    root.batch_execute(&format!("CREATE ROLE {role} LOGIN REPLICATION PASSWORD '{password}'"))
+        .await
+        .expect("create role");
+    root.batch_execute(&format!("GRANT CONNECT ON DATABASE {name} TO {role}")).await.expect("grant connect");
+    let admin_url = with_database(&root_url, &name);
+    let admin = connect(&admin_url).await;
+    let host = root_url.split('@').nth(1).expect("OUTBOX_PG_URL has user@host");
+    let (hostport, _) = host.rsplit_once('/').expect("host/db");
+    let streamer_url = format!("postgres://{role}:{password}@{hostport}/{name}");
+    PgDb { admin_url, streamer_url, admin }
+}
+
+impl PgDb {
+    pub async fn count(&self, table: &str) -> i64 {
+        self.admin.query_one(&format!("SELECT count(*) FROM {table}"), &[]).await.expect("count").get(0)
+    }
+}

@@ -1,0 +1,116 @@
+//! The real `outbox-streamer` binary as a child process.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// The binary under test.
+pub fn bin() -> &'static str {
+    env!("CARGO_BIN_EXE_outbox-streamer")
+}
+
+/// A scratch directory for one test (config and logs), kept after the run for inspection.
+pub fn scratch(name: &str) -> PathBuf {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(name);
+    std::fs::create_dir_all(&dir).expect("scratch dir");
+    dir
+}
+
+/// Runs `outbox-streamer <args>` to completion; returns (success, stdout, stderr).
+pub fn run_cli(config: &Path, args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(bin()).arg("--config").arg(config).args(args).output().expect("running outbox-streamer");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// A running `outbox-streamer run`, its stderr logged to a file.
+pub struct Running {
+    child: Child,
+    pub log: PathBuf,
+}
+
+impl Running {
+    pub fn start(config: &Path, log: &Path) -> Self {
+        let file = std::fs::OpenOptions::new().create(true).append(true).open(log).expect("log file");
+        let child = Command::new(bin())
+            .arg("--config")
+            .arg(config)
+            .arg("run")
+            .env("RUST_LOG", "info,outbox_streamer=debug")
+            .stdout(Stdio::null())
+            .stderr(file)
+            .spawn()
+            .expect("starting outbox-streamer run");
+        Self { child, log: log.to_path_buf() }
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// SIGTERM, then waits (with a deadline) for a clean exit; returns whether it exited 0.
+    pub fn stop(mut self) -> bool {
+        signal(self.child.id(), "TERM");
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Some(status) = self.child.try_wait().expect("wait") {
+                return status.success();
+            }
+            assert!(
+                Instant::now() < deadline,
+                "streamer did not stop within 60s of SIGTERM; log {}",
+                self.log.display()
+            );
+            std::thread::yield_now();
+            std::thread::park_timeout(Duration::from_millis(50));
+        }
+    }
+
+    /// SIGKILL: no draining, no cleanup.
+    pub fn kill(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn signal(pid: u32, sig: &str) {
+    let ok = Command::new("kill").arg(format!("-{sig}")).arg(pid.to_string()).status().expect("kill").success();
+    assert!(ok, "kill -{sig} {pid} failed");
+}
+
+/// A config for one PostgreSQL source.
+pub fn pg_config(dir: &Path, streamer_url: &str, prefix: &str, shards: u32, partitions: u32, extra: &str) -> PathBuf {
+    let path = dir.join("outbox-streamer.toml");
+    let text = format!(
+        r#"[kafka]
+brokers = "{brokers}"
+message_timeout_ms = 10000
+
+[[source]]
+name = "test"
+kind = "postgres"
+url = "{streamer_url}"
+table_prefix = "{prefix}"
+shards = {shards}
+partitions = {partitions}
+
+[source.defaults]
+linger_ms = 1
+status_interval_ms = 100
+{extra}
+"#,
+        brokers = super::kafka::brokers()
+    );
+    std::fs::write(&path, text).expect("write config");
+    path
+}
