@@ -35,12 +35,48 @@ from typing import Callable
 
 ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
-STATE = Path(os.environ.get("OUTBOX_SERVICES_DIR", ROOT / "target" / "services")).resolve()
+IS_ROOT = os.geteuid() == 0
+
+
+def traversable_by_service_users(path: Path) -> bool:
+    """As root, the servers run as `postgres` and `mysql`; they must reach their data."""
+    if not IS_ROOT:
+        return True
+    for user in ("postgres", "mysql"):
+        try:
+            pwd.getpwnam(user)
+        except KeyError:
+            continue  # not installed yet; checked again once it is
+        probe = subprocess.run(["runuser", "-u", user, "--", "test", "-x", str(path)], capture_output=True)
+        if probe.returncode != 0:
+            return False
+    return True
+
+
+def default_state() -> Path:
+    """`target/services` in the checkout, unless a parent directory is closed to the service
+    users (a checkout under a 0700 directory): then a stable directory under /tmp named after
+    the checkout, so `up`, `env` and `down` agree."""
+    preferred = ROOT / "target" / "services"
+    if traversable_by_service_users(ROOT):
+        return preferred
+    import hashlib
+    tag = hashlib.sha256(str(ROOT).encode()).hexdigest()[:10]
+    return Path(f"/tmp/outbox-services-{tag}")
+
+
+def resolve_state() -> Path:
+    if os.environ.get("OUTBOX_SERVICES_DIR"):
+        return Path(os.environ["OUTBOX_SERVICES_DIR"]).resolve()
+    return default_state()
+
+
+# Resolved in main(), after `up` installed the packages that create the service users.
+STATE = ROOT / "target" / "services"
 CACHE = Path(os.environ.get("OUTBOX_SERVICES_CACHE", Path.home() / ".cache" / "outbox-streamer")).resolve()
 PG_BIN = Path("/usr/lib/postgresql/15/bin")
 START_DEADLINE_S = float(os.environ.get("OUTBOX_SERVICES_DEADLINE", "90"))
 STOP_DEADLINE_S = 30.0
-IS_ROOT = os.geteuid() == 0
 
 
 def port(var: str, default: int) -> int:
@@ -216,10 +252,15 @@ class Service:
         except (FileNotFoundError, ValueError):
             return None
         try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
-        except FileNotFoundError:
+        except (FileNotFoundError, ProcessLookupError):
             return None
-        # The pid is ours only while it still runs a command that names our directory.
+        if stat.rsplit(")", 1)[-1].split()[0] in ("Z", "X"):
+            return None  # exited; its parent has not reaped it yet
+        if not cmdline:
+            return pid  # between fork and exec (or a launcher re-exec): still ours
+        # The pid is ours only while it runs a command that names our directory (pids are reused).
         return pid if str(self.dir) in cmdline else None
 
 
@@ -290,7 +331,9 @@ def wait_ready(svc: Service, deadline: float) -> None:
     last = "not started"
     while time.monotonic() < deadline:
         if svc.pid() is None:
-            time.sleep(0.5)  # let the dying process's last words reach the log
+            time.sleep(0.5)  # confirm, and let a dying process's last words reach the log
+            if svc.pid() is not None:
+                continue
             raise ServiceError(f"{svc.name} exited during start-up; log {svc.log}:\n{tail(svc.log)}")
         try:
             why = svc.check()
@@ -620,8 +663,10 @@ def env_lines() -> list[str]:
 
 
 def cmd_up() -> None:
+    global STATE
     began = time.monotonic()
     install()
+    STATE = resolve_state()
     STATE.mkdir(parents=True, exist_ok=True)
     errors: list[str] = []
     deadline = time.monotonic() + START_DEADLINE_S
@@ -695,6 +740,8 @@ def main(argv: list[str]) -> int:
     usage = ("usage: scripts/services up | down | status | env\n"
              "       scripts/services kafka-topics ARGS… | kafka-console-consumer ARGS…  (Kafka's own tools, "
              "--bootstrap-server is added)")
+    global STATE
+    STATE = resolve_state()
     if argv and argv[0] in KAFKA_TOOLS:
         return kafka_tool(argv[0], argv[1:])
     if len(argv) != 1:
