@@ -20,6 +20,7 @@
 //!   record and every record before it were acknowledged. See `docs/architecture.md`.
 
 pub mod ack;
+pub mod bench;
 pub mod cli;
 pub mod config;
 pub mod metrics;

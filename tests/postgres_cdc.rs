@@ -13,6 +13,7 @@ const ARRIVAL: Duration = Duration::from_secs(120);
 
 /// A test's world: database, prefix, topic, config.
 pub struct World {
+    _services: ServicesGuard,
     pub db: pg::PgDb,
     pub prefix: String,
     pub topic: String,
@@ -20,8 +21,32 @@ pub struct World {
     pub config: std::path::PathBuf,
 }
 
+/// The shared or exclusive hold on the services for the test's lifetime.
+pub enum ServicesGuard {
+    Shared(#[allow(dead_code)] tokio::sync::RwLockReadGuard<'static, ()>),
+    Exclusive(#[allow(dead_code)] tokio::sync::RwLockWriteGuard<'static, ()>),
+}
+
 impl World {
     pub async fn new(name: &str, shards: u32, partitions: u32, topic_partitions: i32, extra: &str) -> Self {
+        let guard = ServicesGuard::Shared(crate::support::shared_services().await);
+        Self::with_guard(guard, name, shards, partitions, topic_partitions, extra).await
+    }
+
+    /// A world for a test that stops services: no other test runs meanwhile.
+    pub async fn exclusive(name: &str, shards: u32, partitions: u32, topic_partitions: i32, extra: &str) -> Self {
+        let guard = ServicesGuard::Exclusive(crate::support::exclusive_services().await);
+        Self::with_guard(guard, name, shards, partitions, topic_partitions, extra).await
+    }
+
+    async fn with_guard(
+        guard: ServicesGuard,
+        name: &str,
+        shards: u32,
+        partitions: u32,
+        topic_partitions: i32,
+        extra: &str,
+    ) -> Self {
         let db = pg::fresh_db().await;
         let prefix = unique(name);
         let topic = kafka::fresh_topic(name, topic_partitions).await;
@@ -29,7 +54,7 @@ impl World {
         let config = pg_config(&dir, &db.streamer_url, &prefix, shards, partitions, extra);
         let (ok, out, err) = run_cli(&config, &["setup", "--admin-url", &db.admin_url]);
         assert!(ok, "setup failed:\n{out}\n{err}");
-        Self { db, prefix, topic, dir, config }
+        Self { _services: guard, db, prefix, topic, dir, config }
     }
 
     pub fn table(&self, shard: u32, partition: u32) -> String {

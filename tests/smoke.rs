@@ -9,6 +9,7 @@ use crate::support::{env, kafka, pg};
 
 #[tokio::test]
 async fn postgres_has_logical_wal() {
+    let _services = crate::support::shared_services().await;
     let client = pg::connect(&env("OUTBOX_PG_URL")).await;
     let row = client.query_one("SHOW wal_level", &[]).await.unwrap();
     assert_eq!(row.get::<_, String>(0), "logical");
@@ -20,6 +21,7 @@ async fn postgres_has_logical_wal() {
 
 #[tokio::test]
 async fn mariadb_has_a_full_row_binlog() {
+    let _services = crate::support::shared_services().await;
     use outbox_mysql::check_binlog_settings;
     let opts = mysql_async::Opts::from_url(&env("OUTBOX_MYSQL_URL")).expect("OUTBOX_MYSQL_URL");
     let mut conn = mysql_async::Conn::new(opts)
@@ -37,6 +39,7 @@ async fn mariadb_has_a_full_row_binlog() {
 
 #[tokio::test]
 async fn kafka_round_trips_a_record() {
+    let _services = crate::support::shared_services().await;
     let topic = kafka::fresh_topic("smoke", 1).await;
     let producer: FutureProducer = ClientConfig::new().set("bootstrap.servers", kafka::brokers()).create().unwrap();
     producer
@@ -52,6 +55,7 @@ async fn kafka_round_trips_a_record() {
 
 #[tokio::test]
 async fn zookeeper_creates_and_reads_an_ephemeral_node() {
+    let _services = crate::support::shared_services().await;
     use outbox_zookeeper::zk;
     let client = outbox_zookeeper::connect(&outbox_zookeeper::SessionSettings::new(env("OUTBOX_ZK_CONNECT")))
         .await

@@ -662,7 +662,18 @@ def env_lines() -> list[str]:
     ]
 
 
-def cmd_up() -> None:
+def pick(names: list[str]) -> list[Service]:
+    """The named services (all when none are named); an unknown name is an error."""
+    if not names:
+        return SERVICES
+    known = {svc.name: svc for svc in SERVICES}
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        fail(f"unknown service {', '.join(unknown)}; known: {', '.join(known)}")
+    return [known[n] for n in names]
+
+
+def cmd_up(names: list[str]) -> None:
     global STATE
     began = time.monotonic()
     install()
@@ -684,7 +695,7 @@ def cmd_up() -> None:
             with lock:
                 errors.append(str(e))
 
-    threads = [threading.Thread(target=bring_up, args=(s,)) for s in SERVICES]
+    threads = [threading.Thread(target=bring_up, args=(s,)) for s in pick(names)]
     for t in threads:
         t.start()
     for t in threads:
@@ -694,8 +705,8 @@ def cmd_up() -> None:
     say(f"all services up in {time.monotonic() - began:.1f}s; connection settings: `scripts/services env`")
 
 
-def cmd_down() -> None:
-    for svc in reversed(SERVICES):
+def cmd_down(names: list[str]) -> None:
+    for svc in reversed(pick(names)):
         pid = svc.pid()
         stop(svc)
         if pid:
@@ -737,21 +748,22 @@ def kafka_tool(name: str, args: list[str]) -> int:
 
 
 def main(argv: list[str]) -> int:
-    usage = ("usage: scripts/services up | down | status | env\n"
+    usage = ("usage: scripts/services up [SERVICE…] | down [SERVICE…] | status | env\n"
+             "       SERVICE is postgres, mariadb, kafka or zookeeper (default: all)\n"
              "       scripts/services kafka-topics ARGS… | kafka-console-consumer ARGS…  (Kafka's own tools, "
              "--bootstrap-server is added)")
     global STATE
     STATE = resolve_state()
     if argv and argv[0] in KAFKA_TOOLS:
         return kafka_tool(argv[0], argv[1:])
-    if len(argv) != 1:
+    if not argv or (len(argv) > 1 and argv[0] not in ("up", "down")):
         print(usage, file=sys.stderr)
         return 2
     cmd = argv[0]
     if cmd == "up":
-        cmd_up()
+        cmd_up(argv[1:])
     elif cmd == "down":
-        cmd_down()
+        cmd_down(argv[1:])
     elif cmd == "status":
         return cmd_status()
     elif cmd == "env":

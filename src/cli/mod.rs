@@ -1,6 +1,6 @@
 //! Command-line parsing and dispatch: `setup`, `run`, `status`, `bench`.
 
-mod setup;
+pub(crate) mod setup;
 mod status;
 
 use std::path::PathBuf;
@@ -50,8 +50,8 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Measure throughput and latency against the running services.
-    Bench,
+    /// Measure throughput and latency against the running services (`scripts/services env`).
+    Bench(crate::bench::BenchArgs),
 }
 
 /// Installs the tracing subscriber (`RUST_LOG` filters, default `info`).
@@ -77,9 +77,17 @@ pub async fn execute(cli: Cli) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Status { json } => status::status(&load()?, json).await,
-        Command::Bench => anyhow::bail!(
-            "the benchmark harness is not built yet (tracked as issue 7); \
-             docs/benchmarks.md lists what has been measured so far and how"
-        ),
+        Command::Bench(args) => {
+            let report = crate::bench::bench(args).await?;
+            let broken = report.lost + report.duplicated + report.out_of_order;
+            if report.mode == crate::bench::BenchMode::Cdc && broken > 0 {
+                eprintln!(
+                    "error: a fault-free CDC run must lose, duplicate and reorder nothing: lost {}, duplicated {}, out of order {}",
+                    report.lost, report.duplicated, report.out_of_order
+                );
+                return Ok(ExitCode::FAILURE);
+            }
+            Ok(ExitCode::SUCCESS)
+        }
     }
 }

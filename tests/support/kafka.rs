@@ -68,7 +68,60 @@ pub async fn read_at_least(topic: &str, partitions: i32, count: usize, timeout: 
         .expect("reader thread")
 }
 
+/// Counts records and distinct `outbox-id` headers until `expected` distinct ids arrived,
+/// keeping no records in memory (for runs of a million records). Returns (records, distinct).
+pub async fn count_distinct_ids(topic: &str, partitions: i32, expected: usize, timeout: Duration) -> (usize, usize) {
+    let topic = topic.to_string();
+    tokio::task::spawn_blocking(move || {
+        let mut seen = std::collections::HashSet::with_capacity(expected);
+        let mut records = 0;
+        scan(&topic, partitions, timeout, Duration::from_millis(500), |msg| {
+            records += 1;
+            let id = msg
+                .headers()
+                .and_then(|h| h.iter().find(|h| h.key == "outbox-id").and_then(|h| h.value))
+                .and_then(|v| std::str::from_utf8(v).ok()?.parse::<i64>().ok())
+                .expect("record with an outbox-id header");
+            seen.insert(id);
+            seen.len() >= expected
+        });
+        (records, seen.len())
+    })
+    .await
+    .expect("reader thread")
+}
+
 fn read_blocking(topic: &str, partitions: i32, count: usize, timeout: Duration, settle: Duration) -> Vec<Record> {
+    let mut out = Vec::new();
+    scan(topic, partitions, timeout, settle, |msg| {
+        let mut headers = HashMap::new();
+        if let Some(h) = msg.headers() {
+            for i in 0..h.count() {
+                let hd = h.get(i);
+                headers.insert(hd.key.to_string(), String::from_utf8_lossy(hd.value.unwrap_or_default()).into_owned());
+            }
+        }
+        out.push(Record {
+            partition: msg.partition(),
+            offset: msg.offset(),
+            key: msg.key().map(<[u8]>::to_vec),
+            payload: msg.payload().map(<[u8]>::to_vec),
+            headers,
+        });
+        out.len() >= count
+    });
+    out
+}
+
+/// Reads `topic` from the beginning, handing each record to `on_record` until it returns
+/// true, then keeps reading for `settle` (to catch extras); panics at the deadline.
+fn scan(
+    topic: &str,
+    partitions: i32,
+    timeout: Duration,
+    settle: Duration,
+    mut on_record: impl FnMut(&rdkafka::message::BorrowedMessage<'_>) -> bool,
+) {
     let consumer: BaseConsumer = ClientConfig::new()
         .set("bootstrap.servers", brokers())
         .set("group.id", unique("test-reader"))
@@ -82,35 +135,21 @@ fn read_blocking(topic: &str, partitions: i32, count: usize, timeout: Duration, 
     }
     consumer.assign(&tpl).expect("assign");
     let deadline = Instant::now() + timeout;
-    let mut out = Vec::new();
     let mut settle_until: Option<Instant> = None;
+    let mut records = 0usize;
     loop {
         let now = Instant::now();
         if let Some(until) = settle_until {
             if now >= until {
-                return out;
+                return;
             }
         } else if now >= deadline {
-            panic!("timed out after {timeout:?}: {} of {count} records arrived in {topic}", out.len());
+            panic!("timed out after {timeout:?} reading {topic}: {records} records so far");
         }
         if let Some(msg) = consumer.poll(Duration::from_millis(100)) {
             let msg = msg.expect("kafka read");
-            let mut headers = HashMap::new();
-            if let Some(h) = msg.headers() {
-                for i in 0..h.count() {
-                    let hd = h.get(i);
-                    headers
-                        .insert(hd.key.to_string(), String::from_utf8_lossy(hd.value.unwrap_or_default()).into_owned());
-                }
-            }
-            out.push(Record {
-                partition: msg.partition(),
-                offset: msg.offset(),
-                key: msg.key().map(<[u8]>::to_vec),
-                payload: msg.payload().map(<[u8]>::to_vec),
-                headers,
-            });
-            if out.len() >= count && settle_until.is_none() {
+            records += 1;
+            if on_record(&msg) && settle_until.is_none() {
                 settle_until = Some(Instant::now() + settle);
             }
         }

@@ -13,6 +13,31 @@ use std::time::{Duration, Instant};
 /// How to get the services the tests need.
 pub const HOW_TO_START: &str = "start the services with `scripts/services up && eval \"$(scripts/services env)\"`, or run every test with `scripts/test`";
 
+/// Tests share the services; a test that stops one (Kafka outage) takes them exclusively.
+static SERVICES: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
+
+/// Held by every test that uses the services.
+pub async fn shared_services() -> tokio::sync::RwLockReadGuard<'static, ()> {
+    SERVICES.read().await
+}
+
+/// Held by a test that stops or restarts a service; no other test runs meanwhile.
+pub async fn exclusive_services() -> tokio::sync::RwLockWriteGuard<'static, ()> {
+    SERVICES.write().await
+}
+
+/// Runs `scripts/services <args>` (for example `down kafka`) and panics if it fails.
+pub fn services(args: &[&str]) {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/services");
+    let out = std::process::Command::new(script).args(args).output().expect("running scripts/services");
+    assert!(
+        out.status.success(),
+        "scripts/services {args:?} failed:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 /// A service setting; panics with how to start the services when it is missing.
 pub fn env(name: &str) -> String {
     std::env::var(name).unwrap_or_else(|_| panic!("{name} is not set: {HOW_TO_START}"))

@@ -47,6 +47,13 @@ impl Running {
         Self { child, log: log.to_path_buf() }
     }
 
+    /// Peak resident memory of the process so far (VmHWM), in bytes.
+    pub fn peak_rss_bytes(&self) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).expect("proc status");
+        let line = status.lines().find(|l| l.starts_with("VmHWM:")).expect("VmHWM line");
+        line.split_whitespace().nth(1).and_then(|kb| kb.parse::<u64>().ok()).expect("VmHWM in kB") * 1024
+    }
+
     pub fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }

@@ -7,8 +7,10 @@
 //! * [`classify`] is the one table that says which Kafka errors are worth retrying and which
 //!   are definite for the record (too large, unknown or unauthorised topic, bad partition).
 
+pub mod admin;
 pub mod classify;
 pub mod producer;
+pub mod reader;
 
 pub use classify::{Class, classify};
 pub use producer::{Outgoing, Producer, ProducerSettings};

@@ -3,10 +3,12 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use rdkafka::ClientConfig;
+use rdkafka::client::ClientContext;
+use rdkafka::config::RDKafkaLogLevel;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord, Producer as _};
+use rdkafka::{ClientConfig, Statistics};
 
 /// Producer settings the streamer exposes; `properties` passes any other librdkafka setting.
 #[derive(Debug, Clone)]
@@ -32,9 +34,37 @@ pub struct Outgoing<'a> {
     pub headers: &'a [(String, Vec<u8>)],
 }
 
+/// Routes librdkafka's own log lines and client errors to tracing. They are connection
+/// trouble that librdkafka retries by itself, so WARN at most: a record that cannot be
+/// delivered reaches the streamer as a delivery error, which decides what is worth an ERROR.
+#[derive(Debug, Clone, Copy)]
+pub struct LogContext;
+
+impl ClientContext for LogContext {
+    fn log(&self, level: RDKafkaLogLevel, facility: &str, message: &str) {
+        match level {
+            RDKafkaLogLevel::Emerg
+            | RDKafkaLogLevel::Alert
+            | RDKafkaLogLevel::Critical
+            | RDKafkaLogLevel::Error
+            | RDKafkaLogLevel::Warning => tracing::warn!(target: "librdkafka", facility, "{message}"),
+            RDKafkaLogLevel::Notice | RDKafkaLogLevel::Info => {
+                tracing::info!(target: "librdkafka", facility, "{message}")
+            }
+            RDKafkaLogLevel::Debug => tracing::debug!(target: "librdkafka", facility, "{message}"),
+        }
+    }
+
+    fn error(&self, error: KafkaError, reason: &str) {
+        tracing::warn!(target: "librdkafka", error = %error, "kafka client: {reason}");
+    }
+
+    fn stats(&self, _statistics: Statistics) {}
+}
+
 /// The producer of one shard-partition.
 pub struct Producer {
-    inner: FutureProducer,
+    inner: FutureProducer<LogContext>,
 }
 
 impl std::fmt::Debug for Producer {
@@ -60,6 +90,9 @@ impl Producer {
             .set("linger.ms", settings.linger_ms.to_string())
             .set("message.timeout.ms", settings.message_timeout_ms.to_string())
             .set("queue.buffering.max.messages", "200000")
+            // A topic that does not exist (auto-creation is off) must fail as "unknown topic",
+            // a definite error, well before the message timeout turns it into a transient one.
+            .set("topic.metadata.propagation.max.ms", (settings.message_timeout_ms / 3).clamp(1000, 5000).to_string())
             .set("socket.keepalive.enable", "true");
         for (k, v) in &settings.properties {
             cfg.set(k, v);
@@ -67,7 +100,7 @@ impl Producer {
         for (k, v) in FIXED {
             cfg.set(*k, *v);
         }
-        Ok(Self { inner: cfg.create()? })
+        Ok(Self { inner: cfg.create_with_context(LogContext)? })
     }
 
     /// Enqueues one record and returns the future of its acknowledgement. A full local queue

@@ -1,0 +1,62 @@
+//! The load generator: writer connections committing outbox rows at a target rate.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use outbox_postgres::connect::PgTarget;
+
+/// One writer's shape.
+#[derive(Debug, Clone)]
+pub struct WriterPlan {
+    pub writer: usize,
+    pub table: String,
+    pub topic: String,
+    pub rows_per_txn: usize,
+    pub payload_bytes: usize,
+    /// Transactions per second for this writer; `None` for as fast as possible.
+    pub txn_rate: Option<f64>,
+    pub duration: Duration,
+    /// Distinct keys per writer; each key belongs to one writer, so its ids follow commit order.
+    pub keys: usize,
+}
+
+/// (outbox id, when its COMMIT returned).
+pub type Committed = Vec<(i64, Instant)>;
+
+/// Runs one writer; returns the ids it committed with their commit times.
+pub async fn run_writer(target: PgTarget, plan: WriterPlan, progress: Arc<AtomicUsize>) -> anyhow::Result<Committed> {
+    let client = target.connect().await?;
+    let insert = client
+        .prepare(&format!(
+            "INSERT INTO {} (topic, msg_key, payload)
+             SELECT $1, k, p FROM unnest($2::bytea[], $3::bytea[]) AS u(k, p) RETURNING id",
+            outbox_postgres::setup::ident(&plan.table)
+        ))
+        .await?;
+    let payload = vec![b'x'; plan.payload_bytes];
+    let mut committed = Vec::new();
+    let mut ticker = plan.txn_rate.map(|rate| {
+        let mut t = tokio::time::interval(Duration::from_secs_f64(1.0 / rate));
+        t.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
+        t
+    });
+    let end = Instant::now() + plan.duration;
+    let mut n = 0usize;
+    while Instant::now() < end {
+        if let Some(t) = ticker.as_mut() {
+            t.tick().await;
+        }
+        let keys: Vec<Vec<u8>> =
+            (0..plan.rows_per_txn).map(|i| format!("w{}-k{}", plan.writer, (n + i) % plan.keys).into_bytes()).collect();
+        let payloads: Vec<&[u8]> = (0..plan.rows_per_txn).map(|_| payload.as_slice()).collect();
+        n += plan.rows_per_txn;
+        client.batch_execute("BEGIN").await?;
+        let rows = client.query(&insert, &[&plan.topic, &keys, &payloads]).await?;
+        client.batch_execute("COMMIT").await?;
+        let at = Instant::now();
+        committed.extend(rows.iter().map(|r| (r.get::<_, i64>(0), at)));
+        progress.fetch_add(rows.len(), Ordering::Relaxed);
+    }
+    Ok(committed)
+}

@@ -1,0 +1,457 @@
+//! `outbox-streamer bench`: a measured run against the running services.
+//!
+//! One run: a fresh database and least-privilege role, `setup`, a fresh topic, the streamer
+//! under test as a child process (`--mode cdc`) or none at all (`--mode ceiling`, the
+//! database's own insert rate under the same load), writers at a target rate for a duration,
+//! and a checking consumer. Reported: sustained messages/s, latency from COMMIT returned to
+//! record consumed (one clock), streamer CPU seconds and peak RSS, database CPU seconds per
+//! 1,000 messages, WAL bytes per message, and lost / duplicated / out-of-commit-order counts.
+//!
+//! Reads `OUTBOX_PG_URL`, `OUTBOX_KAFKA_BROKERS` and `OUTBOX_SERVICES_DIR` (for the database
+//! server's pid) as `scripts/services env` prints them.
+
+mod check;
+mod load;
+mod procstat;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use clap::{Args, ValueEnum};
+use outbox_kafka::reader::TopicReader;
+use outbox_postgres::connect::PgTarget;
+use serde::Serialize;
+
+use crate::config::Config;
+
+/// Where the streamer under test serves its metrics; the report quotes its own latency view.
+const BENCH_METRICS_PORT: u16 = 29188;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BenchMode {
+    /// The streamer in CDC mode (logical replication).
+    Cdc,
+    /// No streamer: the database's own insert rate under the same load.
+    Ceiling,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct BenchArgs {
+    #[arg(long, value_enum, default_value_t = BenchMode::Cdc)]
+    pub mode: BenchMode,
+    /// Target messages per second over all writers; 0 for as fast as possible.
+    #[arg(long, default_value_t = 1000)]
+    pub rate: u64,
+    #[arg(long, default_value_t = 20)]
+    pub duration_s: u64,
+    /// Writer connections.
+    #[arg(long, default_value_t = 4)]
+    pub writers: usize,
+    #[arg(long, default_value_t = 1)]
+    pub rows_per_txn: usize,
+    #[arg(long, default_value_t = 200)]
+    pub payload_bytes: usize,
+    /// Shard-partitions (tables, slots) the writers spread over.
+    #[arg(long, default_value_t = 1)]
+    pub partitions: u32,
+    /// The streamer's linger.ms.
+    #[arg(long, default_value_t = 1)]
+    pub linger_ms: u64,
+    /// A name for the run in the report.
+    #[arg(long, default_value = "custom")]
+    pub scenario: String,
+    /// Write the run's results as JSON to this file.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+    /// A short run (3 s at 500 msg/s) to check the harness itself.
+    #[arg(long)]
+    pub quick: bool,
+}
+
+/// The results of one run.
+#[derive(Debug, Serialize)]
+pub struct Report {
+    pub scenario: String,
+    pub mode: BenchMode,
+    pub target_rate: u64,
+    pub writers: usize,
+    pub rows_per_txn: usize,
+    pub payload_bytes: usize,
+    pub partitions: u32,
+    pub messages: usize,
+    pub duration_s: f64,
+    pub throughput_msgs_per_s: f64,
+    pub latency_p50_ms: f64,
+    pub latency_p95_ms: f64,
+    pub latency_p99_ms: f64,
+    pub latency_max_ms: f64,
+    pub streamer_cpu_s: Option<f64>,
+    pub streamer_peak_rss_mb: Option<f64>,
+    pub db_cpu_s_per_1k: Option<f64>,
+    pub wal_bytes_per_msg: f64,
+    pub lost: usize,
+    pub duplicated: usize,
+    pub out_of_order: usize,
+    pub throughput_per_second: Vec<u64>,
+    /// The streamer's own histogram (row created_at → Kafka ack): (upper bound s, cumulative count).
+    pub streamer_latency_buckets: Vec<(String, u64)>,
+}
+
+pub async fn bench(mut args: BenchArgs) -> anyhow::Result<Report> {
+    if args.quick {
+        args.duration_s = 3;
+        args.rate = 500;
+    }
+    if args.writers == 0 || args.rows_per_txn == 0 || args.partitions == 0 {
+        bail!("--writers, --rows-per-txn and --partitions must be at least 1");
+    }
+    let env = |name: &str| {
+        std::env::var(name).with_context(|| format!("{name} is not set; run `eval \"$(scripts/services env)\"` first"))
+    };
+    let admin_url = env("OUTBOX_PG_URL")?;
+    let brokers = env("OUTBOX_KAFKA_BROKERS")?;
+    let services_dir = PathBuf::from(env("OUTBOX_SERVICES_DIR")?);
+
+    let run_id = format!("bench{}", std::process::id());
+    let dir = PathBuf::from("target/bench").join(&run_id);
+    std::fs::create_dir_all(&dir)?;
+    let db = Database::create(&admin_url, &run_id).await?;
+    let result = run(&args, &brokers, &services_dir, &dir, &db, &run_id).await;
+    db.drop().await;
+    let report = result?;
+    if let Some(path) = &args.json {
+        std::fs::write(path, serde_json::to_string_pretty(&report)?)
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    print_markdown(&report);
+    Ok(report)
+}
+
+async fn run(
+    args: &BenchArgs,
+    brokers: &str,
+    services_dir: &Path,
+    dir: &Path,
+    db: &Database,
+    run_id: &str,
+) -> anyhow::Result<Report> {
+    let topic = format!("{run_id}-{}", std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_secs());
+    outbox_kafka::admin::create_topic(brokers, &topic, 3, 1).await.context("creating the bench topic")?;
+    let config_path = dir.join("outbox-streamer.toml");
+    std::fs::write(
+        &config_path,
+        format!(
+            "[kafka]\nbrokers = \"{brokers}\"\n\n[metrics]\nlisten = \"127.0.0.1:{metrics_port}\"\n\n[[source]]\nname = \"bench\"\nkind = \"postgres\"\n\
+             url = \"{url}\"\ntable_prefix = \"{run_id}\"\nshards = 1\npartitions = {p}\n\n\
+             [source.defaults]\nlinger_ms = {linger}\nstatus_interval_ms = 100\n",
+            url = db.streamer_url,
+            p = args.partitions,
+            linger = args.linger_ms,
+            metrics_port = BENCH_METRICS_PORT,
+        ),
+    )?;
+    let config = Config::load(&config_path)?;
+    crate::cli::setup::setup(&config, false, Some(&db.admin_url)).await?;
+    let admin = PgTarget::from_url(&db.admin_url, None)?.connect().await?;
+
+    let mut streamer = None;
+    let mut checker = None;
+    let stop_checker = Arc::new(AtomicBool::new(false));
+    let consumed = Arc::new(AtomicUsize::new(0));
+    if args.mode == BenchMode::Cdc {
+        let log = std::fs::File::create(dir.join("streamer.log"))?;
+        let child = Command::new(std::env::current_exe()?)
+            .arg("--config")
+            .arg(&config_path)
+            .arg("run")
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .context("starting the streamer")?;
+        streamer = Some(child);
+        wait_streaming(&admin, run_id, args.partitions).await?;
+        let reader = TopicReader::new(brokers, &topic, 3, &format!("{run_id}-checker"))?;
+        checker = Some(check::spawn_checker(reader, stop_checker.clone(), consumed.clone()));
+    }
+
+    // Warm-up: rows through the whole path before measuring, so neither the streamer's nor the
+    // checker's connection set-up counts as latency. They are not part of the results.
+    let warmup = warm_up(&db.admin_url, &format!("{run_id}_0_0"), &topic, &consumed, args.mode).await?;
+
+    let pg_pid = procstat::service_pid(services_dir, "postgres");
+    let db_cpu_before = pg_pid.and_then(procstat::server_cpu_seconds);
+    let wal_before = wal_lsn(&admin).await?;
+    let progress = Arc::new(AtomicUsize::new(0));
+    let target = PgTarget::from_url(&db.admin_url, None)?;
+    let txn_rate = (args.rate > 0).then(|| args.rate as f64 / args.rows_per_txn as f64 / args.writers as f64);
+    let mut writers = Vec::new();
+    for writer in 0..args.writers {
+        let plan = load::WriterPlan {
+            writer,
+            table: format!("{run_id}_0_{}", writer as u32 % args.partitions),
+            topic: topic.clone(),
+            rows_per_txn: args.rows_per_txn,
+            payload_bytes: args.payload_bytes,
+            txn_rate,
+            duration: Duration::from_secs(args.duration_s),
+            keys: 16,
+        };
+        writers.push(tokio::spawn(load::run_writer(target.clone(), plan, progress.clone())));
+    }
+    let started = Instant::now();
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    while writers.iter().any(|w| !w.is_finished()) {
+        tick.tick().await;
+        eprint!(
+            "\r{:>4}s  committed {:>9}  consumed {:>9}",
+            started.elapsed().as_secs(),
+            progress.load(Ordering::Relaxed),
+            consumed.load(Ordering::Relaxed).saturating_sub(warmup)
+        );
+    }
+    let mut committed = Vec::new();
+    for w in writers {
+        committed.extend(w.await??);
+    }
+    let write_secs = started.elapsed().as_secs_f64();
+    let wal_after = wal_lsn(&admin).await?;
+
+    let mut report = Report {
+        scenario: args.scenario.clone(),
+        mode: args.mode,
+        target_rate: args.rate,
+        writers: args.writers,
+        rows_per_txn: args.rows_per_txn,
+        payload_bytes: args.payload_bytes,
+        partitions: args.partitions,
+        messages: committed.len(),
+        duration_s: write_secs,
+        throughput_msgs_per_s: committed.len() as f64 / write_secs,
+        latency_p50_ms: 0.0,
+        latency_p95_ms: 0.0,
+        latency_p99_ms: 0.0,
+        latency_max_ms: 0.0,
+        streamer_cpu_s: None,
+        streamer_peak_rss_mb: None,
+        db_cpu_s_per_1k: None,
+        wal_bytes_per_msg: (wal_after - wal_before) as f64 / committed.len().max(1) as f64,
+        lost: 0,
+        duplicated: 0,
+        out_of_order: 0,
+        throughput_per_second: Vec::new(),
+        streamer_latency_buckets: Vec::new(),
+    };
+
+    if let Some(checker) = checker {
+        // Wait (bounded) for every committed row to arrive.
+        let deadline = Instant::now() + Duration::from_secs(120);
+        while consumed.load(Ordering::Relaxed) < committed.len() + warmup && Instant::now() < deadline {
+            tick.tick().await;
+            eprint!("\r   draining: consumed {:>9} of {}", consumed.load(Ordering::Relaxed) - warmup, committed.len());
+        }
+        stop_checker.store(true, Ordering::Relaxed);
+        let seen = checker.join().map_err(|_| anyhow::anyhow!("checker thread panicked"))??;
+        let mut latencies = Vec::with_capacity(committed.len());
+        let mut last_arrival = started;
+        for (id, at) in &committed {
+            match seen.first_arrival.get(id) {
+                Some(arrived) => {
+                    latencies.push(arrived.saturating_duration_since(*at).as_secs_f64() * 1000.0);
+                    last_arrival = last_arrival.max(*arrived);
+                }
+                None => report.lost += 1,
+            }
+        }
+        let p = check::percentiles(latencies);
+        report.latency_p50_ms = p.p50;
+        report.latency_p95_ms = p.p95;
+        report.latency_p99_ms = p.p99;
+        report.latency_max_ms = p.max;
+        report.duplicated = seen.copies.values().map(|c| (*c - 1) as usize).sum();
+        report.throughput_per_second = seen.per_second.clone();
+        report.out_of_order = seen.out_of_order;
+        // Sustained rate: everything committed, over the time until the last record arrived.
+        report.throughput_msgs_per_s = committed.len() as f64 / last_arrival.duration_since(started).as_secs_f64();
+    }
+    if let (Some(pid), Some(before)) = (pg_pid, db_cpu_before)
+        && let Some(after) = procstat::server_cpu_seconds(pid)
+    {
+        report.db_cpu_s_per_1k = Some((after - before) / (committed.len().max(1) as f64 / 1000.0));
+    }
+    if streamer.is_some() {
+        report.streamer_latency_buckets = scrape_latency_buckets().await;
+    }
+    if let Some(mut child) = streamer {
+        report.streamer_cpu_s = procstat::cpu_seconds(child.id());
+        report.streamer_peak_rss_mb = procstat::peak_rss_bytes(child.id()).map(|b| b as f64 / (1 << 20) as f64);
+        let _ = Command::new("kill").arg("-TERM").arg(child.id().to_string()).status();
+        let _ = tokio::task::spawn_blocking(move || child.wait()).await;
+    }
+    eprintln!();
+    Ok(report)
+}
+
+/// Commits `WARMUP_ROWS` rows and, with a streamer, waits until they were consumed.
+/// Returns how many records the checker will have counted for them.
+async fn warm_up(
+    admin_url: &str,
+    table: &str,
+    topic: &str,
+    consumed: &AtomicUsize,
+    mode: BenchMode,
+) -> anyhow::Result<usize> {
+    const WARMUP_ROWS: usize = 20;
+    let client = PgTarget::from_url(admin_url, None)?.connect().await?;
+    for i in 0..WARMUP_ROWS {
+        client
+            .execute(
+                &format!(
+                    "INSERT INTO {} (topic, msg_key, payload) VALUES ($1, $2, 'warm-up')",
+                    outbox_postgres::setup::ident(table)
+                ),
+                &[&topic, &format!("warm-up-{i}").as_bytes()],
+            )
+            .await?;
+    }
+    if mode == BenchMode::Ceiling {
+        return Ok(0);
+    }
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut tick = tokio::time::interval(Duration::from_millis(20));
+    while consumed.load(Ordering::Relaxed) < WARMUP_ROWS {
+        tick.tick().await;
+        if Instant::now() > deadline {
+            bail!("warm-up rows did not arrive within 60 s; see the streamer log under target/bench/");
+        }
+    }
+    Ok(WARMUP_ROWS)
+}
+
+/// The streamer's end-to-end latency histogram from its metrics endpoint.
+async fn scrape_latency_buckets() -> Vec<(String, u64)> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let Ok(mut conn) = tokio::net::TcpStream::connect(("127.0.0.1", BENCH_METRICS_PORT)).await else {
+        return Vec::new();
+    };
+    let request = "GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n";
+    let mut body = String::new();
+    if conn.write_all(request.as_bytes()).await.is_err() || conn.read_to_string(&mut body).await.is_err() {
+        return Vec::new();
+    }
+    body.lines()
+        .filter(|l| l.starts_with(crate::metrics::END_TO_END_LATENCY) && l.contains("_bucket{"))
+        .filter_map(|l| {
+            let le = l.split("le=\"").nth(1)?.split('"').next()?.to_string();
+            let count = l.rsplit(' ').next()?.parse().ok()?;
+            Some((le, count))
+        })
+        .collect()
+}
+
+async fn wal_lsn(client: &tokio_postgres::Client) -> anyhow::Result<i64> {
+    Ok(client.query_one("SELECT (pg_current_wal_lsn() - '0/0'::pg_lsn)::bigint", &[]).await?.get(0))
+}
+
+/// Waits until every slot of the run is held by the streamer.
+async fn wait_streaming(admin: &tokio_postgres::Client, prefix: &str, partitions: u32) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut tick = tokio::time::interval(Duration::from_millis(50));
+    loop {
+        tick.tick().await;
+        let active: i64 = admin
+            .query_one(
+                "SELECT count(*) FROM pg_replication_slots WHERE slot_name LIKE $1 AND active",
+                &[&format!("{prefix}\\_%")],
+            )
+            .await?
+            .get(0);
+        if active >= partitions as i64 {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!("the streamer did not start streaming within 60 s; see target/bench/{prefix}/streamer.log");
+        }
+    }
+}
+
+/// The run's own database and least-privilege streamer role, dropped afterwards.
+struct Database {
+    root_url: String,
+    name: String,
+    admin_url: String,
+    streamer_url: String,
+}
+
+impl Database {
+    async fn create(root_url: &str, name: &str) -> anyhow::Result<Self> {
+        let root = PgTarget::from_url(root_url, None)?.connect().await.context("connecting as OUTBOX_PG_URL")?;
+        let password = format!("{name}-{}", std::process::id() as u64 * 7919);
+        // One statement per call: DROP and CREATE DATABASE refuse to run in a transaction block.
+        for sql in [
+            format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"),
+            format!("CREATE DATABASE {name}"),
+            format!("DROP ROLE IF EXISTS {name}_streamer"),
+            format!("CREATE ROLE {name}_streamer LOGIN REPLICATION PASSWORD '{password}'"),
+            format!("GRANT CONNECT ON DATABASE {name} TO {name}_streamer"),
+        ] {
+            root.batch_execute(&sql).await?;
+        }
+        let (base, _) = root_url.rsplit_once('/').context("OUTBOX_PG_URL ends with /database")?;
+        let hostport = base.rsplit_once('@').map_or(base, |(_, h)| h);
+        Ok(Self {
+            root_url: root_url.into(),
+            name: name.into(),
+            admin_url: format!("{base}/{name}"),
+            streamer_url: format!("postgres://{name}_streamer:{password}@{hostport}/{name}"),
+        })
+    }
+
+    async fn drop(&self) {
+        let Ok(target) = PgTarget::from_url(&self.root_url, None) else { return };
+        let Ok(root) = target.connect().await else { return };
+        let name = &self.name;
+        for sql in [
+            format!(
+                "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE database = '{name}' AND NOT active"
+            ),
+            format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"),
+            format!("DROP ROLE IF EXISTS {name}_streamer"),
+        ] {
+            if let Err(e) = root.batch_execute(&sql).await {
+                tracing::warn!(error = %e, "bench cleanup: {sql}");
+            }
+        }
+    }
+}
+
+fn print_markdown(r: &Report) {
+    let opt = |v: Option<f64>, digits: usize| v.map_or_else(|| "-".into(), |x| format!("{x:.digits$}"));
+    println!(
+        "| scenario | mode | target/s | msgs | msgs/s | p50 ms | p95 ms | p99 ms | max ms | streamer CPU s | RSS MB | DB CPU s/1k | WAL B/msg | lost | dup | ooo |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    println!(
+        "| {} | {:?} | {} | {} | {:.0} | {:.1} | {:.1} | {:.1} | {:.1} | {} | {} | {} | {:.0} | {} | {} | {} |",
+        r.scenario,
+        r.mode,
+        if r.target_rate == 0 { "max".to_string() } else { r.target_rate.to_string() },
+        r.messages,
+        r.throughput_msgs_per_s,
+        r.latency_p50_ms,
+        r.latency_p95_ms,
+        r.latency_p99_ms,
+        r.latency_max_ms,
+        opt(r.streamer_cpu_s, 2),
+        opt(r.streamer_peak_rss_mb, 0),
+        opt(r.db_cpu_s_per_1k, 3),
+        r.wal_bytes_per_msg,
+        r.lost,
+        r.duplicated,
+        r.out_of_order
+    );
+}
