@@ -157,6 +157,9 @@ pub struct SourceConfig {
     pub defaults: StreamOverrides,
     #[serde(default, rename = "override")]
     pub overrides: Vec<StreamOverrides>,
+    /// PostgreSQL: emit a `pg_logical_emit_message` heartbeat this often (off by default;
+    /// idle slots are confirmed from the server's keepalives anyway).
+    pub heartbeat_interval_ms: Option<u64>,
 }
 
 fn default_table_prefix() -> String {
@@ -404,6 +407,9 @@ impl Config {
             }
             if s.partitions == 0 || s.partitions > MAX_PARTITIONS {
                 return Err(invalid(f("partitions"), format!("must be between 1 and {MAX_PARTITIONS}")));
+            }
+            if s.heartbeat_interval_ms.is_some_and(|v| !(100..=3_600_000).contains(&v)) {
+                return Err(invalid(f("heartbeat_interval_ms"), "must be between 100 and 3600000"));
             }
             if s.password_env.is_some() && s.password_file.is_some() {
                 return Err(invalid(f("password_env"), "set password_env or password_file, not both"));

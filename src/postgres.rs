@@ -219,7 +219,9 @@ impl Source for PgSource {
                 }
                 Change::Commit { end_lsn, .. } => SourceEvent::Commit(end_lsn),
                 Change::KeepAlive { wal_end } => SourceEvent::Idle(wal_end),
-                Change::Message { .. } => continue,
+                // A logical message (our heartbeat or anyone's) is a point in the stream: when
+                // nothing is in flight, everything before it has been handled.
+                Change::Message { lsn, .. } => SourceEvent::Idle(lsn),
                 Change::Unexpected { tag } => {
                     tracing::warn!(
                         %tag,

@@ -72,6 +72,9 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
                 .instrument(span),
             );
         }
+        if let Some(ms) = source.heartbeat_interval_ms {
+            tasks.spawn(heartbeat(target.clone(), Duration::from_millis(ms), stop_rx.clone()));
+        }
         tasks.spawn(lag_poller(source.name.clone(), target, slots, stop_rx.clone()));
     }
     tracing::info!(tasks = tasks.len(), "outbox-streamer running; SIGTERM or SIGINT stops it after draining");
@@ -150,7 +153,7 @@ async fn stream_task(
             }
             Err(SessionError::Halt(msg)) => {
                 gauge!(m::STREAM_STATE, &metric_labels).set(state::HALTED);
-                tracing::error!("{msg}");
+                tracing::error!("shard-partition {}/{} halted {msg}", labels.source, labels.id);
                 while !*stop.borrow() {
                     if stop.changed().await.is_err() {
                         break;
@@ -190,6 +193,49 @@ async fn lag_poller(source: String, target: PgTarget, slots: Vec<String>, mut st
         tokio::select! {
             _ = tokio::time::sleep(LAG_POLL_INTERVAL) => {}
             _ = stop.changed() => return,
+        }
+    }
+}
+
+/// The prefix of heartbeat messages in the WAL.
+pub const HEARTBEAT_PREFIX: &str = "outbox-streamer-heartbeat";
+
+/// Writes a non-transactional logical message every `interval`, so every slot of the database
+/// sees a recent position even when the whole server is idle. Failures are logged once per
+/// streak and retried; they never stop streaming.
+async fn heartbeat(target: PgTarget, interval: Duration, mut stop: watch::Receiver<bool>) {
+    let mut client = None;
+    let mut failing = false;
+    let mut tick = tokio::time::interval(interval);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = stop.changed() => return,
+        }
+        if client.is_none() {
+            client = target.connect().await.ok();
+        }
+        let result = match &client {
+            Some(c) => c
+                .execute("SELECT pg_logical_emit_message(false, $1, now()::text)", &[&HEARTBEAT_PREFIX])
+                .await
+                .map(|_| ())
+                .map_err(|e| e.to_string()),
+            None => Err(format!("cannot connect to {}", target.display())),
+        };
+        match result {
+            Ok(()) if failing => {
+                failing = false;
+                tracing::info!("heartbeat restored");
+            }
+            Ok(()) => {}
+            Err(e) => {
+                client = None;
+                if !failing {
+                    failing = true;
+                    tracing::warn!(error = %e, "heartbeat failed; retrying every interval");
+                }
+            }
         }
     }
 }

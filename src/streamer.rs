@@ -56,7 +56,8 @@ impl StreamLabels {
 pub enum SessionError {
     #[error("{0}")]
     Transient(String),
-    /// Operator action needed; the message names the row or setting and the fix.
+    /// Operator action needed; the message names the row or setting and the fix. The runner
+    /// prefixes it with the shard-partition.
     #[error("{0}")]
     Halt(String),
 }
@@ -411,11 +412,8 @@ impl Session<'_> {
     }
 
     fn halt(&self, id: Option<i64>, reason: &str, fix: &str) -> SessionError {
-        let row = id.map_or_else(String::new, |id| format!(" at row id={id} of {}", self.labels.table));
-        SessionError::Halt(format!(
-            "shard-partition {}/{} halted{row}: {reason}; fix: {fix}",
-            self.labels.source, self.labels.id
-        ))
+        let row = id.map_or_else(String::new, |id| format!("at row id={id} of {}: ", self.labels.table));
+        SessionError::Halt(format!("{row}{reason}; fix: {fix}"))
     }
 
     async fn cleanup<S: Source>(&mut self, source: &mut S) -> Result<(), SessionError> {

@@ -21,21 +21,21 @@ pub struct World {
     pub config: std::path::PathBuf,
 }
 
-/// The shared or exclusive hold on the services for the test's lifetime.
-pub enum ServicesGuard {
-    Shared(#[allow(dead_code)] tokio::sync::RwLockReadGuard<'static, ()>),
-    Exclusive(#[allow(dead_code)] tokio::sync::RwLockWriteGuard<'static, ()>),
+/// The shared or exclusive hold on the services for the test's lifetime (released on drop).
+pub struct ServicesGuard {
+    _shared: Option<tokio::sync::RwLockReadGuard<'static, ()>>,
+    _exclusive: Option<tokio::sync::RwLockWriteGuard<'static, ()>>,
 }
 
 impl World {
     pub async fn new(name: &str, shards: u32, partitions: u32, topic_partitions: i32, extra: &str) -> Self {
-        let guard = ServicesGuard::Shared(crate::support::shared_services().await);
+        let guard = ServicesGuard { _shared: Some(crate::support::shared_services().await), _exclusive: None };
         Self::with_guard(guard, name, shards, partitions, topic_partitions, extra).await
     }
 
     /// A world for a test that stops services: no other test runs meanwhile.
     pub async fn exclusive(name: &str, shards: u32, partitions: u32, topic_partitions: i32, extra: &str) -> Self {
-        let guard = ServicesGuard::Exclusive(crate::support::exclusive_services().await);
+        let guard = ServicesGuard { _shared: None, _exclusive: Some(crate::support::exclusive_services().await) };
         Self::with_guard(guard, name, shards, partitions, topic_partitions, extra).await
     }
 
@@ -247,6 +247,11 @@ async fn add_column_while_streaming_keeps_working() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_idle_outbox_does_not_retain_wal_written_by_other_tables() {
     let w = World::new("oi", 1, 1, 1, "").await;
+    // The optional heartbeat runs too, as the least-privilege role.
+    let config = std::fs::read_to_string(&w.config)
+        .unwrap()
+        .replace("partitions = 1\n", "partitions = 1\nheartbeat_interval_ms = 200\n");
+    std::fs::write(&w.config, config).unwrap();
     let slot = w.table(0, 0);
     let streamer = w.start("streamer.log");
     w.db.admin.execute(&format!("INSERT INTO {slot} (topic, payload) VALUES ($1, 'one')"), &[&w.topic]).await.unwrap();
@@ -264,5 +269,22 @@ async fn an_idle_outbox_does_not_retain_wal_written_by_other_tables() {
     })
     .await;
     assert!(lag < 1024 * 1024, "retained WAL {lag} bytes");
+    // A throwaway slot in the same database sees the heartbeat messages the streamer writes.
+    let probe = format!("{slot}_probe");
+    w.db.admin.execute("SELECT pg_create_logical_replication_slot($1, 'test_decoding')", &[&probe]).await.unwrap();
+    wait_until("heartbeat messages in the WAL", ARRIVAL, || async {
+        let n: i64 = w.db.admin
+            .query_one(
+                "SELECT count(*) FROM pg_logical_slot_peek_changes($1, NULL, NULL) WHERE data LIKE '%outbox-streamer-heartbeat%'",
+                &[&probe],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        (n >= 2).then_some(())
+    })
+    .await;
+    w.db.admin.execute("SELECT pg_drop_replication_slot($1)", &[&probe]).await.unwrap();
+    assert!(!streamer.log_text().contains("heartbeat failed"), "{}", streamer.log_text());
     assert!(streamer.stop());
 }

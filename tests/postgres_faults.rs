@@ -185,11 +185,7 @@ async fn a_bad_row_halts_only_its_shard_partition() {
     assert!(!payloads.contains(&"s0-after".to_string()), "nothing after the bad row on its shard-partition");
     assert_eq!(payloads.iter().filter(|p| p.starts_with("s1-")).count(), 5, "the other shard keeps streaming");
     w.wait_drained(&t1).await;
-    let log = wait_until("the halt to be logged", ARRIVAL, || async {
-        let log = streamer.log_text();
-        log.contains("halted").then_some(log)
-    })
-    .await;
+    let log = streamer.wait_for_log("halted", ARRIVAL).await;
     let errors: Vec<&str> = log.lines().filter(|l| l.contains("ERROR")).collect();
     assert_eq!(errors.len(), 1, "one ERROR, not one per retry:\n{log}");
     assert!(errors[0].contains(&format!("row id={bad}")) && errors[0].contains("column topic"), "{}", errors[0]);
@@ -333,15 +329,51 @@ async fn a_missing_topic_halts_with_an_error_that_names_it() {
             .await
             .unwrap()
             .get(0);
-    let log = wait_until("the halt to be logged", ARRIVAL, || async {
-        let log = streamer.log_text();
-        log.contains("halted").then_some(log)
-    })
-    .await;
+    let log = streamer.wait_for_log("halted", ARRIVAL).await;
     let errors: Vec<&str> = log.lines().filter(|l| l.contains("ERROR")).collect();
     assert_eq!(errors.len(), 1, "one ERROR:\n{log}");
     assert!(errors[0].contains(&format!("row id={id}")), "{}", errors[0]);
     assert!(errors[0].contains("does not exist"), "{}", errors[0]);
     assert_eq!(w.db.count(&t0).await, 1, "the row stays in the table");
+    assert!(streamer.stop());
+}
+
+/// A payload above Kafka's maximum under the default policy halts with the row named and the
+/// fix; the row and everything after it stay in the table.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_oversize_payload_halts_with_the_row_named() {
+    let w = World::new("oz", 1, 1, 1, "").await;
+    let t0 = w.table(0, 0);
+    let streamer = w.start("streamer.log");
+    let insert = format!("INSERT INTO {t0} (topic, payload) VALUES ($1, $2) RETURNING id");
+    let row = async |payload: &[u8]| -> i64 {
+        w.db.admin.query_one(&insert, &[&w.topic as &(dyn ToSql + Sync), &payload]).await.unwrap().get(0)
+    };
+    row(b"first").await;
+    let big = row(&vec![b'x'; 2 * 1024 * 1024]).await;
+    row(b"after").await;
+    let log = streamer.wait_for_log("halted", ARRIVAL).await;
+    let error = log.lines().find(|l| l.contains("ERROR")).expect("an ERROR line");
+    assert!(error.contains(&format!("row id={big}")) && error.contains("message.max.bytes"), "{error}");
+    let records = kafka::read_at_least(&w.topic, 1, 1, ARRIVAL).await;
+    assert_eq!(records.iter().map(|r| r.payload_str()).collect::<Vec<_>>(), ["first"]);
+    assert_eq!(w.db.count(&t0).await, 2, "the oversize row and the one after it stay");
+    assert!(streamer.stop());
+}
+
+/// Dropping a required column while streaming halts with an error naming the column.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_required_column_halts_naming_it() {
+    let w = World::new("ox", 1, 1, 1, "").await;
+    let t0 = w.table(0, 0);
+    let streamer = w.start("streamer.log");
+    w.db.admin.execute(&format!("INSERT INTO {t0} (topic, payload) VALUES ($1, 'before')"), &[&w.topic]).await.unwrap();
+    kafka::read_at_least(&w.topic, 1, 1, ARRIVAL).await;
+    w.db.admin.batch_execute(&format!("ALTER TABLE {t0} DROP COLUMN headers")).await.unwrap();
+    w.db.admin.execute(&format!("INSERT INTO {t0} (topic, payload) VALUES ($1, 'after')"), &[&w.topic]).await.unwrap();
+    let log = streamer.wait_for_log("halted", ARRIVAL).await;
+    let error = log.lines().find(|l| l.contains("ERROR")).expect("an ERROR line");
+    assert!(error.contains("\\\"headers\\\"") || error.contains("\"headers\""), "{error}");
+    assert_eq!(w.db.count(&t0).await, 1, "the row after the change stays in the table");
     assert!(streamer.stop());
 }

@@ -21,20 +21,22 @@ async fn postgres_has_logical_wal() {
 
 #[tokio::test]
 async fn mariadb_has_a_full_row_binlog() {
+    use mysql_async::prelude::Queryable;
     let _services = crate::support::shared_services().await;
-    use outbox_mysql::check_binlog_settings;
-    let opts = mysql_async::Opts::from_url(&env("OUTBOX_MYSQL_URL")).expect("OUTBOX_MYSQL_URL");
-    let mut conn = mysql_async::Conn::new(opts)
-        .await
-        .unwrap_or_else(|e| panic!("connecting to MariaDB: {e}; {}", crate::support::HOW_TO_START));
-    let settings = check_binlog_settings(&mut conn).await.unwrap();
+    let mut db = crate::support::mysql::fresh_db().await;
+    let settings = outbox_mysql::check_binlog_settings(&mut db.conn).await.unwrap();
     assert!(settings.is_mariadb(), "expected MariaDB, got {}", settings.version);
     assert!(settings.log_bin);
     assert_eq!(settings.format, "ROW");
     assert_eq!(settings.row_image, "FULL");
     assert_eq!(settings.row_metadata, "FULL");
     assert!(settings.problems().is_empty(), "{:?}", settings.problems());
-    conn.disconnect().await.unwrap();
+    // The fresh database is ours and empty.
+    let current: Option<String> = db.conn.query_first("SELECT DATABASE()").await.unwrap();
+    assert_eq!(current.as_deref(), Some(db.name.as_str()));
+    let tables: Vec<String> = db.conn.query("SHOW TABLES").await.unwrap();
+    assert!(tables.is_empty());
+    db.conn.disconnect().await.unwrap();
 }
 
 #[tokio::test]

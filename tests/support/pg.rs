@@ -32,14 +32,7 @@ pub async fn connect(url: &str) -> Client {
 pub async fn fresh_db() -> PgDb {
     let root_url = env("OUTBOX_PG_URL");
     let root = connect(&root_url).await;
-    let mine = format!("t_{}_", std::process::id());
-    root.execute(
-        "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots
-         WHERE NOT active AND database LIKE 't\\_%' AND database NOT LIKE $1",
-        &[&format!("{}%", mine.replace('_', "\\_"))],
-    )
-    .await
-    .expect("dropping stale test slots");
+    drop_stale_slots_once(&root).await;
     let name = unique("t");
     root.batch_execute(&format!("CREATE DATABASE {name}")).await.expect("create database");
     let role = format!("{name}_streamer");
@@ -54,6 +47,27 @@ pub async fn fresh_db() -> PgDb {
     let (hostport, _) = host.rsplit_once('/').expect("host/db");
     let streamer_url = format!("postgres://{role}:{password}@{hostport}/{name}");
     PgDb { admin_url, streamer_url, admin }
+}
+
+/// Slots of earlier test processes' databases pin WAL forever; drop them once per process.
+/// Each drop tolerates a slot that vanished or became active meanwhile.
+async fn drop_stale_slots_once(root: &Client) {
+    static DONE: tokio::sync::OnceCell<()> = tokio::sync::OnceCell::const_new();
+    DONE.get_or_init(|| async {
+        let mine = format!("t\\_{}\\_%", std::process::id());
+        let stale = root
+            .query(
+                "SELECT slot_name FROM pg_replication_slots WHERE NOT active AND database LIKE 't\\_%' AND database NOT LIKE $1",
+                &[&mine],
+            )
+            .await
+            .expect("listing stale test slots");
+        for row in stale {
+            let slot: String = row.get(0);
+            let _ = root.execute("SELECT pg_drop_replication_slot($1)", &[&slot]).await;
+        }
+    })
+    .await;
 }
 
 impl PgDb {

@@ -58,6 +58,15 @@ impl Running {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
+    /// Waits until the log contains `needle`; returns the whole log.
+    pub async fn wait_for_log(&self, needle: &str, timeout: Duration) -> String {
+        super::wait_until(&format!("{needle:?} in {}", self.log.display()), timeout, || async {
+            let log = self.log_text();
+            log.contains(needle).then_some(log)
+        })
+        .await
+    }
+
     /// SIGTERM, then waits (with a deadline) for a clean exit; returns whether it exited 0.
     pub fn stop(mut self) -> bool {
         signal(self.child.id(), "TERM");
