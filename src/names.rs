@@ -31,6 +31,11 @@ pub fn stream_names(prefix: &str, id: StreamId) -> StreamNames {
     StreamNames { table: base.clone(), publication: base.clone(), slot: base }
 }
 
+/// The MySQL/MariaDB table holding every shard-partition's stored binlog position.
+pub fn checkpoint_table(prefix: &str) -> String {
+    format!("{prefix}_checkpoint")
+}
+
 /// Every shard-partition of a source, shard-major.
 pub fn all_streams(shards: u32, partitions: u32) -> impl Iterator<Item = StreamId> {
     (0..shards).flat_map(move |shard| (0..partitions).map(move |partition| StreamId { shard, partition }))

@@ -3,21 +3,20 @@
 use std::process::ExitCode;
 
 use anyhow::{Context, bail};
+use outbox_mysql::mysql_async::{self, Opts, OptsBuilder};
+use outbox_mysql::setup as my;
 use outbox_postgres::connect::PgTarget;
 use outbox_postgres::setup::{self as pg, SetupPlan, StreamObjects};
 
 use crate::config::{Config, SourceConfig, SourceKind};
-use crate::names::{all_streams, stream_names};
+use crate::names::{all_streams, checkpoint_table, stream_names};
 
 pub async fn setup(config: &Config, dry_run: bool, admin_url: Option<&str>) -> anyhow::Result<ExitCode> {
     let mut ok = true;
     for source in &config.sources {
         match source.kind {
             SourceKind::Postgres => ok &= setup_postgres(source, dry_run, admin_url).await?,
-            SourceKind::Mysql => bail!(
-                "source {:?}: MySQL/MariaDB setup is not available yet (tracked as issue 4); remove the source or use kind = \"postgres\"",
-                source.name
-            ),
+            SourceKind::Mysql => ok &= setup_mysql(source, dry_run, admin_url).await?,
         }
     }
     Ok(if ok { ExitCode::SUCCESS } else { ExitCode::FAILURE })
@@ -86,4 +85,82 @@ async fn setup_postgres(source: &SourceConfig, dry_run: bool, admin_url: Option<
         plan.prefix
     );
     Ok(failures.is_empty())
+}
+
+/// Connection options of a MySQL/MariaDB URL, with the password from the config if given.
+pub fn mysql_opts(url: &str, password: Option<&str>) -> anyhow::Result<Opts> {
+    let opts = Opts::from_url(url).map_err(|e| {
+        anyhow::anyhow!(
+            "invalid MySQL URL ({}): expected mysql://user:password@host:port/database",
+            e.to_string().replace(url, "<url>")
+        )
+    })?;
+    if opts.db_name().is_none() {
+        bail!("the MySQL URL names no database: add /database to it");
+    }
+    let mut builder = OptsBuilder::from_opts(opts);
+    if let Some(pw) = password {
+        builder = builder.pass(Some(pw));
+    }
+    Ok(builder.into())
+}
+
+async fn setup_mysql(source: &SourceConfig, dry_run: bool, admin_url: Option<&str>) -> anyhow::Result<bool> {
+    let streamer = mysql_opts(source.url.expose(), source.password()?.as_deref())
+        .with_context(|| format!("source {:?}: url", source.name))?;
+    let database = streamer.db_name().unwrap_or_default().to_string();
+    let plan = my::SetupPlan {
+        database: database.clone(),
+        tables: all_streams(source.shards, source.partitions)
+            .map(|id| stream_names(&source.table_prefix, id).table)
+            .collect(),
+        checkpoint_table: checkpoint_table(&source.table_prefix),
+        streamer_user: streamer.user().map(str::to_string),
+    };
+    if dry_run {
+        println!("-- source {:?}: run in database {database:?}", source.name);
+        for stmt in my::statements(&plan) {
+            println!("{stmt};\n");
+        }
+        println!("-- then, per table, a checkpoint row at the server's current binlog position:");
+        println!(
+            "INSERT IGNORE INTO {} (stream, gtid, binlog_file, binlog_pos) VALUES (…);",
+            my::ident(&plan.checkpoint_table)
+        );
+        return Ok(true);
+    }
+    let admin = match admin_url {
+        Some(url) => mysql_opts(url, None).context("--admin-url")?,
+        None => streamer.clone(),
+    };
+    let mut conn = mysql_async::Conn::new(admin.clone()).await.with_context(|| {
+        format!(
+            "source {:?}: connecting to {}:{} as {}",
+            source.name,
+            admin.ip_or_hostname(),
+            admin.tcp_port(),
+            admin.user().unwrap_or("?")
+        )
+    })?;
+    let (settings, failures) = my::check_server(&mut conn, &plan).await?;
+    if !failures.is_empty() {
+        eprintln!("source {:?}: the server ({}) is not ready for outbox-streamer:", source.name, settings.version);
+        for f in &failures {
+            eprintln!("  - {f}");
+        }
+        return Ok(false);
+    }
+    my::apply(&mut conn, &plan, settings.is_mariadb())
+        .await
+        .with_context(|| format!("source {:?}: creating tables and checkpoints", source.name))?;
+    conn.disconnect().await.ok();
+    println!(
+        "source {:?}: {} shard-partition(s) ready in {database} on {} ({}_<shard>_<partition>, {})",
+        source.name,
+        plan.tables.len(),
+        settings.version,
+        source.table_prefix,
+        plan.checkpoint_table
+    );
+    Ok(true)
 }

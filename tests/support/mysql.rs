@@ -8,6 +8,23 @@ use super::{env, unique};
 pub struct MyDb {
     pub name: String,
     pub conn: mysql_async::Conn,
+    /// The admin URL pointing at this database.
+    pub admin_url: String,
+}
+
+impl MyDb {
+    /// Creates the documented least-privilege streamer user (replication only; `setup`
+    /// grants the table privileges) and returns its URL. `global` overrides the grant.
+    pub async fn streamer_user(&mut self, global: &str) -> String {
+        let user = format!("{}_s", self.name);
+        let password = format!("pw-{}", unique("x"));
+        self.conn.query_drop(format!("CREATE USER '{user}'@'127.0.0.1' IDENTIFIED BY '{password}'")).await.unwrap();
+        if !global.is_empty() {
+            self.conn.query_drop(format!("GRANT {global} ON *.* TO '{user}'@'127.0.0.1'")).await.unwrap();
+        }
+        let hostport = self.admin_url.split('@').nth(1).and_then(|h| h.split('/').next()).unwrap();
+        format!("mysql://{user}:{password}@{hostport}/{}", self.name)
+    }
 }
 
 /// Creates a database named uniquely for this test process and call.
@@ -23,5 +40,6 @@ pub async fn fresh_db() -> MyDb {
     let conn = mysql_async::Conn::new(mysql_async::OptsBuilder::from_opts(opts).db_name(Some(name.clone())))
         .await
         .expect("connecting to the test database");
-    MyDb { name, conn }
+    let (base, _) = url.rsplit_once('/').expect("OUTBOX_MYSQL_URL ends with /database");
+    MyDb { admin_url: format!("{base}/{name}"), name, conn }
 }

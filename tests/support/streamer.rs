@@ -106,6 +106,19 @@ fn signal(pid: u32, sig: &str) {
 
 /// A config for one PostgreSQL source.
 pub fn pg_config(dir: &Path, streamer_url: &str, prefix: &str, shards: u32, partitions: u32, extra: &str) -> PathBuf {
+    source_config(dir, "postgres", streamer_url, prefix, shards, partitions, extra)
+}
+
+/// A config for one source of `kind` (`postgres` or `mysql`).
+pub fn source_config(
+    dir: &Path,
+    kind: &str,
+    streamer_url: &str,
+    prefix: &str,
+    shards: u32,
+    partitions: u32,
+    extra: &str,
+) -> PathBuf {
     let path = dir.join("outbox-streamer.toml");
     let text = format!(
         r#"[kafka]
@@ -114,7 +127,7 @@ message_timeout_ms = 10000
 
 [[source]]
 name = "test"
-kind = "postgres"
+kind = "{kind}"
 url = "{streamer_url}"
 table_prefix = "{prefix}"
 shards = {shards}

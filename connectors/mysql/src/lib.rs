@@ -8,6 +8,8 @@
 //! decoded, so `log_bin_compress` must be off. [`check_binlog_settings`] reads them and says
 //! what to change.
 
+pub mod setup;
+
 pub use mysql_async;
 
 use mysql_async::prelude::Queryable;
