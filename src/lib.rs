@@ -24,6 +24,7 @@ pub mod bench;
 pub mod cli;
 pub mod config;
 pub mod metrics;
+pub mod mysql;
 pub mod names;
 pub mod postgres;
 pub mod record;

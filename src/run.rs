@@ -15,10 +15,14 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tracing::Instrument;
 
-use crate::config::{Config, KafkaConfig, Mode, SourceKind, StreamSettings};
+use std::future::Future;
+
+use crate::config::{Config, KafkaConfig, Mode, SourceConfig, SourceKind, StreamSettings};
 use crate::metrics::{self as m, state};
-use crate::names::{StreamNames, all_streams, stream_names};
+use crate::mysql::MySource;
+use crate::names::{StreamNames, all_streams, checkpoint_table, stream_names};
 use crate::postgres::PgSource;
+use crate::source::{Source, SourceError};
 use crate::streamer::{SessionError, StreamLabels, run_session};
 
 const BACKOFF_START: Duration = Duration::from_millis(250);
@@ -40,42 +44,10 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut tasks = JoinSet::new();
     for source in &config.sources {
-        if source.kind == SourceKind::Mysql {
-            bail!("source {:?}: MySQL/MariaDB streaming is not available yet (tracked as issue 4)", source.name);
+        match source.kind {
+            SourceKind::Postgres => spawn_postgres(&config, source, &stop_rx, &mut tasks)?,
+            SourceKind::Mysql => spawn_mysql(&config, source, &stop_rx, &mut tasks)?,
         }
-        let target = PgTarget::from_url(source.url.expose(), source.password()?.as_deref())
-            .with_context(|| format!("source {:?}: url", source.name))?;
-        let mut slots = Vec::new();
-        for id in all_streams(source.shards, source.partitions) {
-            let settings = source.settings_for(id);
-            if settings.mode == Mode::Polling {
-                bail!(
-                    "source {:?} shard-partition {id}: mode = \"polling\" is not available yet (tracked as issue 5); use mode = \"cdc\"",
-                    source.name
-                );
-            }
-            let names = stream_names(&source.table_prefix, id);
-            slots.push(names.slot.clone());
-            let labels = StreamLabels { source: source.name.clone(), id, table: names.table.clone() };
-            let producer = producer_settings(&config.kafka, &settings, &labels);
-            let span = tracing::info_span!("streamer", source = %source.name, shard = id.shard, partition = id.partition, slot = %names.slot);
-            tasks.spawn(
-                stream_task(
-                    labels,
-                    settings,
-                    target.clone(),
-                    names,
-                    producer,
-                    config.kafka.message_timeout_ms,
-                    stop_rx.clone(),
-                )
-                .instrument(span),
-            );
-        }
-        if let Some(ms) = source.heartbeat_interval_ms {
-            tasks.spawn(heartbeat(target.clone(), Duration::from_millis(ms), stop_rx.clone()));
-        }
-        tasks.spawn(lag_poller(source.name.clone(), target, slots, stop_rx.clone()));
     }
     tracing::info!(tasks = tasks.len(), "outbox-streamer running; SIGTERM or SIGINT stops it after draining");
     wait_for_signal().await;
@@ -90,6 +62,83 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Settings of every shard-partition of a source; polling is refused until it exists.
+fn stream_plans(source: &SourceConfig) -> anyhow::Result<Vec<(StreamLabels, StreamSettings, StreamNames)>> {
+    all_streams(source.shards, source.partitions)
+        .map(|id| {
+            let settings = source.settings_for(id);
+            if settings.mode == Mode::Polling {
+                bail!("source {:?} shard-partition {id}: mode = \"polling\" is not available yet (tracked as issue 5); use mode = \"cdc\"", source.name);
+            }
+            let names = stream_names(&source.table_prefix, id);
+            let labels = StreamLabels { source: source.name.clone(), id, table: names.table.clone() };
+            Ok((labels, settings, names))
+        })
+        .collect()
+}
+
+fn span(labels: &StreamLabels, names: &StreamNames) -> tracing::Span {
+    tracing::info_span!("streamer", source = %labels.source, shard = labels.id.shard, partition = labels.id.partition, slot = %names.slot)
+}
+
+fn spawn_postgres(
+    config: &Config,
+    source: &SourceConfig,
+    stop: &watch::Receiver<bool>,
+    tasks: &mut JoinSet<()>,
+) -> anyhow::Result<()> {
+    let target = PgTarget::from_url(source.url.expose(), source.password()?.as_deref())
+        .with_context(|| format!("source {:?}: url", source.name))?;
+    let mut slots = Vec::new();
+    for (labels, settings, names) in stream_plans(source)? {
+        slots.push(names.slot.clone());
+        let producer = producer_settings(&config.kafka, &settings, &labels);
+        let status_interval = Duration::from_millis(settings.status_interval_ms);
+        let span = span(&labels, &names);
+        let target = target.clone();
+        let connect = move || {
+            let (target, names) = (target.clone(), names.clone());
+            async move { PgSource::connect(&target, &names, status_interval).await }
+        };
+        tasks.spawn(
+            stream_task(labels, settings, connect, producer, config.kafka.message_timeout_ms, stop.clone())
+                .instrument(span),
+        );
+    }
+    if let Some(ms) = source.heartbeat_interval_ms {
+        tasks.spawn(heartbeat(target.clone(), Duration::from_millis(ms), stop.clone()));
+    }
+    tasks.spawn(lag_poller(source.name.clone(), target, slots, stop.clone()));
+    Ok(())
+}
+
+fn spawn_mysql(
+    config: &Config,
+    source: &SourceConfig,
+    stop: &watch::Receiver<bool>,
+    tasks: &mut JoinSet<()>,
+) -> anyhow::Result<()> {
+    let opts = crate::cli::setup::mysql_opts(source.url.expose(), source.password()?.as_deref())
+        .with_context(|| format!("source {:?}: url", source.name))?;
+    let checkpoint = checkpoint_table(&source.table_prefix);
+    for (labels, settings, names) in stream_plans(source)? {
+        let producer = producer_settings(&config.kafka, &settings, &labels);
+        let heartbeat = Duration::from_millis(settings.status_interval_ms.max(1000));
+        let span = span(&labels, &names);
+        let (opts, checkpoint) = (opts.clone(), checkpoint.clone());
+        let connect = move || {
+            let (opts, names, checkpoint) = (opts.clone(), names.clone(), checkpoint.clone());
+            // Without coordination this instance owns every stream at epoch 0.
+            async move { MySource::connect(&opts, &names, &checkpoint, 0, heartbeat).await }
+        };
+        tasks.spawn(
+            stream_task(labels, settings, connect, producer, config.kafka.message_timeout_ms, stop.clone())
+                .instrument(span),
+        );
+    }
+    Ok(())
+}
+
 fn producer_settings(kafka: &KafkaConfig, s: &StreamSettings, labels: &StreamLabels) -> ProducerSettings {
     ProducerSettings {
         brokers: kafka.brokers.clone(),
@@ -101,15 +150,18 @@ fn producer_settings(kafka: &KafkaConfig, s: &StreamSettings, labels: &StreamLab
     }
 }
 
-async fn stream_task(
+async fn stream_task<S, F, Fut>(
     labels: StreamLabels,
     settings: StreamSettings,
-    target: PgTarget,
-    names: StreamNames,
+    connect: F,
     producer: ProducerSettings,
     message_timeout_ms: u64,
     mut stop: watch::Receiver<bool>,
-) {
+) where
+    S: Source,
+    F: Fn() -> Fut,
+    Fut: Future<Output = Result<S, SourceError>>,
+{
     let metric_labels = [
         ("source", labels.source.clone()),
         ("shard", labels.id.shard.to_string()),
@@ -124,11 +176,10 @@ async fn stream_task(
         }
     };
     let message_timeout = Duration::from_millis(message_timeout_ms);
-    let status_interval = Duration::from_millis(settings.status_interval_ms);
     let mut backoff = BACKOFF_START;
     while !*stop.borrow() {
         let started = Instant::now();
-        let result = match PgSource::connect(&target, &names, status_interval).await {
+        let result = match connect().await {
             Ok(source) => {
                 gauge!(m::STREAM_STATE, &metric_labels).set(state::STREAMING);
                 tracing::info!("streaming");

@@ -5,6 +5,7 @@
 
 mod support;
 
+mod mysql_cdc;
 mod mysql_setup;
 mod postgres_cdc;
 mod postgres_faults;

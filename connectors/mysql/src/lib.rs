@@ -8,6 +8,7 @@
 //! decoded, so `log_bin_compress` must be off. [`check_binlog_settings`] reads them and says
 //! what to change.
 
+pub mod binlog;
 pub mod setup;
 
 pub use mysql_async;

@@ -1,0 +1,309 @@
+//! The MySQL/MariaDB CDC source: one table's binlog rows turned into outbox records.
+//!
+//! # Positions
+//!
+//! The stored position is the GTID state after a transaction (plus its binlog file and offset
+//! for operators), in `<prefix>_checkpoint`. For each fully acknowledged prefix, ONE database
+//! transaction deletes the rows and stores the position, guarded by the owner epoch:
+//! `UPDATE … WHERE stream = ? AND owner_epoch <= ?` matching no row means another owner with a
+//! newer epoch took the stream, and this one stops.
+//!
+//! # Columns
+//!
+//! Values are matched by column name (`binlog_row_metadata=FULL`), so added columns are
+//! ignored; a missing required column halts this shard-partition naming the column.
+
+use std::time::{Duration, Instant};
+
+use outbox_mysql::binlog::{BinlogChange, BinlogError, BinlogReader, BinlogTarget, Cell, GtidState};
+use outbox_mysql::mysql_async::prelude::Queryable;
+use outbox_mysql::mysql_async::{Conn, Error as MyError, Opts, OptsBuilder, TxOpts};
+use outbox_mysql::setup::ident;
+
+use crate::names::StreamNames;
+use crate::record::{InvalidRow, OutboxRecord, parse_headers};
+use crate::source::{Source, SourceError, SourceEvent};
+
+/// An idle stream stores its position at most this often: every store is itself a binlog
+/// transaction, which must not keep the stream busy.
+const IDLE_STORE_INTERVAL: Duration = Duration::from_secs(5);
+
+/// A stored position: the GTID state, with file and offset for operators.
+#[derive(Debug, Clone)]
+pub struct BinlogPosition {
+    pub state: GtidState,
+    pub file: String,
+    pub offset: u64,
+}
+
+impl std::fmt::Display for BinlogPosition {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.state)
+    }
+}
+
+/// A replica `server_id` derived from the stream's database and table (FNV-1a), in a range
+/// servers rarely use. Two readers of one stream share it, and the server keeps only the newer.
+pub fn server_id_for(database: &str, table: &str) -> u32 {
+    let mut h: u32 = 0x811c_9dc5;
+    for b in database.bytes().chain([b'.']).chain(table.bytes()) {
+        h ^= u32::from(b);
+        h = h.wrapping_mul(0x0100_0193);
+    }
+    0x4000_0000 | (h & 0x3fff_ffff)
+}
+
+/// One shard-partition's binlog session plus an SQL session for deletes and checkpoints.
+#[derive(Debug)]
+pub struct MySource {
+    reader: BinlogReader,
+    sql: Conn,
+    table: String,
+    checkpoint_table: String,
+    epoch: i64,
+    last_stored: Instant,
+}
+
+impl MySource {
+    /// Reads the stored position and starts the binlog after it.
+    pub async fn connect(
+        opts: &Opts,
+        names: &StreamNames,
+        checkpoint_table: &str,
+        epoch: i64,
+        heartbeat: Duration,
+    ) -> Result<Self, SourceError> {
+        let transient = |what: &str, e: &dyn std::fmt::Display| SourceError::Transient(format!("{what}: {e}"));
+        let sql_opts: Opts = OptsBuilder::from_opts(opts.clone()).client_found_rows(true).into();
+        let mut sql = Conn::new(sql_opts).await.map_err(|e| transient("connecting to MySQL/MariaDB", &e))?;
+        let row: Option<(Option<String>, i64)> = sql
+            .exec_first(
+                format!("SELECT gtid, owner_epoch FROM {} WHERE stream = ?", ident(checkpoint_table)),
+                (&names.table,),
+            )
+            .await
+            .map_err(|e| transient("reading the checkpoint", &e))?;
+        let Some((gtid, stored_epoch)) = row else {
+            return Err(SourceError::Definite {
+                message: format!("no checkpoint for {} in {checkpoint_table}", names.table),
+                fix: "run `outbox-streamer setup`".into(),
+            });
+        };
+        if stored_epoch > epoch {
+            return Err(fenced(&names.table, epoch));
+        }
+        let state = GtidState::parse(gtid.as_deref().unwrap_or_default()).map_err(|e| SourceError::Definite {
+            message: format!("the checkpoint of {} holds an unreadable GTID state: {e}", names.table),
+            fix: format!("set {checkpoint_table}.gtid to a MariaDB GTID list such as 0-1-42"),
+        })?;
+        let database = opts.db_name().unwrap_or_default().to_string();
+        let target = BinlogTarget {
+            opts: opts.clone(),
+            server_id: server_id_for(&database, &names.table),
+            database,
+            table: names.table.clone(),
+            heartbeat,
+        };
+        let reader = BinlogReader::start(target, state).await.map_err(binlog_error)?;
+        Ok(Self {
+            reader,
+            sql,
+            table: names.table.clone(),
+            checkpoint_table: checkpoint_table.to_string(),
+            epoch,
+            last_stored: Instant::now(),
+        })
+    }
+}
+
+fn fenced(table: &str, epoch: i64) -> SourceError {
+    SourceError::Definite {
+        message: format!("{table} is owned by a newer owner than this instance (epoch {epoch})"),
+        fix: "nothing: another instance streams it; this one stops".into(),
+    }
+}
+
+fn binlog_error(e: BinlogError) -> SourceError {
+    match e {
+        BinlogError::Purged(position) => SourceError::Definite {
+            message: format!("the stored binlog position {position} was purged from the server"),
+            fix: "rows still in the table are not lost: until the polling catch-up lands, send them by hand and reset the checkpoint to @@gtid_binlog_pos".into(),
+        },
+        BinlogError::Malformed(m) => SourceError::Definite {
+            message: format!("malformed binlog event: {m}"),
+            fix: "check binlog_format=ROW and log_bin_compress=OFF; report it with the server version".into(),
+        },
+        other => SourceError::Transient(other.to_string()),
+    }
+}
+
+/// Builds the record of one inserted row from its values by name.
+pub fn record(values: &[(String, Cell)]) -> Result<Result<OutboxRecord, InvalidRow>, SourceError> {
+    let get = |name: &'static str| -> Result<&Cell, SourceError> {
+        values.iter().find(|(n, _)| n == name).map(|(_, c)| c).ok_or_else(|| SourceError::Definite {
+            message: format!(
+                "binlog rows carry no column {name:?} (dropped, renamed, or binlog_row_metadata is not FULL)"
+            ),
+            fix: format!("restore {name} as `outbox-streamer setup --dry-run` shows, and set binlog_row_metadata=FULL"),
+        })
+    };
+    let id = match get("id")? {
+        Cell::Int(i) => *i,
+        other => {
+            return Ok(Err(InvalidRow { id: None, column: "id", reason: format!("is not an integer: {other:?}") }));
+        }
+    };
+    let bad = |column: &'static str, reason: String| Ok(Err(InvalidRow { id: Some(id), column, reason }));
+    let bytes = |cell: &Cell| match cell {
+        Cell::Null => Ok(None),
+        Cell::Bytes(b) => Ok(Some(b.clone())),
+        other => Err(format!("has an unexpected type: {other:?}")),
+    };
+    let topic = match get("topic")? {
+        Cell::Bytes(b) => match String::from_utf8(b.clone()) {
+            Ok(t) if !t.is_empty() => t,
+            _ => return bad("topic", "is empty or not UTF-8".into()),
+        },
+        Cell::Null => return bad("topic", "is NULL; every row needs a Kafka topic".into()),
+        other => return bad("topic", format!("has an unexpected type: {other:?}")),
+    };
+    let key = match bytes(get("msg_key")?) {
+        Ok(k) => k,
+        Err(e) => return bad("msg_key", e),
+    };
+    let payload = match bytes(get("payload")?) {
+        Ok(p) => p,
+        Err(e) => return bad("payload", e),
+    };
+    let headers = match bytes(get("headers")?) {
+        Ok(None) => Vec::new(),
+        Ok(Some(json)) => match parse_headers(&json) {
+            Ok(h) => h,
+            Err(e) => return bad("headers", e),
+        },
+        Err(e) => return bad("headers", e),
+    };
+    let kafka_partition = match get("kafka_partition")? {
+        Cell::Null => None,
+        Cell::Int(p) if (0..=i64::from(i32::MAX)).contains(p) => Some(*p as i32),
+        other => return bad("kafka_partition", format!("{other:?} is not a partition number (0 or more)")),
+    };
+    let created_at_micros = match get("created_at") {
+        Ok(Cell::Micros(m)) => Some(*m),
+        _ => None,
+    };
+    Ok(Ok(OutboxRecord { id, topic, key, payload, headers, kafka_partition, created_at_micros }))
+}
+
+fn id_list(ids: &[i64]) -> String {
+    ids.iter().map(i64::to_string).collect::<Vec<_>>().join(",")
+}
+
+impl Source for MySource {
+    type Position = BinlogPosition;
+    const POSITION_HEADER: &'static str = "outbox-gtid";
+
+    async fn next(&mut self) -> Result<Option<SourceEvent<BinlogPosition>>, SourceError> {
+        let change = self.reader.next().await.map_err(binlog_error)?;
+        Ok(Some(match change {
+            BinlogChange::Begin { gtid } => SourceEvent::Begin { label: gtid.to_string() },
+            BinlogChange::Insert { values } => SourceEvent::Row(record(&values)?),
+            BinlogChange::Commit { state, file, offset } => SourceEvent::Commit(BinlogPosition { state, file, offset }),
+        }))
+    }
+
+    async fn existing(&mut self, ids: &[i64]) -> Result<Vec<i64>, SourceError> {
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let sql = format!("SELECT id FROM {} WHERE id IN ({}) ORDER BY id", ident(&self.table), id_list(ids));
+        self.sql.query(sql).await.map_err(|e| SourceError::Transient(format!("checking replayed rows: {e}")))
+    }
+
+    async fn finish(&mut self, ids: Vec<i64>, upto: BinlogPosition) -> Result<u64, SourceError> {
+        if ids.is_empty() && self.last_stored.elapsed() < IDLE_STORE_INTERVAL {
+            return Ok(0);
+        }
+        let err = |what: &str, e: MyError| SourceError::Transient(format!("{what}: {e}"));
+        let mut tx = self
+            .sql
+            .start_transaction(TxOpts::default())
+            .await
+            .map_err(|e| err("starting the cleanup transaction", e))?;
+        let mut deleted = 0;
+        if !ids.is_empty() {
+            tx.query_drop(format!("DELETE FROM {} WHERE id IN ({})", ident(&self.table), id_list(&ids)))
+                .await
+                .map_err(|e| err("deleting published rows", e))?;
+            deleted = tx.affected_rows();
+        }
+        tx.exec_drop(
+            format!(
+                "UPDATE {} SET gtid = ?, binlog_file = ?, binlog_pos = ?, owner_epoch = ? WHERE stream = ? AND owner_epoch <= ?",
+                ident(&self.checkpoint_table)
+            ),
+            (upto.state.to_string(), &upto.file, upto.offset, self.epoch, &self.table, self.epoch),
+        )
+        .await
+        .map_err(|e| err("storing the position", e))?;
+        if tx.affected_rows() == 0 {
+            let _ = tx.rollback().await;
+            return Err(fenced(&self.table, self.epoch));
+        }
+        tx.commit().await.map_err(|e| err("committing delete and position", e))?;
+        self.last_stored = Instant::now();
+        Ok(deleted)
+    }
+
+    fn confirm_idle(&mut self, _position: BinlogPosition) {
+        // The binlog is kept by the server's own retention, not by readers: nothing to confirm.
+    }
+
+    async fn close(self) {
+        self.reader.close().await;
+        let _ = self.sql.disconnect().await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(topic: Cell) -> Vec<(String, Cell)> {
+        vec![
+            ("id".into(), Cell::Int(3)),
+            ("topic".into(), topic),
+            ("msg_key".into(), Cell::Bytes(b"k".to_vec())),
+            ("payload".into(), Cell::Null),
+            ("headers".into(), Cell::Bytes(br#"{"a":"b"}"#.to_vec())),
+            ("kafka_partition".into(), Cell::Null),
+            ("created_at".into(), Cell::Micros(5)),
+            ("extra".into(), Cell::Int(1)),
+        ]
+    }
+
+    #[test]
+    fn maps_by_name() {
+        let r = record(&row(Cell::Bytes(b"orders".to_vec()))).unwrap().unwrap();
+        assert_eq!((r.id, r.topic.as_str(), r.key.as_deref()), (3, "orders", Some(&b"k"[..])));
+        assert_eq!(r.payload, None);
+        assert_eq!(r.headers, vec![("a".into(), b"b".to_vec())]);
+        assert_eq!(r.created_at_micros, Some(5));
+    }
+
+    #[test]
+    fn null_topic_is_a_bad_row_and_a_missing_column_halts() {
+        let e = record(&row(Cell::Null)).unwrap().unwrap_err();
+        assert_eq!((e.id, e.column), (Some(3), "topic"));
+        let mut r = row(Cell::Bytes(b"t".to_vec()));
+        r.retain(|(n, _)| n != "payload");
+        assert!(record(&r).unwrap_err().to_string().contains("\"payload\""));
+    }
+
+    #[test]
+    fn server_ids_are_stable_and_spread() {
+        assert_eq!(server_id_for("app", "outbox_0_0"), server_id_for("app", "outbox_0_0"));
+        assert_ne!(server_id_for("app", "outbox_0_0"), server_id_for("app", "outbox_0_1"));
+        assert!(server_id_for("a", "b") >= 0x4000_0000);
+    }
+}
