@@ -15,6 +15,7 @@ pub const ERRORS: &str = "outbox_errors_total";
 pub const IN_FLIGHT_RECORDS: &str = "outbox_in_flight_records";
 pub const IN_FLIGHT_BYTES: &str = "outbox_in_flight_bytes";
 pub const REPLICATION_LAG_BYTES: &str = "outbox_replication_lag_bytes";
+pub const BINLOG_LAG_SECONDS: &str = "outbox_binlog_lag_seconds";
 pub const END_TO_END_LATENCY: &str = "outbox_end_to_end_latency_seconds";
 pub const STREAM_STATE: &str = "outbox_stream_state";
 
@@ -45,6 +46,11 @@ pub fn describe() {
         REPLICATION_LAG_BYTES,
         Unit::Bytes,
         "WAL between the slot's confirmed position and the server's current one"
+    );
+    describe_gauge!(
+        BINLOG_LAG_SECONDS,
+        Unit::Seconds,
+        "now minus the timestamp of the last binlog event read (0 when caught up)"
     );
     describe_histogram!(END_TO_END_LATENCY, Unit::Seconds, "row created_at (database clock) to Kafka acknowledgement");
     describe_gauge!(

@@ -62,11 +62,13 @@ pub struct MySource {
     checkpoint_table: String,
     epoch: i64,
     last_stored: Instant,
+    metric_labels: [(&'static str, String); 3],
 }
 
 impl MySource {
     /// Reads the stored position and starts the binlog after it.
     pub async fn connect(
+        labels: &crate::streamer::StreamLabels,
         opts: &Opts,
         names: &StreamNames,
         checkpoint_table: &str,
@@ -112,6 +114,11 @@ impl MySource {
             checkpoint_table: checkpoint_table.to_string(),
             epoch,
             last_stored: Instant::now(),
+            metric_labels: [
+                ("source", labels.source.clone()),
+                ("shard", labels.id.shard.to_string()),
+                ("partition", labels.id.partition.to_string()),
+            ],
         })
     }
 }
@@ -205,6 +212,7 @@ impl Source for MySource {
 
     async fn next(&mut self) -> Result<Option<SourceEvent<BinlogPosition>>, SourceError> {
         let change = self.reader.next().await.map_err(binlog_error)?;
+        metrics::gauge!(crate::metrics::BINLOG_LAG_SECONDS, &self.metric_labels).set(self.reader.lag_seconds());
         Ok(Some(match change {
             BinlogChange::Begin { gtid } => SourceEvent::Begin { label: gtid.to_string() },
             BinlogChange::Insert { values } => SourceEvent::Row(record(&values)?),

@@ -125,11 +125,12 @@ fn spawn_mysql(
         let producer = producer_settings(&config.kafka, &settings, &labels);
         let heartbeat = Duration::from_millis(settings.status_interval_ms.max(1000));
         let span = span(&labels, &names);
-        let (opts, checkpoint) = (opts.clone(), checkpoint.clone());
+        let (opts, checkpoint, task_labels) = (opts.clone(), checkpoint.clone(), labels.clone());
         let connect = move || {
-            let (opts, names, checkpoint) = (opts.clone(), names.clone(), checkpoint.clone());
+            let (opts, names, checkpoint, labels) =
+                (opts.clone(), names.clone(), checkpoint.clone(), task_labels.clone());
             // Without coordination this instance owns every stream at epoch 0.
-            async move { MySource::connect(&opts, &names, &checkpoint, 0, heartbeat).await }
+            async move { MySource::connect(&labels, &opts, &names, &checkpoint, 0, heartbeat).await }
         };
         tasks.spawn(
             stream_task(labels, settings, connect, producer, config.kafka.message_timeout_ms, stop.clone())

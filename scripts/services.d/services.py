@@ -458,6 +458,7 @@ def mysql_command() -> list[str]:
            f"--log-bin={base / 'binlog' / 'mariadb-bin'}", "--server-id=1", "--binlog-format=ROW",
            "--binlog-row-image=FULL", "--binlog-row-metadata=FULL", "--sync-binlog=1",
            "--innodb-flush-log-at-trx-commit=1", "--gtid-strict-mode=ON", "--log-bin-compress=OFF",
+           "--binlog-expire-logs-seconds=86400",
            "--max-connections=300", "--innodb-buffer-pool-size=256M", "--max-allowed-packet=64M",
            "--skip-name-resolve", "--character-set-server=utf8mb4", "--collation-server=utf8mb4_bin"]
     if IS_ROOT:

@@ -155,6 +155,8 @@ pub struct BinlogReader {
     first_rotate: bool,
     /// Rows of a multi-row event not yet handed out.
     pending: VecDeque<Vec<(String, Cell)>>,
+    /// Seconds behind the server: now minus the last event's timestamp, 0 after a heartbeat.
+    lag_seconds: f64,
 }
 
 impl fmt::Debug for BinlogReader {
@@ -182,6 +184,7 @@ impl BinlogReader {
             file: String::new(),
             first_rotate: true,
             pending: VecDeque::new(),
+            lag_seconds: 0.0,
         })
     }
 
@@ -199,6 +202,10 @@ impl BinlogReader {
                 Ok(Some(Ok(ev))) => ev,
             };
             let header = event.header();
+            if header.timestamp() > 0 {
+                let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+                self.lag_seconds = now.saturating_sub(u64::from(header.timestamp())) as f64;
+            }
             if header.event_type_raw() == MARIADB_GTID_EVENT {
                 let (gtid, flags) = parse_mariadb_gtid(event.data(), header.server_id())
                     .ok_or_else(|| BinlogError::Malformed("short MariaDB GTID event".into()))?;
@@ -251,6 +258,7 @@ impl BinlogReader {
                     self.pending.extend(out);
                 }
                 Some(EventData::XidEvent(_)) => return Ok(self.commit(header.log_pos())),
+                Some(EventData::HeartbeatEvent) => self.lag_seconds = 0.0,
                 Some(EventData::QueryEvent(q)) => {
                     let standalone = self.current.is_some_and(|(_, flags)| flags & FL_STANDALONE != 0);
                     if standalone || q.query().eq_ignore_ascii_case("COMMIT") {
@@ -267,6 +275,12 @@ impl BinlogReader {
             self.state.advance(gtid);
         }
         BinlogChange::Commit { state: self.state.clone(), file: self.file.clone(), offset: u64::from(log_pos) }
+    }
+
+    /// Seconds behind the server as of the last event read (0 when a heartbeat arrived, which
+    /// the server sends only when the reader is caught up).
+    pub fn lag_seconds(&self) -> f64 {
+        self.lag_seconds
     }
 
     /// Ends the session.
