@@ -24,7 +24,16 @@ pub struct WriterPlan {
 /// (outbox id, when its COMMIT returned).
 pub type Committed = Vec<(i64, Instant)>;
 
-/// Runs one writer; returns the ids it committed with their commit times.
+/// The pacing of one writer: a tick per transaction, or none for as fast as possible.
+pub fn ticker(plan: &WriterPlan) -> Option<tokio::time::Interval> {
+    plan.txn_rate.map(|rate| {
+        let mut t = tokio::time::interval(Duration::from_secs_f64(1.0 / rate));
+        t.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
+        t
+    })
+}
+
+/// Runs one PostgreSQL writer; returns the ids it committed with their commit times.
 pub async fn run_writer(target: PgTarget, plan: WriterPlan, progress: Arc<AtomicUsize>) -> anyhow::Result<Committed> {
     let client = target.connect().await?;
     let insert = client
@@ -36,11 +45,7 @@ pub async fn run_writer(target: PgTarget, plan: WriterPlan, progress: Arc<Atomic
         .await?;
     let payload = vec![b'x'; plan.payload_bytes];
     let mut committed = Vec::new();
-    let mut ticker = plan.txn_rate.map(|rate| {
-        let mut t = tokio::time::interval(Duration::from_secs_f64(1.0 / rate));
-        t.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
-        t
-    });
+    let mut ticker = ticker(&plan);
     let end = Instant::now() + plan.duration;
     let mut n = 0usize;
     while Instant::now() < end {

@@ -11,6 +11,7 @@
 //! server's pid) as `scripts/services env` prints them.
 
 mod check;
+mod db;
 mod load;
 mod procstat;
 
@@ -27,6 +28,8 @@ use outbox_postgres::connect::PgTarget;
 use serde::Serialize;
 
 use crate::config::Config;
+use db::BenchDb;
+pub use db::DbKind;
 
 /// Where the streamer under test serves its metrics; the report quotes its own latency view.
 const BENCH_METRICS_PORT: u16 = 29188;
@@ -44,6 +47,9 @@ pub enum BenchMode {
 pub struct BenchArgs {
     #[arg(long, value_enum, default_value_t = BenchMode::Cdc)]
     pub mode: BenchMode,
+    /// The database under test.
+    #[arg(long, value_enum, default_value_t = DbKind::Postgres)]
+    pub db: DbKind,
     /// Target messages per second over all writers; 0 for as fast as possible.
     #[arg(long, default_value_t = 1000)]
     pub rate: u64,
@@ -78,6 +84,7 @@ pub struct BenchArgs {
 pub struct Report {
     pub scenario: String,
     pub mode: BenchMode,
+    pub db: DbKind,
     pub target_rate: u64,
     pub writers: usize,
     pub rows_per_txn: usize,
@@ -93,6 +100,7 @@ pub struct Report {
     pub streamer_cpu_s: Option<f64>,
     pub streamer_peak_rss_mb: Option<f64>,
     pub db_cpu_s_per_1k: Option<f64>,
+    /// WAL (PostgreSQL) or binlog (MariaDB) bytes per message.
     pub wal_bytes_per_msg: f64,
     pub lost: usize,
     pub duplicated: usize,
@@ -113,14 +121,17 @@ pub async fn bench(mut args: BenchArgs) -> anyhow::Result<Report> {
     let env = |name: &str| {
         std::env::var(name).with_context(|| format!("{name} is not set; run `eval \"$(scripts/services env)\"` first"))
     };
-    let admin_url = env("OUTBOX_PG_URL")?;
+    let admin_url = match args.db {
+        DbKind::Postgres => env("OUTBOX_PG_URL")?,
+        DbKind::Mariadb => env("OUTBOX_MYSQL_URL")?,
+    };
     let brokers = env("OUTBOX_KAFKA_BROKERS")?;
     let services_dir = PathBuf::from(env("OUTBOX_SERVICES_DIR")?);
 
     let run_id = format!("bench{}", std::process::id());
     let dir = PathBuf::from("target/bench").join(&run_id);
     std::fs::create_dir_all(&dir)?;
-    let db = Database::create(&admin_url, &run_id).await?;
+    let db = BenchDb::create(args.db, &admin_url, &run_id).await?;
     let result = run(&args, &brokers, &services_dir, &dir, &db, &run_id).await;
     db.drop().await;
     let report = result?;
@@ -137,7 +148,7 @@ async fn run(
     brokers: &str,
     services_dir: &Path,
     dir: &Path,
-    db: &Database,
+    db: &BenchDb,
     run_id: &str,
 ) -> anyhow::Result<Report> {
     let topic = format!("{run_id}-{}", std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_secs());
@@ -146,9 +157,10 @@ async fn run(
     std::fs::write(
         &config_path,
         format!(
-            "[kafka]\nbrokers = \"{brokers}\"\n\n[metrics]\nlisten = \"127.0.0.1:{metrics_port}\"\n\n[[source]]\nname = \"bench\"\nkind = \"postgres\"\n\
+            "[kafka]\nbrokers = \"{brokers}\"\n\n[metrics]\nlisten = \"127.0.0.1:{metrics_port}\"\n\n[[source]]\nname = \"bench\"\nkind = \"{kind}\"\n\
              url = \"{url}\"\ntable_prefix = \"{run_id}\"\nshards = 1\npartitions = {p}\n\n\
              [source.defaults]\nlinger_ms = {linger}\nstatus_interval_ms = 100\n",
+            kind = db.kind_str(),
             url = db.streamer_url,
             p = args.partitions,
             linger = args.linger_ms,
@@ -157,7 +169,6 @@ async fn run(
     )?;
     let config = Config::load(&config_path)?;
     crate::cli::setup::setup(&config, false, Some(&db.admin_url)).await?;
-    let admin = PgTarget::from_url(&db.admin_url, None)?.connect().await?;
 
     let mut streamer = None;
     let mut checker = None;
@@ -174,20 +185,21 @@ async fn run(
             .spawn()
             .context("starting the streamer")?;
         streamer = Some(child);
-        wait_streaming(&admin, run_id, args.partitions).await?;
+        if db.kind == DbKind::Postgres {
+            wait_streaming(&db.admin_url, run_id, args.partitions).await?;
+        }
         let reader = TopicReader::new(brokers, &topic, 3, &format!("{run_id}-checker"))?;
         checker = Some(check::spawn_checker(reader, stop_checker.clone(), consumed.clone()));
     }
 
     // Warm-up: rows through the whole path before measuring, so neither the streamer's nor the
     // checker's connection set-up counts as latency. They are not part of the results.
-    let warmup = warm_up(&db.admin_url, &format!("{run_id}_0_0"), &topic, &consumed, args.mode).await?;
+    let warmup = warm_up(db, &format!("{run_id}_0_0"), &topic, &consumed, args.mode).await?;
 
-    let pg_pid = procstat::service_pid(services_dir, "postgres");
-    let db_cpu_before = pg_pid.and_then(procstat::server_cpu_seconds);
-    let wal_before = wal_lsn(&admin).await?;
+    let db_cpu_before = db.server_cpu(services_dir);
+    let wal_before = db.log_bytes().await?;
     let progress = Arc::new(AtomicUsize::new(0));
-    let target = PgTarget::from_url(&db.admin_url, None)?;
+    let db = Arc::new(db.clone());
     let txn_rate = (args.rate > 0).then(|| args.rate as f64 / args.rows_per_txn as f64 / args.writers as f64);
     let mut writers = Vec::new();
     for writer in 0..args.writers {
@@ -201,12 +213,18 @@ async fn run(
             duration: Duration::from_secs(args.duration_s),
             keys: 16,
         };
-        writers.push(tokio::spawn(load::run_writer(target.clone(), plan, progress.clone())));
+        let (db, progress) = (db.clone(), progress.clone());
+        writers.push(tokio::spawn(async move { db.run_writer(plan, progress).await }));
     }
     let started = Instant::now();
     let mut tick = tokio::time::interval(Duration::from_secs(1));
+    // A progress line on a terminal; nothing in logs.
+    let tty = std::io::IsTerminal::is_terminal(&std::io::stderr());
     while writers.iter().any(|w| !w.is_finished()) {
         tick.tick().await;
+        if !tty {
+            continue;
+        }
         eprint!(
             "\r{:>4}s  committed {:>9}  consumed {:>9}",
             started.elapsed().as_secs(),
@@ -219,11 +237,12 @@ async fn run(
         committed.extend(w.await??);
     }
     let write_secs = started.elapsed().as_secs_f64();
-    let wal_after = wal_lsn(&admin).await?;
+    let wal_after = db.log_bytes().await?;
 
     let mut report = Report {
         scenario: args.scenario.clone(),
         mode: args.mode,
+        db: args.db,
         target_rate: args.rate,
         writers: args.writers,
         rows_per_txn: args.rows_per_txn,
@@ -252,6 +271,9 @@ async fn run(
         let deadline = Instant::now() + Duration::from_secs(120);
         while consumed.load(Ordering::Relaxed) < committed.len() + warmup && Instant::now() < deadline {
             tick.tick().await;
+            if !tty {
+                continue;
+            }
             eprint!("\r   draining: consumed {:>9} of {}", consumed.load(Ordering::Relaxed) - warmup, committed.len());
         }
         stop_checker.store(true, Ordering::Relaxed);
@@ -278,9 +300,7 @@ async fn run(
         // Sustained rate: everything committed, over the time until the last record arrived.
         report.throughput_msgs_per_s = committed.len() as f64 / last_arrival.duration_since(started).as_secs_f64();
     }
-    if let (Some(pid), Some(before)) = (pg_pid, db_cpu_before)
-        && let Some(after) = procstat::server_cpu_seconds(pid)
-    {
+    if let (Some(before), Some(after)) = (db_cpu_before, db.server_cpu(services_dir)) {
         report.db_cpu_s_per_1k = Some((after - before) / (committed.len().max(1) as f64 / 1000.0));
     }
     if streamer.is_some() {
@@ -292,31 +312,24 @@ async fn run(
         let _ = Command::new("kill").arg("-TERM").arg(child.id().to_string()).status();
         let _ = tokio::task::spawn_blocking(move || child.wait()).await;
     }
-    eprintln!();
+    if tty {
+        eprintln!();
+    }
     Ok(report)
 }
 
 /// Commits `WARMUP_ROWS` rows and, with a streamer, waits until they were consumed.
 /// Returns how many records the checker will have counted for them.
 async fn warm_up(
-    admin_url: &str,
+    db: &BenchDb,
     table: &str,
     topic: &str,
     consumed: &AtomicUsize,
     mode: BenchMode,
 ) -> anyhow::Result<usize> {
     const WARMUP_ROWS: usize = 20;
-    let client = PgTarget::from_url(admin_url, None)?.connect().await?;
     for i in 0..WARMUP_ROWS {
-        client
-            .execute(
-                &format!(
-                    "INSERT INTO {} (topic, msg_key, payload) VALUES ($1, $2, 'warm-up')",
-                    outbox_postgres::setup::ident(table)
-                ),
-                &[&topic, &format!("warm-up-{i}").as_bytes()],
-            )
-            .await?;
+        db.insert_one(table, topic, &format!("warm-up-{i}")).await?;
     }
     if mode == BenchMode::Ceiling {
         return Ok(0);
@@ -353,12 +366,9 @@ async fn scrape_latency_buckets() -> Vec<(String, u64)> {
         .collect()
 }
 
-async fn wal_lsn(client: &tokio_postgres::Client) -> anyhow::Result<i64> {
-    Ok(client.query_one("SELECT (pg_current_wal_lsn() - '0/0'::pg_lsn)::bigint", &[]).await?.get(0))
-}
-
 /// Waits until every slot of the run is held by the streamer.
-async fn wait_streaming(admin: &tokio_postgres::Client, prefix: &str, partitions: u32) -> anyhow::Result<()> {
+async fn wait_streaming(admin_url: &str, prefix: &str, partitions: u32) -> anyhow::Result<()> {
+    let admin = PgTarget::from_url(admin_url, None)?.connect().await?;
     let deadline = Instant::now() + Duration::from_secs(60);
     let mut tick = tokio::time::interval(Duration::from_millis(50));
     loop {
@@ -379,65 +389,16 @@ async fn wait_streaming(admin: &tokio_postgres::Client, prefix: &str, partitions
     }
 }
 
-/// The run's own database and least-privilege streamer role, dropped afterwards.
-struct Database {
-    root_url: String,
-    name: String,
-    admin_url: String,
-    streamer_url: String,
-}
-
-impl Database {
-    async fn create(root_url: &str, name: &str) -> anyhow::Result<Self> {
-        let root = PgTarget::from_url(root_url, None)?.connect().await.context("connecting as OUTBOX_PG_URL")?;
-        let password = format!("{name}-{}", std::process::id() as u64 * 7919);
-        // One statement per call: DROP and CREATE DATABASE refuse to run in a transaction block.
-        for sql in [
-            format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"),
-            format!("CREATE DATABASE {name}"),
-            format!("DROP ROLE IF EXISTS {name}_streamer"),
-            format!("CREATE ROLE {name}_streamer LOGIN REPLICATION PASSWORD '{password}'"),
-            format!("GRANT CONNECT ON DATABASE {name} TO {name}_streamer"),
-        ] {
-            root.batch_execute(&sql).await?;
-        }
-        let (base, _) = root_url.rsplit_once('/').context("OUTBOX_PG_URL ends with /database")?;
-        let hostport = base.rsplit_once('@').map_or(base, |(_, h)| h);
-        Ok(Self {
-            root_url: root_url.into(),
-            name: name.into(),
-            admin_url: format!("{base}/{name}"),
-            streamer_url: format!("postgres://{name}_streamer:{password}@{hostport}/{name}"),
-        })
-    }
-
-    async fn drop(&self) {
-        let Ok(target) = PgTarget::from_url(&self.root_url, None) else { return };
-        let Ok(root) = target.connect().await else { return };
-        let name = &self.name;
-        for sql in [
-            format!(
-                "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE database = '{name}' AND NOT active"
-            ),
-            format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"),
-            format!("DROP ROLE IF EXISTS {name}_streamer"),
-        ] {
-            if let Err(e) = root.batch_execute(&sql).await {
-                tracing::warn!(error = %e, "bench cleanup: {sql}");
-            }
-        }
-    }
-}
-
 fn print_markdown(r: &Report) {
     let opt = |v: Option<f64>, digits: usize| v.map_or_else(|| "-".into(), |x| format!("{x:.digits$}"));
     println!(
-        "| scenario | mode | target/s | msgs | msgs/s | p50 ms | p95 ms | p99 ms | max ms | streamer CPU s | RSS MB | DB CPU s/1k | WAL B/msg | lost | dup | ooo |"
+        "| scenario | db | mode | target/s | msgs | msgs/s | p50 ms | p95 ms | p99 ms | max ms | streamer CPU s | RSS MB | DB CPU s/1k | WAL B/msg | lost | dup | ooo |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     println!(
-        "| {} | {:?} | {} | {} | {:.0} | {:.1} | {:.1} | {:.1} | {:.1} | {} | {} | {} | {:.0} | {} | {} | {} |",
+        "| {} | {:?} | {:?} | {} | {} | {:.0} | {:.1} | {:.1} | {:.1} | {:.1} | {} | {} | {} | {:.0} | {} | {} | {} |",
         r.scenario,
+        r.db,
         r.mode,
         if r.target_rate == 0 { "max".to_string() } else { r.target_rate.to_string() },
         r.messages,
