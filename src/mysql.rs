@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use outbox_mysql::binlog::{BinlogChange, BinlogError, BinlogReader, BinlogTarget, Cell, GtidState};
 use outbox_mysql::mysql_async::prelude::Queryable;
-use outbox_mysql::mysql_async::{Conn, Error as MyError, Opts, OptsBuilder, TxOpts};
+use outbox_mysql::mysql_async::{Conn, Error as MyError, IsolationLevel, Opts, OptsBuilder, TxOpts};
 use outbox_mysql::setup::ident;
 
 use crate::names::StreamNames;
@@ -233,11 +233,12 @@ impl Source for MySource {
             return Ok(0);
         }
         let err = |what: &str, e: MyError| SourceError::Transient(format!("{what}: {e}"));
-        let mut tx = self
-            .sql
-            .start_transaction(TxOpts::default())
-            .await
-            .map_err(|e| err("starting the cleanup transaction", e))?;
+        // READ COMMITTED: InnoDB then locks only the rows deleted, no gaps, so the cleanup can
+        // never deadlock with the application's inserts into the same table (under the default
+        // REPEATABLE READ it can, and InnoDB may pick the application's transaction as victim).
+        let mut opts = TxOpts::default();
+        opts.with_isolation_level(IsolationLevel::ReadCommitted);
+        let mut tx = self.sql.start_transaction(opts).await.map_err(|e| err("starting the cleanup transaction", e))?;
         let mut deleted = 0;
         if !ids.is_empty() {
             tx.query_drop(format!("DELETE FROM {} WHERE id IN ({})", ident(&self.table), id_list(&ids)))

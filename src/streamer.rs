@@ -202,7 +202,14 @@ impl Session<'_> {
                         }
                     }
                     Ok(record) => self.publish(seq, record, false).await?,
-                    Err(invalid) => self.on_invalid_row(seq, invalid).await?,
+                    Err(invalid) => {
+                        // Rows before it (buffered while replaying) go first: order within the
+                        // transaction holds for bad rows too.
+                        if self.verifying {
+                            self.flush_verified(source, seq).await?;
+                        }
+                        self.on_invalid_row(seq, invalid).await?
+                    }
                 }
             }
             SourceEvent::Commit(position) => {

@@ -1,6 +1,5 @@
 //! The PostgreSQL CDC path end to end: real PostgreSQL, real Kafka, the real binary.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -133,21 +132,7 @@ async fn concurrent_writers_arrive_once_in_commit_order_per_key() {
     let records = kafka::read_at_least(&w.topic, 3, expected, ARRIVAL).await;
     assert_eq!(records.len(), expected, "every committed row exactly once in a fault-free run");
 
-    let mut per_key: HashMap<String, Vec<i32>> = HashMap::new();
-    let mut sorted = records.clone();
-    sorted.sort_by_key(|r| (r.partition, r.offset));
-    for r in &sorted {
-        let payload = r.payload_str();
-        assert!(!payload.ends_with("rolled-back"), "a rolled-back row was published: {payload}");
-        let (key, rest) = payload.split_once(':').unwrap();
-        assert_eq!(key, r.key_str());
-        let n: i32 = rest.split(':').next().unwrap().parse().unwrap();
-        per_key.entry(key.to_string()).or_default().push(n);
-    }
-    for (key, seq) in &per_key {
-        let want: Vec<i32> = (1..=seq.len() as i32).collect();
-        assert_eq!(seq, &want, "key {key}: Kafka order differs from commit order");
-    }
+    kafka::assert_commit_order_per_key(&records);
     w.wait_drained(&table).await;
     assert!(streamer.stop(), "streamer exits 0 on SIGTERM");
 }

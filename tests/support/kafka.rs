@@ -59,6 +59,27 @@ impl Record {
     }
 }
 
+/// Checks records whose payload is `<key>:<n>:<committed|rolled-back>`, where `n` counted
+/// each key's transactions under a row lock (so `n` order is commit order): no rolled-back row
+/// was published, and per key, in Kafka order, `n` runs 1, 2, 3, … without gap or repeat.
+pub fn assert_commit_order_per_key(records: &[Record]) {
+    let mut sorted = records.to_vec();
+    sorted.sort_by_key(|r| (r.partition, r.offset));
+    let mut per_key: HashMap<String, Vec<i32>> = HashMap::new();
+    for r in &sorted {
+        let payload = r.payload_str();
+        assert!(!payload.ends_with("rolled-back"), "a rolled-back row was published: {payload}");
+        let (key, rest) = payload.split_once(':').expect("payload is key:n:state");
+        assert_eq!(key, r.key_str(), "the record is keyed by its row's key");
+        let n = rest.split(':').next().and_then(|n| n.parse().ok()).expect("payload is key:n:state");
+        per_key.entry(key.to_string()).or_default().push(n);
+    }
+    for (key, seq) in &per_key {
+        let want: Vec<i32> = (1..=seq.len() as i32).collect();
+        assert_eq!(seq, &want, "key {key}: Kafka order differs from commit order");
+    }
+}
+
 /// Reads `topic` from the beginning until at least `count` records arrived, then a little
 /// longer (`settle`) to catch extra records (duplicates), or panics at the deadline.
 pub async fn read_at_least(topic: &str, partitions: i32, count: usize, timeout: Duration) -> Vec<Record> {
