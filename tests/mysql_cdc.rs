@@ -1,7 +1,6 @@
 //! The MariaDB binlog path end to end: real MariaDB, real Kafka, the real binary, the
 //! least-privilege streamer user.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -415,14 +414,7 @@ async fn mariadb_kafka_outage_longer_than_the_delivery_timeout_loses_nothing() {
     }
     kafka::read_at_least(&w.topic, 3, 100, ARRIVAL).await;
 
-    struct KafkaBack;
-    impl Drop for KafkaBack {
-        fn drop(&mut self) {
-            crate::support::services(&["up", "kafka"]);
-        }
-    }
-    let back = KafkaBack;
-    crate::support::services(&["down", "kafka"]);
+    let outage = crate::support::KafkaOutage::begin();
     for n in 100..300 {
         admin
             .exec_drop(&insert, (&w.topic, format!("k{}", n % 10).as_bytes(), format!("{n}").as_bytes()))
@@ -431,23 +423,10 @@ async fn mariadb_kafka_outage_longer_than_the_delivery_timeout_loses_nothing() {
     }
     streamer.wait_for_log("stream interrupted", ARRIVAL).await;
     assert_eq!(w.count().await, 200, "nothing is deleted while Kafka is away");
-    drop(back);
+    drop(outage);
 
     let records = kafka::read_at_least(&w.topic, 3, 300, ARRIVAL).await;
-    let mut sorted = records.clone();
-    sorted.sort_by_key(|r| (r.partition, r.offset));
-    let mut first = std::collections::HashSet::new();
-    let mut per_key: HashMap<String, Vec<i64>> = HashMap::new();
-    for r in &sorted {
-        let id: i64 = r.header("outbox-id").parse().unwrap();
-        if first.insert(id) {
-            per_key.entry(r.key_str()).or_default().push(id);
-        }
-    }
-    assert_eq!(first.len(), 300, "every row arrived");
-    for (key, ids) in &per_key {
-        assert!(ids.windows(2).all(|p| p[0] < p[1]), "key {key}: first deliveries out of order: {ids:?}");
-    }
+    kafka::assert_first_deliveries_in_order(&records, 300);
     eprintln!("mariadb kafka outage: 300 rows, {} records", records.len());
     w.wait_drained().await;
     assert!(streamer.stop());

@@ -246,38 +246,17 @@ async fn kafka_outage_longer_than_the_delivery_timeout_loses_nothing() {
     send(100).await;
     kafka::read_at_least(&w.topic, 3, 100, ARRIVAL).await;
 
-    // Restarts Kafka even if an assertion below fails, so later tests find it running.
-    struct KafkaBack;
-    impl Drop for KafkaBack {
-        fn drop(&mut self) {
-            crate::support::services(&["up", "kafka"]);
-        }
-    }
-    let back = KafkaBack;
-    crate::support::services(&["down", "kafka"]);
+    let outage = crate::support::KafkaOutage::begin();
     send(200).await;
     wait_until("a delivery to time out and the session to restart", ARRIVAL, || async {
         streamer.log_text().contains("stream interrupted").then_some(())
     })
     .await;
     assert_eq!(w.db.count(&table).await, 200, "nothing is deleted while Kafka is away");
-    drop(back);
+    drop(outage);
 
     let records = kafka::read_at_least(&w.topic, 3, 300, ARRIVAL).await;
-    let mut first: HashMap<i64, usize> = HashMap::new();
-    let mut sorted = records.clone();
-    sorted.sort_by_key(|r| (r.partition, r.offset));
-    let mut per_key: HashMap<String, Vec<i64>> = HashMap::new();
-    for r in &sorted {
-        let id: i64 = r.header("outbox-id").parse().unwrap();
-        if first.insert(id, 1).is_none() {
-            per_key.entry(r.key_str()).or_default().push(id);
-        }
-    }
-    assert_eq!(first.len(), 300, "every row arrived");
-    for (key, ids) in &per_key {
-        assert!(ids.windows(2).all(|p| p[0] < p[1]), "key {key}: first deliveries out of order: {ids:?}");
-    }
+    kafka::assert_first_deliveries_in_order(&records, 300);
     eprintln!("kafka outage: 300 rows, {} records ({} duplicates)", records.len(), records.len() - 300);
     w.wait_drained(&table).await;
     assert!(streamer.stop());

@@ -80,6 +80,26 @@ pub fn assert_commit_order_per_key(records: &[Record]) {
     }
 }
 
+/// After faults, records may repeat; counting each `outbox-id` once, at its first delivery,
+/// checks that `expected` distinct rows arrived and that per key (in Kafka order) the first
+/// deliveries keep their ids increasing, i.e. commit order.
+pub fn assert_first_deliveries_in_order(records: &[Record], expected: usize) {
+    let mut sorted = records.to_vec();
+    sorted.sort_by_key(|r| (r.partition, r.offset));
+    let mut first = std::collections::HashSet::new();
+    let mut per_key: HashMap<String, Vec<i64>> = HashMap::new();
+    for r in &sorted {
+        let id: i64 = r.header("outbox-id").parse().expect("numeric outbox-id");
+        if first.insert(id) {
+            per_key.entry(r.key_str()).or_default().push(id);
+        }
+    }
+    assert_eq!(first.len(), expected, "every row arrived");
+    for (key, ids) in &per_key {
+        assert!(ids.windows(2).all(|p| p[0] < p[1]), "key {key}: first deliveries out of order: {ids:?}");
+    }
+}
+
 /// Reads `topic` from the beginning until at least `count` records arrived, then a little
 /// longer (`settle`) to catch extra records (duplicates), or panics at the deadline.
 pub async fn read_at_least(topic: &str, partitions: i32, count: usize, timeout: Duration) -> Vec<Record> {

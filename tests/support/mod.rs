@@ -39,6 +39,23 @@ pub fn services(args: &[&str]) {
     );
 }
 
+/// Stops Kafka now and starts it again when dropped, so a failing assertion in between
+/// still leaves Kafka running for the tests after it. Hold the services exclusively.
+pub struct KafkaOutage;
+
+impl KafkaOutage {
+    pub fn begin() -> Self {
+        services(&["down", "kafka"]);
+        Self
+    }
+}
+
+impl Drop for KafkaOutage {
+    fn drop(&mut self) {
+        services(&["up", "kafka"]);
+    }
+}
+
 /// A service setting; panics with how to start the services when it is missing.
 pub fn env(name: &str) -> String {
     std::env::var(name).unwrap_or_else(|_| panic!("{name} is not set: {HOW_TO_START}"))
