@@ -2,8 +2,9 @@
 //!
 //! # Positions
 //!
-//! The stored position is the GTID state after a transaction (plus its binlog file and offset
-//! for operators), in `<prefix>_checkpoint`. For each fully acknowledged prefix, ONE database
+//! The stored position is the GTID position after a transaction (a MariaDB GTID state or a
+//! MySQL GTID set) plus its binlog file and offset, in `<prefix>_checkpoint`; with `gtid` NULL
+//! the stream resumes by file and offset instead (see `outbox_mysql::gtid::Position`). For each fully acknowledged prefix, ONE database
 //! transaction deletes the rows and stores the position, guarded by the owner epoch:
 //! `UPDATE … WHERE stream = ? AND owner_epoch <= ?` matching no row means another owner with a
 //! newer epoch took the stream, and this one stops.
@@ -15,7 +16,7 @@
 
 use std::time::{Duration, Instant};
 
-use outbox_mysql::binlog::{BinlogChange, BinlogError, BinlogReader, BinlogTarget, Cell, GtidState};
+use outbox_mysql::binlog::{BinlogChange, BinlogError, BinlogReader, BinlogTarget, Cell, Flavor, Position};
 use outbox_mysql::mysql_async::prelude::Queryable;
 use outbox_mysql::mysql_async::{Conn, Error as MyError, IsolationLevel, Opts, OptsBuilder, TxOpts};
 use outbox_mysql::setup::ident;
@@ -28,20 +29,6 @@ use crate::source::{Source, SourceError, SourceEvent};
 /// transaction, which must not keep the stream busy.
 const IDLE_STORE_INTERVAL: Duration = Duration::from_secs(5);
 
-/// A stored position: the GTID state, with file and offset for operators.
-#[derive(Debug, Clone)]
-pub struct BinlogPosition {
-    pub state: GtidState,
-    pub file: String,
-    pub offset: u64,
-}
-
-impl std::fmt::Display for BinlogPosition {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}", self.state)
-    }
-}
-
 /// A replica `server_id` derived from the stream's database and table (FNV-1a), in a range
 /// servers rarely use. Two readers of one stream share it, and the server keeps only the newer.
 pub fn server_id_for(database: &str, table: &str) -> u32 {
@@ -52,6 +39,9 @@ pub fn server_id_for(database: &str, table: &str) -> u32 {
     }
     0x4000_0000 | (h & 0x3fff_ffff)
 }
+
+/// A checkpoint row: gtid, binlog_file, binlog_pos, owner_epoch.
+type StoredCheckpoint = (Option<String>, Option<String>, Option<u64>, i64);
 
 /// One shard-partition's binlog session plus an SQL session for deletes and checkpoints.
 #[derive(Debug)]
@@ -78,14 +68,20 @@ impl MySource {
         let transient = |what: &str, e: &dyn std::fmt::Display| SourceError::Transient(format!("{what}: {e}"));
         let sql_opts: Opts = OptsBuilder::from_opts(opts.clone()).client_found_rows(true).into();
         let mut sql = Conn::new(sql_opts).await.map_err(|e| transient("connecting to MySQL/MariaDB", &e))?;
-        let row: Option<(Option<String>, i64)> = sql
+        let version: Option<String> =
+            sql.query_first("SELECT @@version").await.map_err(|e| transient("reading the server version", &e))?;
+        let flavor = Flavor::from_version(&version.unwrap_or_default());
+        let row: Option<StoredCheckpoint> = sql
             .exec_first(
-                format!("SELECT gtid, owner_epoch FROM {} WHERE stream = ?", ident(checkpoint_table)),
+                format!(
+                    "SELECT gtid, binlog_file, binlog_pos, owner_epoch FROM {} WHERE stream = ?",
+                    ident(checkpoint_table)
+                ),
                 (&names.table,),
             )
             .await
             .map_err(|e| transient("reading the checkpoint", &e))?;
-        let Some((gtid, stored_epoch)) = row else {
+        let Some((gtid, file, offset, stored_epoch)) = row else {
             return Err(SourceError::Definite {
                 message: format!("no checkpoint for {} in {checkpoint_table}", names.table),
                 fix: "run `outbox-streamer setup`".into(),
@@ -94,19 +90,33 @@ impl MySource {
         if stored_epoch > epoch {
             return Err(fenced(&names.table, epoch));
         }
-        let state = GtidState::parse(gtid.as_deref().unwrap_or_default()).map_err(|e| SourceError::Definite {
-            message: format!("the checkpoint of {} holds an unreadable GTID state: {e}", names.table),
-            fix: format!("set {checkpoint_table}.gtid to a MariaDB GTID list such as 0-1-42"),
+        let position = Position::from_stored(
+            flavor,
+            gtid.as_deref(),
+            file.as_deref().unwrap_or_default(),
+            offset.unwrap_or_default(),
+        )
+        .map_err(|e| SourceError::Definite {
+            message: format!("the checkpoint of {} in {checkpoint_table} is unusable: {e}", names.table),
+            fix: match flavor {
+                Flavor::MariaDb => format!(
+                    "set {checkpoint_table}.gtid to a MariaDB GTID position such as 0-1-42 (SELECT BINLOG_GTID_POS(file, offset) converts a file offset), or set gtid to NULL with binlog_file and binlog_pos"
+                ),
+                Flavor::MySql => format!(
+                    "set {checkpoint_table}.gtid to a MySQL GTID set such as <server_uuid>:1-42, or set gtid to NULL with binlog_file and binlog_pos"
+                ),
+            },
         })?;
         let database = opts.db_name().unwrap_or_default().to_string();
         let target = BinlogTarget {
             opts: opts.clone(),
+            flavor,
             server_id: server_id_for(&database, &names.table),
             database,
             table: names.table.clone(),
             heartbeat,
         };
-        let reader = BinlogReader::start(target, state).await.map_err(binlog_error)?;
+        let reader = BinlogReader::start(target, position).await.map_err(binlog_error)?;
         Ok(Self {
             reader,
             sql,
@@ -207,16 +217,16 @@ fn id_list(ids: &[i64]) -> String {
 }
 
 impl Source for MySource {
-    type Position = BinlogPosition;
+    type Position = Position;
     const POSITION_HEADER: &'static str = "outbox-gtid";
 
-    async fn next(&mut self) -> Result<Option<SourceEvent<BinlogPosition>>, SourceError> {
+    async fn next(&mut self) -> Result<Option<SourceEvent<Position>>, SourceError> {
         let change = self.reader.next().await.map_err(binlog_error)?;
         metrics::gauge!(crate::metrics::BINLOG_LAG_SECONDS, &self.metric_labels).set(self.reader.lag_seconds());
         Ok(Some(match change {
-            BinlogChange::Begin { gtid } => SourceEvent::Begin { label: gtid.to_string() },
+            BinlogChange::Begin { txn } => SourceEvent::Begin { label: txn.to_string() },
             BinlogChange::Insert { values } => SourceEvent::Row(record(&values)?),
-            BinlogChange::Commit { state, file, offset } => SourceEvent::Commit(BinlogPosition { state, file, offset }),
+            BinlogChange::Commit { position } => SourceEvent::Commit(position),
         }))
     }
 
@@ -228,7 +238,7 @@ impl Source for MySource {
         self.sql.query(sql).await.map_err(|e| SourceError::Transient(format!("checking replayed rows: {e}")))
     }
 
-    async fn finish(&mut self, ids: Vec<i64>, upto: BinlogPosition) -> Result<u64, SourceError> {
+    async fn finish(&mut self, ids: Vec<i64>, upto: Position) -> Result<u64, SourceError> {
         if ids.is_empty() && self.last_stored.elapsed() < IDLE_STORE_INTERVAL {
             return Ok(0);
         }
@@ -251,7 +261,7 @@ impl Source for MySource {
                 "UPDATE {} SET gtid = ?, binlog_file = ?, binlog_pos = ?, owner_epoch = ? WHERE stream = ? AND owner_epoch <= ?",
                 ident(&self.checkpoint_table)
             ),
-            (upto.state.to_string(), &upto.file, upto.offset, self.epoch, &self.table, self.epoch),
+            (upto.gtid_text(), upto.file(), upto.offset(), self.epoch, &self.table, self.epoch),
         )
         .await
         .map_err(|e| err("storing the position", e))?;
@@ -264,7 +274,7 @@ impl Source for MySource {
         Ok(deleted)
     }
 
-    fn confirm_idle(&mut self, _position: BinlogPosition) {
+    fn confirm_idle(&mut self, _position: Position) {
         // The binlog is kept by the server's own retention, not by readers: nothing to confirm.
     }
 

@@ -145,10 +145,25 @@ async fn mariadb_concurrent_writers_arrive_once_in_commit_order_per_key() {
     assert!(streamer.stop(), "streamer exits 0 on SIGTERM");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+/// A clean restart resumes after the stored GTID state: nothing is published twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn mariadb_restart_resumes_from_the_stored_checkpoint() {
-    let w = World::new("mr", 1).await;
+    restart_resumes("mr", false).await;
+}
+
+/// The file/offset fallback (checkpoint `gtid` NULL): the stream resumes at the stored file
+/// offset, across a binlog rotation, and keeps storing file offsets.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn mariadb_restart_resumes_from_a_file_offset_checkpoint() {
+    restart_resumes("mo", true).await;
+}
+
+async fn restart_resumes(name: &str, file_form: bool) {
+    let w = World::new(name, 1).await;
     let mut admin = w.admin().await;
+    if file_form {
+        admin.query_drop(format!("UPDATE {}_checkpoint SET gtid = NULL", w.prefix)).await.unwrap();
+    }
     let insert = format!("INSERT INTO {} (topic, msg_key, payload, headers) VALUES (?, ?, ?, ?)", w.table());
     for i in 0..30 {
         admin
@@ -163,9 +178,19 @@ async fn mariadb_restart_resumes_from_the_stored_checkpoint() {
     kafka::read_at_least(&w.topic, 1, 30, ARRIVAL).await;
     w.wait_drained().await;
     assert!(first.stop());
-    let checkpoint: Option<String> =
-        admin.query_first(format!("SELECT gtid FROM {}_checkpoint", w.prefix)).await.unwrap();
-    assert!(checkpoint.as_deref().is_some_and(|g| g.contains('-')), "a stored GTID state: {checkpoint:?}");
+    let (gtid, file, offset): (Option<String>, String, u64) = admin
+        .query_first(format!("SELECT gtid, binlog_file, binlog_pos FROM {}_checkpoint", w.prefix))
+        .await
+        .unwrap()
+        .unwrap();
+    if file_form {
+        assert_eq!(gtid, None, "the file form stays the file form");
+        assert!(file.contains('.') && offset > 4, "a stored file offset: {file}:{offset}");
+    } else {
+        assert!(gtid.as_deref().is_some_and(|g| g.contains('-')), "a stored GTID state: {gtid:?}");
+    }
+    // The second run starts in a binlog file the first never saw.
+    admin.query_drop("FLUSH BINARY LOGS").await.unwrap();
 
     for i in 30..60 {
         admin

@@ -1,14 +1,16 @@
-//! MySQL/MariaDB for outbox-streamer: the server settings the binlog streamer relies on now;
-//! the binlog stream, schema and checkpoint store as the MySQL streamer lands.
+//! MySQL/MariaDB for outbox-streamer: positions ([`gtid`]), event decoding ([`decode`]), the
+//! binlog session ([`binlog`]), schema and checks ([`setup`]).
 //!
 //! # Server settings
 //!
 //! Row events carry every column and its name only with `binlog_format=ROW`,
-//! `binlog_row_image=FULL` and `binlog_row_metadata=FULL`; compressed binlog events are not
-//! decoded, so `log_bin_compress` must be off. [`check_binlog_settings`] reads them and says
-//! what to change.
+//! `binlog_row_image=FULL` and `binlog_row_metadata=FULL`; MariaDB's compressed binlog events
+//! are not decoded, so `log_bin_compress` must be off (MySQL's zstd transaction payloads are).
+//! [`check_binlog_settings`] reads them and says what to change.
 
 pub mod binlog;
+pub mod decode;
+pub mod gtid;
 pub mod setup;
 
 pub use mysql_async;
