@@ -44,6 +44,7 @@ pub const DEFAULT_CLEANUP_INTERVAL_MS: u64 = 20;
 pub const DEFAULT_CLEANUP_MAX_ROWS: usize = 10_000;
 pub const DEFAULT_STATUS_INTERVAL_MS: u64 = 1_000;
 pub const DEFAULT_POLL_BATCH: u32 = 1024;
+pub const DEFAULT_POLL_INTERVAL_MS: u64 = 25;
 pub const MAX_SHARDS: u32 = 1024;
 pub const MAX_PARTITIONS: u32 = 1024;
 
@@ -232,6 +233,7 @@ pub struct StreamOverrides {
     pub cleanup_max_rows: Option<usize>,
     pub status_interval_ms: Option<u64>,
     pub poll_batch: Option<u32>,
+    pub poll_interval_ms: Option<u64>,
 }
 
 /// The resolved settings of one shard-partition.
@@ -247,6 +249,7 @@ pub struct StreamSettings {
     pub cleanup_max_rows: usize,
     pub status_interval_ms: u64,
     pub poll_batch: u32,
+    pub poll_interval_ms: u64,
 }
 
 impl Default for StreamSettings {
@@ -262,6 +265,7 @@ impl Default for StreamSettings {
             cleanup_max_rows: DEFAULT_CLEANUP_MAX_ROWS,
             status_interval_ms: DEFAULT_STATUS_INTERVAL_MS,
             poll_batch: DEFAULT_POLL_BATCH,
+            poll_interval_ms: DEFAULT_POLL_INTERVAL_MS,
         }
     }
 }
@@ -297,6 +301,9 @@ impl StreamSettings {
         }
         if let Some(v) = o.poll_batch {
             self.poll_batch = v;
+        }
+        if let Some(v) = o.poll_interval_ms {
+            self.poll_interval_ms = v;
         }
     }
 }
@@ -474,6 +481,9 @@ fn check_overrides(field: &str, o: &StreamOverrides) -> Result<(), ConfigError> 
     }
     if o.poll_batch.is_some_and(|v| v == 0 || v > 100_000) {
         return Err(invalid(format!("{field}.poll_batch"), "must be between 1 and 100000"));
+    }
+    if o.poll_interval_ms.is_some_and(|v| !(1..=60_000).contains(&v)) {
+        return Err(invalid(format!("{field}.poll_interval_ms"), "must be between 1 and 60000"));
     }
     if o.dead_letter_topic.as_deref().is_some_and(str::is_empty) {
         return Err(invalid(format!("{field}.dead_letter_topic"), "must not be empty"));

@@ -21,11 +21,13 @@
 
 pub mod ack;
 pub mod bench;
+pub mod catchup;
 pub mod cli;
 pub mod config;
 pub mod metrics;
 pub mod mysql;
 pub mod names;
+pub mod poll;
 pub mod postgres;
 pub mod record;
 pub mod run;

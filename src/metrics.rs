@@ -18,6 +18,9 @@ pub const REPLICATION_LAG_BYTES: &str = "outbox_replication_lag_bytes";
 pub const BINLOG_LAG_SECONDS: &str = "outbox_binlog_lag_seconds";
 pub const END_TO_END_LATENCY: &str = "outbox_end_to_end_latency_seconds";
 pub const STREAM_STATE: &str = "outbox_stream_state";
+pub const CATCHUPS: &str = "outbox_catchups_total";
+pub const CATCHUP_ROWS: &str = "outbox_catchup_rows_total";
+pub const POLL_QUERY_SECONDS: &str = "outbox_poll_query_seconds";
 
 /// Latency buckets in seconds: 1 ms to 30 s.
 const LATENCY_BUCKETS: &[f64] = &[0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0];
@@ -28,6 +31,7 @@ pub mod state {
     pub const STREAMING: f64 = 1.0;
     pub const RETRYING: f64 = 2.0;
     pub const HALTED: f64 = 3.0;
+    pub const CATCHING_UP: f64 = 4.0;
 }
 
 pub fn describe() {
@@ -53,9 +57,16 @@ pub fn describe() {
         "now minus the timestamp of the last binlog event read (0 when caught up)"
     );
     describe_histogram!(END_TO_END_LATENCY, Unit::Seconds, "row created_at (database clock) to Kafka acknowledgement");
+    describe_counter!(
+        CATCHUPS,
+        Unit::Count,
+        "catch-ups by polling after a lost slot or binlog position, or a return from polling mode"
+    );
+    describe_counter!(CATCHUP_ROWS, Unit::Count, "rows sent by catch-ups");
+    describe_histogram!(POLL_QUERY_SECONDS, Unit::Seconds, "duration of each oldest-rows query in polling mode");
     describe_gauge!(
         STREAM_STATE,
-        "0 stopped, 1 streaming, 2 retrying after an error, 3 halted (operator action needed)"
+        "0 stopped, 1 streaming, 2 retrying after an error, 3 halted (operator action needed), 4 catching up by polling"
     );
 }
 
@@ -64,6 +75,7 @@ pub fn serve(listen: SocketAddr) -> Result<(), metrics_exporter_prometheus::Buil
     PrometheusBuilder::new()
         .with_http_listener(listen)
         .set_buckets_for_metric(metrics_exporter_prometheus::Matcher::Full(END_TO_END_LATENCY.into()), LATENCY_BUCKETS)?
+        .set_buckets_for_metric(metrics_exporter_prometheus::Matcher::Full(POLL_QUERY_SECONDS.into()), LATENCY_BUCKETS)?
         .install()?;
     describe();
     Ok(())

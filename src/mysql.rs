@@ -22,7 +22,7 @@ use outbox_mysql::mysql_async::{Conn, Error as MyError, IsolationLevel, Opts, Op
 use outbox_mysql::setup::ident;
 
 use crate::names::StreamNames;
-use crate::record::{InvalidRow, OutboxRecord, parse_headers};
+use crate::record::{InvalidRow, OutboxRecord, headers_value, partition_value, topic_value};
 use crate::source::{Source, SourceError, SourceEvent};
 
 /// An idle stream stores its position at most this often: every store is itself a binlog
@@ -41,7 +41,7 @@ pub fn server_id_for(database: &str, table: &str) -> u32 {
 }
 
 /// A checkpoint row: gtid, binlog_file, binlog_pos, owner_epoch.
-type StoredCheckpoint = (Option<String>, Option<String>, Option<u64>, i64);
+type StoredCheckpoint = (Option<String>, Option<String>, Option<u64>, i64, bool);
 
 /// One shard-partition's binlog session plus an SQL session for deletes and checkpoints.
 #[derive(Debug)]
@@ -74,14 +74,20 @@ impl MySource {
         let row: Option<StoredCheckpoint> = sql
             .exec_first(
                 format!(
-                    "SELECT gtid, binlog_file, binlog_pos, owner_epoch FROM {} WHERE stream = ?",
+                    "SELECT gtid, binlog_file, binlog_pos, owner_epoch, catchup_pending FROM {} WHERE stream = ?",
                     ident(checkpoint_table)
                 ),
                 (&names.table,),
             )
             .await
-            .map_err(|e| transient("reading the checkpoint", &e))?;
-        let Some((gtid, file, offset, stored_epoch)) = row else {
+            .map_err(|e| match e {
+                MyError::Server(ref s) if s.code == 1054 || s.code == 1146 => SourceError::Definite {
+                    message: format!("cannot read {checkpoint_table}: {}", s.message),
+                    fix: "run `outbox-streamer setup`: it creates or updates the checkpoint table".into(),
+                },
+                e => transient("reading the checkpoint", &e),
+            })?;
+        let Some((gtid, file, offset, stored_epoch, pending)) = row else {
             return Err(SourceError::Definite {
                 message: format!("no checkpoint for {} in {checkpoint_table}", names.table),
                 fix: "run `outbox-streamer setup`".into(),
@@ -89,6 +95,12 @@ impl MySource {
         };
         if stored_epoch > epoch {
             return Err(fenced(&names.table, epoch));
+        }
+        if pending {
+            return Err(SourceError::PositionLost(format!(
+                "a catch-up of {} is pending (interrupted, or the stream ran in polling mode)",
+                names.table
+            )));
         }
         let position = Position::from_stored(
             flavor,
@@ -142,10 +154,9 @@ fn fenced(table: &str, epoch: i64) -> SourceError {
 
 fn binlog_error(e: BinlogError) -> SourceError {
     match e {
-        BinlogError::Purged(position) => SourceError::Definite {
-            message: format!("the stored binlog position {position} was purged from the server"),
-            fix: "rows still in the table are not lost: until the polling catch-up lands, send them by hand and reset the checkpoint to @@gtid_binlog_pos".into(),
-        },
+        BinlogError::Purged(position) => {
+            SourceError::PositionLost(format!("the stored binlog position {position} was purged from the server"))
+        }
         BinlogError::Malformed(m) => SourceError::Definite {
             message: format!("malformed binlog event: {m}"),
             fix: "check binlog_format=ROW and log_bin_compress=OFF; report it with the server version".into(),
@@ -154,62 +165,61 @@ fn binlog_error(e: BinlogError) -> SourceError {
     }
 }
 
-/// Builds the record of one inserted row from its values by name.
+/// Builds the record of one inserted row from its values by name. The outer error is a
+/// missing column (the stream cannot go on); the inner one a bad row.
 pub fn record(values: &[(String, Cell)]) -> Result<Result<OutboxRecord, InvalidRow>, SourceError> {
-    let get = |name: &'static str| -> Result<&Cell, SourceError> {
-        values.iter().find(|(n, _)| n == name).map(|(_, c)| c).ok_or_else(|| SourceError::Definite {
+    let mut cells: [&Cell; 7] = [&Cell::Null; 7];
+    for (slot, name) in COLUMNS.iter().enumerate() {
+        cells[slot] = values.iter().find(|(n, _)| n == name).map(|(_, c)| c).ok_or_else(|| SourceError::Definite {
             message: format!(
-                "binlog rows carry no column {name:?} (dropped, renamed, or binlog_row_metadata is not FULL)"
+                "rows of the outbox table carry no column {name:?} (dropped, renamed, or binlog_row_metadata is not FULL)"
             ),
             fix: format!("restore {name} as `outbox-streamer setup --dry-run` shows, and set binlog_row_metadata=FULL"),
-        })
-    };
-    let id = match get("id")? {
+        })?;
+    }
+    Ok(checked_record(&cells))
+}
+
+/// The columns [`record`] reads, in the order `checked_record` takes them.
+const COLUMNS: [&str; 7] = ["id", "topic", "msg_key", "payload", "headers", "kafka_partition", "created_at"];
+
+fn checked_record(cells: &[&Cell; 7]) -> Result<OutboxRecord, InvalidRow> {
+    let id = match cells[0] {
         Cell::Int(i) => *i,
+        other => return Err(InvalidRow { id: None, column: "id", reason: format!("is not an integer: {other:?}") }),
+    };
+    let bytes = |slot: usize| match cells[slot] {
+        Cell::Null => Ok(None),
+        Cell::Bytes(b) => Ok(Some(b.as_slice())),
+        other => Err(InvalidRow {
+            id: Some(id),
+            column: COLUMNS[slot],
+            reason: format!("has an unexpected type: {other:?}"),
+        }),
+    };
+    let partition = match cells[5] {
+        Cell::Null => None,
+        Cell::Int(p) => Some(*p),
         other => {
-            return Ok(Err(InvalidRow { id: None, column: "id", reason: format!("is not an integer: {other:?}") }));
+            return Err(InvalidRow {
+                id: Some(id),
+                column: "kafka_partition",
+                reason: format!("{other:?} is not a partition number (0 or more)"),
+            });
         }
     };
-    let bad = |column: &'static str, reason: String| Ok(Err(InvalidRow { id: Some(id), column, reason }));
-    let bytes = |cell: &Cell| match cell {
-        Cell::Null => Ok(None),
-        Cell::Bytes(b) => Ok(Some(b.clone())),
-        other => Err(format!("has an unexpected type: {other:?}")),
-    };
-    let topic = match get("topic")? {
-        Cell::Bytes(b) => match String::from_utf8(b.clone()) {
-            Ok(t) if !t.is_empty() => t,
-            _ => return bad("topic", "is empty or not UTF-8".into()),
+    Ok(OutboxRecord {
+        id,
+        topic: topic_value(id, bytes(1)?)?,
+        key: bytes(2)?.map(<[u8]>::to_vec),
+        payload: bytes(3)?.map(<[u8]>::to_vec),
+        headers: headers_value(id, bytes(4)?)?,
+        kafka_partition: partition_value(id, partition)?,
+        created_at_micros: match cells[6] {
+            Cell::Micros(m) => Some(*m),
+            _ => None,
         },
-        Cell::Null => return bad("topic", "is NULL; every row needs a Kafka topic".into()),
-        other => return bad("topic", format!("has an unexpected type: {other:?}")),
-    };
-    let key = match bytes(get("msg_key")?) {
-        Ok(k) => k,
-        Err(e) => return bad("msg_key", e),
-    };
-    let payload = match bytes(get("payload")?) {
-        Ok(p) => p,
-        Err(e) => return bad("payload", e),
-    };
-    let headers = match bytes(get("headers")?) {
-        Ok(None) => Vec::new(),
-        Ok(Some(json)) => match parse_headers(&json) {
-            Ok(h) => h,
-            Err(e) => return bad("headers", e),
-        },
-        Err(e) => return bad("headers", e),
-    };
-    let kafka_partition = match get("kafka_partition")? {
-        Cell::Null => None,
-        Cell::Int(p) if (0..=i64::from(i32::MAX)).contains(p) => Some(*p as i32),
-        other => return bad("kafka_partition", format!("{other:?} is not a partition number (0 or more)")),
-    };
-    let created_at_micros = match get("created_at") {
-        Ok(Cell::Micros(m)) => Some(*m),
-        _ => None,
-    };
-    Ok(Ok(OutboxRecord { id, topic, key, payload, headers, kafka_partition, created_at_micros }))
+    })
 }
 
 fn id_list(ids: &[i64]) -> String {
@@ -251,7 +261,7 @@ impl Source for MySource {
         let mut tx = self.sql.start_transaction(opts).await.map_err(|e| err("starting the cleanup transaction", e))?;
         let mut deleted = 0;
         if !ids.is_empty() {
-            tx.query_drop(format!("DELETE FROM {} WHERE id IN ({})", ident(&self.table), id_list(&ids)))
+            tx.query_drop(outbox_mysql::cleanup::delete_by_ids(&self.table, &ids))
                 .await
                 .map_err(|e| err("deleting published rows", e))?;
             deleted = tx.affected_rows();

@@ -21,7 +21,7 @@ use outbox_postgres::{Lsn, cleanup, slot, values};
 use tokio_postgres::Client;
 
 use crate::names::StreamNames;
-use crate::record::{InvalidRow, OutboxRecord, parse_headers};
+use crate::record::{InvalidRow, OutboxRecord, headers_value, partition_value, topic_value};
 use crate::source::{Source, SourceError, SourceEvent};
 
 /// A required column and the types it may have.
@@ -86,33 +86,12 @@ impl ColumnMap {
             .ok_or_else(|| bad(None, "id", "is NULL".into()))
             .and_then(|t| values::int(t).map_err(|e| bad(None, "id", e.into())))?;
         let id_some = Some(id);
-        let topic = match text(1) {
-            None => return Err(bad(id_some, "topic", "is NULL; every row needs a Kafka topic".into())),
-            Some(t) => String::from_utf8(t.to_vec()).map_err(|_| bad(id_some, "topic", "is not UTF-8".into()))?,
-        };
-        if topic.is_empty() || topic.len() > 249 {
-            return Err(bad(
-                id_some,
-                "topic",
-                format!("{topic:?} is not a valid Kafka topic name (1 to 249 characters)"),
-            ));
-        }
+        let topic = topic_value(id, text(1))?;
         let key = text(2).map(values::bytea).transpose().map_err(|e| bad(id_some, "msg_key", e.into()))?;
         let payload = text(3).map(values::bytea).transpose().map_err(|e| bad(id_some, "payload", e.into()))?;
-        let headers = match text(4) {
-            None => Vec::new(),
-            Some(json) => parse_headers(json).map_err(|e| bad(id_some, "headers", e))?,
-        };
-        let kafka_partition = match text(5) {
-            None => None,
-            Some(t) => {
-                let p = values::int(t).map_err(|e| bad(id_some, "kafka_partition", e.into()))?;
-                if !(0..=i32::MAX as i64).contains(&p) {
-                    return Err(bad(id_some, "kafka_partition", format!("{p} is not a partition number (0 or more)")));
-                }
-                Some(p as i32)
-            }
-        };
+        let headers = headers_value(id, text(4))?;
+        let partition = text(5).map(values::int).transpose().map_err(|e| bad(id_some, "kafka_partition", e.into()))?;
+        let kafka_partition = partition_value(id, partition)?;
         let created_at_micros = text(6).and_then(|t| values::timestamptz_micros(t).ok());
         Ok(OutboxRecord { id, topic, key, payload, headers, kafka_partition, created_at_micros })
     }
@@ -132,32 +111,35 @@ impl PgSource {
     pub async fn connect(
         target: &PgTarget,
         names: &StreamNames,
+        checkpoint_table: &str,
         status_interval: Duration,
     ) -> Result<Self, SourceError> {
         let sql = target
             .connect()
             .await
             .map_err(|e| SourceError::Transient(format!("connecting to {}: {e}", target.display())))?;
+        let pending = crate::catchup::postgres::pending(&sql, checkpoint_table, &names.table).await?;
+        if pending {
+            return Err(SourceError::PositionLost(format!(
+                "a catch-up of {} is pending (interrupted, or the stream ran in polling mode)",
+                names.table
+            )));
+        }
         let state = slot::state(&sql, &names.slot)
             .await
             .map_err(|e| SourceError::Transient(format!("reading slot {}: {e}", names.slot)))?;
         if !state.exists {
-            return Err(SourceError::Definite {
-                message: format!("replication slot {:?} does not exist in {}", names.slot, target.display()),
-                fix: "run `outbox-streamer setup`; rows still in the table are sent once streaming starts".into(),
-            });
+            return Err(SourceError::PositionLost(format!(
+                "replication slot {:?} does not exist in {} (dropped?)",
+                names.slot,
+                target.display()
+            )));
         }
         if state.wal_status.as_deref() == Some("lost") {
-            return Err(SourceError::Definite {
-                message: format!(
-                    "replication slot {:?} was invalidated (wal_status=lost): the WAL it needed is gone",
-                    names.slot
-                ),
-                fix: format!(
-                    "drop the slot (SELECT pg_drop_replication_slot('{}')) and run `outbox-streamer setup`; rows still in {} must then be sent by polling mode",
-                    names.slot, names.table
-                ),
-            });
+            return Err(SourceError::PositionLost(format!(
+                "replication slot {:?} was invalidated (wal_status=lost): the WAL it needed is gone",
+                names.slot
+            )));
         }
         let cfg = target.replication(&names.slot, &names.publication, status_interval);
         let stream = ReplicationStream::start(cfg).await.map_err(|e| stream_error(&names.slot, e))?;
@@ -169,10 +151,9 @@ fn stream_error(slot: &str, e: StreamError) -> SourceError {
     if e.slot_in_use() {
         SourceError::Transient(format!("slot {slot:?} is in use by another session (another streamer owns it?): {e}"))
     } else if e.slot_missing() {
-        SourceError::Definite {
-            message: format!("replication slot {slot:?} does not exist"),
-            fix: "run `outbox-streamer setup`".into(),
-        }
+        SourceError::PositionLost(format!("replication slot {slot:?} does not exist (dropped?)"))
+    } else if e.slot_invalidated() {
+        SourceError::PositionLost(format!("replication slot {slot:?} can no longer stream: {e}"))
     } else {
         match e {
             StreamError::Decode(_) | StreamError::UnknownRelation(_) => SourceError::Definite {

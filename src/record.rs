@@ -36,6 +36,38 @@ pub struct InvalidRow {
     pub reason: String,
 }
 
+/// Checks the `topic` column of row `id`: present, UTF-8, a legal Kafka topic length.
+pub fn topic_value(id: i64, topic: Option<&[u8]>) -> Result<String, InvalidRow> {
+    let bad = |reason: String| InvalidRow { id: Some(id), column: "topic", reason };
+    let Some(bytes) = topic else { return Err(bad("is NULL; every row needs a Kafka topic".into())) };
+    let topic = String::from_utf8(bytes.to_vec()).map_err(|_| bad("is not UTF-8".into()))?;
+    if topic.is_empty() || topic.len() > 249 {
+        return Err(bad(format!("{topic:?} is not a valid Kafka topic name (1 to 249 characters)")));
+    }
+    Ok(topic)
+}
+
+/// Checks the `headers` column of row `id` (NULL means no headers).
+pub fn headers_value(id: i64, json: Option<&[u8]>) -> Result<Vec<(String, Vec<u8>)>, InvalidRow> {
+    match json {
+        None => Ok(Vec::new()),
+        Some(json) => parse_headers(json).map_err(|reason| InvalidRow { id: Some(id), column: "headers", reason }),
+    }
+}
+
+/// Checks the `kafka_partition` column of row `id` (NULL means "by key").
+pub fn partition_value(id: i64, partition: Option<i64>) -> Result<Option<i32>, InvalidRow> {
+    match partition {
+        None => Ok(None),
+        Some(p) if (0..=i64::from(i32::MAX)).contains(&p) => Ok(Some(p as i32)),
+        Some(p) => Err(InvalidRow {
+            id: Some(id),
+            column: "kafka_partition",
+            reason: format!("{p} is not a partition number (0 or more)"),
+        }),
+    }
+}
+
 /// Parses the `headers` column: a JSON object whose values are strings (or null, skipped).
 pub fn parse_headers(json: &[u8]) -> Result<Vec<(String, Vec<u8>)>, String> {
     let value: serde_json::Value = serde_json::from_slice(json).map_err(|e| format!("is not valid JSON ({e})"))?;

@@ -17,13 +17,18 @@ use tracing::Instrument;
 
 use std::future::Future;
 
+use crate::catchup::{self, CatchUpReport, Drain};
 use crate::config::{Config, KafkaConfig, Mode, SourceConfig, SourceKind, StreamSettings};
 use crate::metrics::{self as m, state};
 use crate::mysql::MySource;
 use crate::names::{StreamNames, all_streams, checkpoint_table, stream_names};
+use crate::poll::mysql::MyPollTable;
+use crate::poll::postgres::PgPollTable;
+use crate::poll::{PollSettings, PollSource};
 use crate::postgres::PgSource;
 use crate::source::{Source, SourceError};
 use crate::streamer::{SessionError, StreamLabels, run_session};
+use outbox_mysql::mysql_async::Opts as MyOpts;
 
 const BACKOFF_START: Duration = Duration::from_millis(250);
 const BACKOFF_MAX: Duration = Duration::from_secs(30);
@@ -62,17 +67,14 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Settings of every shard-partition of a source; polling is refused until it exists.
-fn stream_plans(source: &SourceConfig) -> anyhow::Result<Vec<(StreamLabels, StreamSettings, StreamNames)>> {
+/// Settings of every shard-partition of a source.
+fn stream_plans(source: &SourceConfig) -> Vec<(StreamLabels, StreamSettings, StreamNames)> {
     all_streams(source.shards, source.partitions)
         .map(|id| {
             let settings = source.settings_for(id);
-            if settings.mode == Mode::Polling {
-                bail!("source {:?} shard-partition {id}: mode = \"polling\" is not available yet (tracked as issue 5); use mode = \"cdc\"", source.name);
-            }
             let names = stream_names(&source.table_prefix, id);
             let labels = StreamLabels { source: source.name.clone(), id, table: names.table.clone() };
-            Ok((labels, settings, names))
+            (labels, settings, names)
         })
         .collect()
 }
@@ -89,26 +91,52 @@ fn spawn_postgres(
 ) -> anyhow::Result<()> {
     let target = PgTarget::from_url(source.url.expose(), source.password()?.as_deref())
         .with_context(|| format!("source {:?}: url", source.name))?;
+    let checkpoint = checkpoint_table(&source.table_prefix);
     let mut slots = Vec::new();
-    for (labels, settings, names) in stream_plans(source)? {
-        slots.push(names.slot.clone());
+    let mut polled_slots = Vec::new();
+    for (labels, settings, names) in stream_plans(source) {
         let producer = producer_settings(&config.kafka, &settings, &labels);
-        let status_interval = Duration::from_millis(settings.status_interval_ms);
         let span = span(&labels, &names);
-        let target = target.clone();
-        let connect = move || {
-            let (target, names) = (target.clone(), names.clone());
-            async move { PgSource::connect(&target, &names, status_interval).await }
-        };
-        tasks.spawn(
-            stream_task(labels, settings, connect, producer, config.kafka.message_timeout_ms, stop.clone())
-                .instrument(span),
-        );
+        let catch_up =
+            CatchUpPlan::Postgres { target: Box::new(target.clone()), names: names.clone(), checkpoint: checkpoint.clone() };
+        let timeout = config.kafka.message_timeout_ms;
+        if settings.mode == Mode::Polling {
+            polled_slots.push(names.slot.clone());
+            let (target, checkpoint, poll) = (target.clone(), checkpoint.clone(), poll_settings(&settings, &labels));
+            let connect = move || {
+                let (target, names, checkpoint, poll) =
+                    (target.clone(), names.clone(), checkpoint.clone(), poll.clone());
+                async move {
+                    // Streaming from the slot again later must first send what polling left.
+                    let client =
+                        target.connect().await.map_err(|e| SourceError::Transient(format!("connecting: {e}")))?;
+                    catchup::postgres::mark_pending(&client, &checkpoint, &names.table).await?;
+                    let reader = PgPollTable::connect(&target, &names.table).await?;
+                    let cleaner = PgPollTable::connect(&target, &names.table).await?;
+                    Ok(PollSource::new(reader, cleaner, poll))
+                }
+            };
+            tasks.spawn(
+                stream_task(labels, settings, connect, catch_up, producer, timeout, stop.clone()).instrument(span),
+            );
+        } else {
+            slots.push(names.slot.clone());
+            let status_interval = Duration::from_millis(settings.status_interval_ms);
+            let (target, checkpoint) = (target.clone(), checkpoint.clone());
+            let connect = move || {
+                let (target, names, checkpoint) = (target.clone(), names.clone(), checkpoint.clone());
+                async move { PgSource::connect(&target, &names, &checkpoint, status_interval).await }
+            };
+            tasks.spawn(
+                stream_task(labels, settings, connect, catch_up, producer, timeout, stop.clone()).instrument(span),
+            );
+        }
     }
     if let Some(ms) = source.heartbeat_interval_ms {
         tasks.spawn(heartbeat(target.clone(), Duration::from_millis(ms), stop.clone()));
     }
-    tasks.spawn(lag_poller(source.name.clone(), target, slots, stop.clone()));
+    slots.extend(polled_slots.iter().cloned());
+    tasks.spawn(lag_poller(source.name.clone(), target, slots, polled_slots, stop.clone()));
     Ok(())
 }
 
@@ -121,23 +149,72 @@ fn spawn_mysql(
     let opts = crate::cli::setup::mysql_opts(source.url.expose(), source.password()?.as_deref())
         .with_context(|| format!("source {:?}: url", source.name))?;
     let checkpoint = checkpoint_table(&source.table_prefix);
-    for (labels, settings, names) in stream_plans(source)? {
+    // Without coordination this instance owns every stream at epoch 0.
+    let epoch = 0;
+    for (labels, settings, names) in stream_plans(source) {
         let producer = producer_settings(&config.kafka, &settings, &labels);
-        let heartbeat = Duration::from_millis(settings.status_interval_ms.max(1000));
         let span = span(&labels, &names);
-        let (opts, checkpoint, task_labels) = (opts.clone(), checkpoint.clone(), labels.clone());
-        let connect = move || {
-            let (opts, names, checkpoint, labels) =
-                (opts.clone(), names.clone(), checkpoint.clone(), task_labels.clone());
-            // Without coordination this instance owns every stream at epoch 0.
-            async move { MySource::connect(&labels, &opts, &names, &checkpoint, 0, heartbeat).await }
-        };
-        tasks.spawn(
-            stream_task(labels, settings, connect, producer, config.kafka.message_timeout_ms, stop.clone())
-                .instrument(span),
-        );
+        let catch_up =
+            CatchUpPlan::Mysql { opts: opts.clone(), names: names.clone(), checkpoint: checkpoint.clone(), epoch };
+        let timeout = config.kafka.message_timeout_ms;
+        if settings.mode == Mode::Polling {
+            let (opts, checkpoint, poll) = (opts.clone(), checkpoint.clone(), poll_settings(&settings, &labels));
+            let connect = move || {
+                let (opts, names, checkpoint, poll) = (opts.clone(), names.clone(), checkpoint.clone(), poll.clone());
+                async move {
+                    let mut reader = MyPollTable::connect(&opts, &names.table).await?;
+                    catchup::mysql::mark_pending(reader.conn(), &checkpoint, &names.table, epoch).await?;
+                    let cleaner = MyPollTable::connect(&opts, &names.table).await?;
+                    Ok(PollSource::new(reader, cleaner, poll))
+                }
+            };
+            tasks.spawn(
+                stream_task(labels, settings, connect, catch_up, producer, timeout, stop.clone()).instrument(span),
+            );
+        } else {
+            let heartbeat = Duration::from_millis(settings.status_interval_ms.max(1000));
+            let (opts, checkpoint, task_labels) = (opts.clone(), checkpoint.clone(), labels.clone());
+            let connect = move || {
+                let (opts, names, checkpoint, labels) =
+                    (opts.clone(), names.clone(), checkpoint.clone(), task_labels.clone());
+                async move { MySource::connect(&labels, &opts, &names, &checkpoint, epoch, heartbeat).await }
+            };
+            tasks.spawn(
+                stream_task(labels, settings, connect, catch_up, producer, timeout, stop.clone()).instrument(span),
+            );
+        }
     }
     Ok(())
+}
+
+fn poll_settings(settings: &StreamSettings, labels: &StreamLabels) -> PollSettings {
+    PollSettings {
+        batch: settings.poll_batch,
+        interval: Duration::from_millis(settings.poll_interval_ms),
+        drain_upto: None,
+        rows_sent: Default::default(),
+        metric_labels: labels.metric_labels(),
+    }
+}
+
+/// How a shard-partition catches up when its position is lost.
+#[derive(Debug, Clone)]
+enum CatchUpPlan {
+    Postgres { target: Box<PgTarget>, names: StreamNames, checkpoint: String },
+    Mysql { opts: MyOpts, names: StreamNames, checkpoint: String, epoch: i64 },
+}
+
+impl CatchUpPlan {
+    async fn run(&self, drain: &mut Drain<'_>, reason: &str) -> Result<Option<CatchUpReport>, SessionError> {
+        match self {
+            CatchUpPlan::Postgres { target, names, checkpoint } => {
+                catchup::postgres::run(target, names, checkpoint, drain, reason).await
+            }
+            CatchUpPlan::Mysql { opts, names, checkpoint, epoch } => {
+                catchup::mysql::run(opts, names, checkpoint, *epoch, drain, reason).await
+            }
+        }
+    }
 }
 
 fn producer_settings(kafka: &KafkaConfig, s: &StreamSettings, labels: &StreamLabels) -> ProducerSettings {
@@ -155,6 +232,7 @@ async fn stream_task<S, F, Fut>(
     labels: StreamLabels,
     settings: StreamSettings,
     connect: F,
+    catch_up: CatchUpPlan,
     producer: ProducerSettings,
     message_timeout_ms: u64,
     mut stop: watch::Receiver<bool>,
@@ -197,20 +275,33 @@ async fn stream_task<S, F, Fut>(
                 metrics::counter!(m::ERRORS, "source" => labels.source.clone(), "shard" => labels.id.shard.to_string(), "partition" => labels.id.partition.to_string(), "kind" => "source").increment(1);
                 gauge!(m::STREAM_STATE, &metric_labels).set(state::RETRYING);
                 tracing::warn!(error = %msg, retry_in_ms = backoff.as_millis() as u64, "stream interrupted; resuming from the last confirmed position");
-                tokio::select! {
-                    _ = tokio::time::sleep(backoff) => {}
-                    _ = stop.changed() => {}
-                }
-                backoff = (backoff * 2).min(BACKOFF_MAX);
+                back_off(&mut backoff, &mut stop).await;
             }
-            Err(SessionError::Halt(msg)) => {
-                gauge!(m::STREAM_STATE, &metric_labels).set(state::HALTED);
-                tracing::error!("shard-partition {}/{} halted {msg}", labels.source, labels.id);
-                while !*stop.borrow() {
-                    if stop.changed().await.is_err() {
+            Err(SessionError::PositionLost(reason)) => {
+                gauge!(m::STREAM_STATE, &metric_labels).set(state::CATCHING_UP);
+                let mut drain = Drain {
+                    labels: &labels,
+                    settings: &settings,
+                    producer: &producer,
+                    message_timeout,
+                    stop: &mut stop,
+                };
+                match catch_up.run(&mut drain, &reason).await {
+                    Ok(Some(_)) => backoff = BACKOFF_START,
+                    Ok(None) => break,
+                    Err(SessionError::Halt(msg)) => {
+                        halt(&labels, &metric_labels, &msg, &mut stop).await;
                         break;
                     }
+                    Err(e) => {
+                        gauge!(m::STREAM_STATE, &metric_labels).set(state::RETRYING);
+                        tracing::warn!(error = %e, retry_in_ms = backoff.as_millis() as u64, "catch-up interrupted; it starts over");
+                        back_off(&mut backoff, &mut stop).await;
+                    }
                 }
+            }
+            Err(SessionError::Halt(msg)) => {
+                halt(&labels, &metric_labels, &msg, &mut stop).await;
                 break;
             }
         }
@@ -219,14 +310,52 @@ async fn stream_task<S, F, Fut>(
     gauge!(m::STREAM_STATE, &metric_labels).set(state::STOPPED);
 }
 
-/// Publishes each slot's lag in bytes every few seconds.
-async fn lag_poller(source: String, target: PgTarget, slots: Vec<String>, mut stop: watch::Receiver<bool>) {
+/// Sleeps `backoff` (or until shutdown), then doubles it up to the maximum.
+async fn back_off(backoff: &mut Duration, stop: &mut watch::Receiver<bool>) {
+    tokio::select! {
+        _ = tokio::time::sleep(*backoff) => {}
+        _ = stop.changed() => {}
+    }
+    *backoff = (*backoff * 2).min(BACKOFF_MAX);
+}
+
+/// Logs the one ERROR of a halted shard-partition and waits for shutdown.
+async fn halt(
+    labels: &StreamLabels,
+    metric_labels: &[(&'static str, String); 3],
+    msg: &str,
+    stop: &mut watch::Receiver<bool>,
+) {
+    gauge!(m::STREAM_STATE, metric_labels).set(state::HALTED);
+    tracing::error!("shard-partition {}/{} halted {msg}", labels.source, labels.id);
+    while !*stop.borrow() {
+        if stop.changed().await.is_err() {
+            break;
+        }
+    }
+}
+
+/// Publishes each slot's lag in bytes every few seconds. Slots of shard-partitions in polling
+/// mode are moved to the current WAL position each time, so they do not hold WAL while unused
+/// (switching back to `cdc` catches up by polling first, so nothing is skipped).
+async fn lag_poller(
+    source: String,
+    target: PgTarget,
+    slots: Vec<String>,
+    polled_slots: Vec<String>,
+    mut stop: watch::Receiver<bool>,
+) {
     let mut client = None;
     loop {
         if client.is_none() {
             client = target.connect().await.ok();
         }
         if let Some(c) = &client {
+            for name in &polled_slots {
+                if let Err(e) = outbox_postgres::slot::advance_to_current(c, name).await {
+                    tracing::debug!(slot = %name, error = %e, "could not move the unused slot forward");
+                }
+            }
             for name in &slots {
                 match outbox_postgres::slot::state(c, name).await {
                     Ok(st) => {

@@ -29,6 +29,9 @@ pub enum SourceEvent<P> {
     /// Nothing of this stream is pending at the source up to `P`; confirming it keeps the
     /// server from retaining log written by other tables.
     Idle(P),
+    /// A catch-up drain found nothing more to read: the session ends once everything in
+    /// flight is acknowledged and deleted.
+    Drained,
 }
 
 /// Why a source stopped.
@@ -40,6 +43,10 @@ pub enum SourceError {
     /// The stream cannot go on without an operator: the message says what and how to fix it.
     #[error("{message}; fix: {fix}")]
     Definite { message: String, fix: String },
+    /// The stored position is gone (slot dropped or invalidated, binlog purged): the rows still
+    /// in the table are sent by a polling catch-up, then streaming resumes from a new position.
+    #[error("{0}")]
+    PositionLost(String),
 }
 
 /// One shard-partition's change source. See the module docs for the contract.

@@ -42,7 +42,7 @@ pub struct StreamLabels {
 }
 
 impl StreamLabels {
-    fn metric_labels(&self) -> [(&'static str, String); 3] {
+    pub fn metric_labels(&self) -> [(&'static str, String); 3] {
         [
             ("source", self.source.clone()),
             ("shard", self.id.shard.to_string()),
@@ -60,6 +60,9 @@ pub enum SessionError {
     /// prefixes it with the shard-partition.
     #[error("{0}")]
     Halt(String),
+    /// See [`SourceError::PositionLost`].
+    #[error("{0}")]
+    PositionLost(String),
 }
 
 impl From<SourceError> for SessionError {
@@ -67,6 +70,7 @@ impl From<SourceError> for SessionError {
         match e {
             SourceError::Transient(m) => SessionError::Transient(m),
             d @ SourceError::Definite { .. } => SessionError::Halt(d.to_string()),
+            SourceError::PositionLost(m) => SessionError::PositionLost(m),
         }
     }
 }
@@ -169,6 +173,7 @@ impl Session<'_> {
                 }
                 event = source.next(), if self.in_flight_bytes < budget => {
                     match event? {
+                        Some(SourceEvent::Drained) => return Ok(()),
                         Some(event) => self.on_event(source, event).await?,
                         None => return Err(SessionError::Transient("the server ended the stream".into())),
                     }
@@ -233,6 +238,7 @@ impl Session<'_> {
                     source.confirm_idle(position);
                 }
             }
+            SourceEvent::Drained => {}
         }
         Ok(())
     }

@@ -7,6 +7,8 @@ mod support;
 
 mod mysql_cdc;
 mod mysql_setup;
+mod polling;
+mod polling_mysql;
 mod postgres_cdc;
 mod postgres_faults;
 mod smoke;

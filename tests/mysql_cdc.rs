@@ -13,27 +13,28 @@ use crate::support::{kafka, mysql, shared_services, unique, wait_until};
 
 const ARRIVAL: Duration = Duration::from_secs(120);
 
-struct World {
+pub struct World {
     _services: Option<tokio::sync::RwLockReadGuard<'static, ()>>,
-    db: mysql::MyDb,
-    prefix: String,
-    topic: String,
-    dir: std::path::PathBuf,
-    config: std::path::PathBuf,
+    pub db: mysql::MyDb,
+    pub prefix: String,
+    pub topic: String,
+    pub dir: std::path::PathBuf,
+    pub config: std::path::PathBuf,
+    pub url: String,
 }
 
 impl World {
-    async fn new(name: &str, topic_partitions: i32) -> Self {
+    pub async fn new(name: &str, topic_partitions: i32) -> Self {
         Self::with_extra(name, topic_partitions, "").await
     }
 
-    async fn with_extra(name: &str, topic_partitions: i32, extra: &str) -> Self {
+    pub async fn with_extra(name: &str, topic_partitions: i32, extra: &str) -> Self {
         let services = Some(shared_services().await);
         Self::build(services, name, topic_partitions, extra).await
     }
 
     /// For a test that holds the services exclusively (it stops one of them).
-    async fn alone(name: &str, topic_partitions: i32) -> Self {
+    pub async fn alone(name: &str, topic_partitions: i32) -> Self {
         Self::build(None, name, topic_partitions, "").await
     }
 
@@ -51,29 +52,29 @@ impl World {
         let config = source_config(&dir, "mysql", &url, &prefix, 1, 1, extra);
         let (ok, out, err) = run_cli(&config, &["setup", "--admin-url", &db.admin_url]);
         assert!(ok, "setup failed:\n{out}\n{err}");
-        Self { _services: services, db, prefix, topic, dir, config }
+        Self { _services: services, db, prefix, topic, dir, config, url }
     }
 
-    fn table(&self) -> String {
+    pub fn table(&self) -> String {
         format!("{}_0_0", self.prefix)
     }
 
-    fn start(&self, log: &str) -> Running {
+    pub fn start(&self, log: &str) -> Running {
         Running::start(&self.config, &self.dir.join(log))
     }
 
-    async fn admin(&self) -> mysql_async::Conn {
+    pub async fn admin(&self) -> mysql_async::Conn {
         mysql_async::Conn::new(mysql_async::Opts::from_url(&self.db.admin_url).unwrap()).await.unwrap()
     }
 
-    async fn count(&self) -> i64 {
+    pub async fn count(&self) -> i64 {
         let mut c = self.admin().await;
         let n: Option<i64> = c.query_first(format!("SELECT count(*) FROM {}", self.table())).await.unwrap();
         c.disconnect().await.unwrap();
         n.unwrap()
     }
 
-    async fn wait_drained(&self) {
+    pub async fn wait_drained(&self) {
         wait_until("the outbox table to drain", ARRIVAL, || async { (self.count().await == 0).then_some(()) }).await;
     }
 }
@@ -301,11 +302,11 @@ async fn mariadb_a_bad_row_halts_naming_it() {
     admin.disconnect().await.unwrap();
 }
 
-/// A stored position whose binlogs were purged while the streamer was stopped stops the
-/// shard-partition at start with an error that says so; the rows stay in the table.
-/// Purging binlogs is server-wide, so this test runs alone.
+/// A stored position whose binlogs were purged while the streamer was stopped: the start
+/// takes a new position first, sends the rows still in the table by polling, then streams
+/// from the new position. Purging binlogs is server-wide, so this test runs alone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn mariadb_a_purged_position_is_detected_at_start() {
+async fn mariadb_a_purged_position_is_caught_up_by_polling() {
     let _alone = crate::support::exclusive_services().await;
     let mut db = mysql::fresh_db().await;
     let url = db.streamer_user("REPLICATION SLAVE, REPLICATION CLIENT").await;
@@ -337,11 +338,15 @@ async fn mariadb_a_purged_position_is_detected_at_start() {
     })
     .await;
     let second = Running::start(&config, &dir.join("second.log"));
-    let log = second.wait_for_log("halted", ARRIVAL).await;
-    let error = log.lines().find(|l| l.contains("ERROR")).expect("an ERROR line");
-    assert!(error.contains("purged"), "{error}");
-    let n: Option<i64> = db.conn.query_first(format!("SELECT count(*) FROM {table}")).await.unwrap();
-    assert_eq!(n, Some(1), "the unsent row stays in the table");
+    let log = second.wait_for_log("catch-up done", ARRIVAL).await;
+    assert!(log.contains("WARN") && log.contains("purged") && log.contains("rows=1"), "{log}");
+    db.conn.exec_drop(format!("INSERT INTO {table} (topic, payload) VALUES (?, 'three')"), (&topic,)).await.unwrap();
+    let records = kafka::read_at_least(&topic, 1, 3, ARRIVAL).await;
+    let got: Vec<String> = records.iter().map(|r| r.payload_str()).collect();
+    assert_eq!(got, ["one", "two", "three"], "no row lost, none twice");
+    assert_eq!(records[2].header("outbox-gtid").split('-').count(), 3, "streaming from the new position");
+    let (ok, out, err) = run_cli(&config, &["status"]);
+    assert!(ok && out.contains("(1 rows)"), "status names the catch-up:\n{out}\n{err}");
     assert!(second.stop());
     db.conn.disconnect().await.unwrap();
 }

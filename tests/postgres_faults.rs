@@ -224,7 +224,17 @@ async fn bad_rows_go_to_the_dead_letter_topic() {
 /// nothing is lost and, counting each row's first delivery, per-key order holds.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kafka_outage_longer_than_the_delivery_timeout_loses_nothing() {
-    let w = World::exclusive("ko", 1, 1, 3, "").await;
+    kafka_outage("ko", "").await;
+}
+
+/// The same outage in polling mode.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn polling_kafka_outage_longer_than_the_delivery_timeout_loses_nothing() {
+    kafka_outage("pko", "mode = \"polling\"").await;
+}
+
+async fn kafka_outage(name: &str, extra: &str) {
+    let w = World::exclusive(name, 1, 1, 3, extra).await;
     let config =
         std::fs::read_to_string(&w.config).unwrap().replace("message_timeout_ms = 10000", "message_timeout_ms = 3000");
     std::fs::write(&w.config, config).unwrap();

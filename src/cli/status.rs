@@ -1,108 +1,185 @@
-//! `outbox-streamer status`: every shard-partition's slot, position, lag and pending rows,
-//! read from the databases (so it works from any host).
+//! `outbox-streamer status`: every shard-partition's mode, position, lag, pending rows and last
+//! catch-up, read from the databases (so it works from any host).
+//!
+//! Exit code 1 when any shard-partition is unhealthy: a missing or invalidated slot, a missing
+//! checkpoint, an unreadable table, or a catch-up still pending.
 
 use std::process::ExitCode;
 
 use anyhow::Context;
+use outbox_mysql::mysql_async::Conn;
+use outbox_mysql::mysql_async::prelude::Queryable;
 use outbox_postgres::connect::PgTarget;
 use outbox_postgres::setup::ident;
 use outbox_postgres::slot;
 use serde::Serialize;
 
-use crate::config::{Config, Mode, SourceKind};
-use crate::names::{all_streams, stream_names};
+use crate::config::{Config, Mode, SourceConfig, SourceKind};
+use crate::names::{StreamId, all_streams, checkpoint_table, stream_names};
 
 /// Pending rows are counted up to this many; more shows as this number and `+`.
 const PENDING_COUNT_CAP: i64 = 1_000_000;
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Default, Serialize)]
 struct Row {
     source: String,
     shard: u32,
     partition: u32,
     mode: &'static str,
-    slot: String,
-    slot_state: String,
+    /// PostgreSQL: the slot's `wal_status` (or `missing`); MySQL: `checkpoint` or `missing`.
+    state: String,
+    /// PostgreSQL: the slot's confirmed LSN; MySQL: the stored GTID position (or file:offset).
+    position: Option<String>,
+    slot: Option<String>,
     active_pid: Option<i32>,
-    confirmed_lsn: Option<String>,
     lag_bytes: Option<i64>,
     rows_pending: Option<i64>,
+    catchup_pending: Option<bool>,
+    last_catchup_at: Option<String>,
+    last_catchup_rows: Option<i64>,
     healthy: bool,
+}
+
+impl Row {
+    fn new(source: &SourceConfig, id: StreamId) -> Self {
+        Self {
+            source: source.name.clone(),
+            shard: id.shard,
+            partition: id.partition,
+            mode: match source.settings_for(id).mode {
+                Mode::Cdc => "cdc",
+                Mode::Polling => "polling",
+            },
+            ..Self::default()
+        }
+    }
 }
 
 pub async fn status(config: &Config, json: bool) -> anyhow::Result<ExitCode> {
     let mut rows = Vec::new();
     for source in &config.sources {
-        if source.kind != SourceKind::Postgres {
-            continue;
-        }
-        let target = PgTarget::from_url(source.url.expose(), source.password()?.as_deref())?;
-        let client = target.connect().await.with_context(|| format!("connecting to {}", target.display()))?;
-        for id in all_streams(source.shards, source.partitions) {
-            let names = stream_names(&source.table_prefix, id);
-            let st = slot::state(&client, &names.slot).await?;
-            let pending: Option<i64> = client
-                .query_one(
-                    &format!(
-                        "SELECT count(*) FROM (SELECT 1 FROM {} LIMIT {PENDING_COUNT_CAP}) t",
-                        ident(&names.table)
-                    ),
-                    &[],
-                )
-                .await
-                .ok()
-                .map(|r| r.get(0));
-            let slot_state = if !st.exists {
-                "missing".to_string()
-            } else {
-                st.wal_status.clone().unwrap_or_else(|| "unknown".into())
-            };
-            let healthy = st.exists && slot_state != "lost" && pending.is_some();
-            rows.push(Row {
-                source: source.name.clone(),
-                shard: id.shard,
-                partition: id.partition,
-                mode: match source.settings_for(id).mode {
-                    Mode::Cdc => "cdc",
-                    Mode::Polling => "polling",
-                },
-                slot: names.slot,
-                slot_state,
-                active_pid: st.active_pid,
-                confirmed_lsn: st.confirmed_flush.map(|l| l.to_string()),
-                lag_bytes: st.lag_bytes,
-                rows_pending: pending,
-                healthy,
-            });
+        match source.kind {
+            SourceKind::Postgres => postgres_rows(source, &mut rows).await?,
+            SourceKind::Mysql => mysql_rows(source, &mut rows).await?,
         }
     }
     if json {
         println!("{}", serde_json::to_string_pretty(&rows)?);
     } else {
-        println!(
-            "{:<10} {:>5} {:>9} {:<7} {:<16} {:<9} {:>8} {:>14} {:>12} {:>9}",
-            "source", "shard", "partition", "mode", "slot", "state", "pid", "confirmed", "lag_bytes", "pending"
-        );
-        for r in &rows {
-            let dash = || "-".to_string();
-            println!(
-                "{:<10} {:>5} {:>9} {:<7} {:<16} {:<9} {:>8} {:>14} {:>12} {:>9}",
-                r.source,
-                r.shard,
-                r.partition,
-                r.mode,
-                r.slot,
-                r.slot_state,
-                r.active_pid.map_or_else(dash, |p| p.to_string()),
-                r.confirmed_lsn.clone().unwrap_or_else(dash),
-                r.lag_bytes.map_or_else(dash, |l| l.to_string()),
-                r.rows_pending.map_or_else(dash, |p| if p >= PENDING_COUNT_CAP {
-                    format!("{p}+")
-                } else {
-                    p.to_string()
-                }),
-            );
-        }
+        print_table(&rows);
     }
     Ok(if rows.iter().all(|r| r.healthy) { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+}
+
+fn count_sql(quoted_table: &str) -> String {
+    format!("SELECT count(*) FROM (SELECT 1 FROM {quoted_table} LIMIT {PENDING_COUNT_CAP}) t")
+}
+
+async fn postgres_rows(source: &SourceConfig, rows: &mut Vec<Row>) -> anyhow::Result<()> {
+    let target = PgTarget::from_url(source.url.expose(), source.password()?.as_deref())?;
+    let client = target.connect().await.with_context(|| format!("connecting to {}", target.display()))?;
+    let checkpoint = checkpoint_table(&source.table_prefix);
+    for id in all_streams(source.shards, source.partitions) {
+        let names = stream_names(&source.table_prefix, id);
+        let st = slot::state(&client, &names.slot).await?;
+        let mut row = Row::new(source, id);
+        row.rows_pending = client.query_one(&count_sql(&ident(&names.table)), &[]).await.ok().map(|r| r.get(0));
+        let catchup = client
+            .query_opt(
+                &format!(
+                    "SELECT catchup_pending, last_catchup_at::text, last_catchup_rows FROM {} WHERE stream = $1",
+                    ident(&checkpoint)
+                ),
+                &[&names.table],
+            )
+            .await
+            .ok()
+            .flatten();
+        if let Some(c) = &catchup {
+            (row.catchup_pending, row.last_catchup_at, row.last_catchup_rows) = (c.get(0), c.get(1), c.get(2));
+        }
+        row.state =
+            if st.exists { st.wal_status.clone().unwrap_or_else(|| "unknown".into()) } else { "missing".into() };
+        row.healthy = st.exists
+            && row.state != "lost"
+            && row.rows_pending.is_some()
+            && catchup.is_some()
+            && (row.catchup_pending != Some(true) || row.mode == "polling");
+        row.position = st.confirmed_flush.map(|l| l.to_string());
+        row.slot = Some(names.slot);
+        row.active_pid = st.active_pid;
+        row.lag_bytes = st.lag_bytes;
+        rows.push(row);
+    }
+    Ok(())
+}
+
+/// A MySQL checkpoint row: gtid, file, offset, catch-up pending, last catch-up time and rows.
+type CheckpointRow = (Option<String>, Option<String>, Option<u64>, bool, Option<String>, Option<i64>);
+
+async fn mysql_rows(source: &SourceConfig, rows: &mut Vec<Row>) -> anyhow::Result<()> {
+    let opts = crate::cli::setup::mysql_opts(source.url.expose(), source.password()?.as_deref())?;
+    let mut conn = Conn::new(opts).await.with_context(|| format!("connecting to source {:?}", source.name))?;
+    let checkpoint = checkpoint_table(&source.table_prefix);
+    for id in all_streams(source.shards, source.partitions) {
+        let names = stream_names(&source.table_prefix, id);
+        let mut row = Row::new(source, id);
+        let quoted = outbox_mysql::setup::ident(&names.table);
+        row.rows_pending = conn.query_first::<i64, _>(count_sql(&quoted)).await.ok().flatten();
+        let stored: Option<CheckpointRow> = conn
+            .exec_first(
+                format!(
+                    "SELECT gtid, binlog_file, binlog_pos, catchup_pending, CAST(last_catchup_at AS CHAR), last_catchup_rows
+                     FROM {} WHERE stream = ?",
+                    outbox_mysql::setup::ident(&checkpoint)
+                ),
+                (&names.table,),
+            )
+            .await
+            .ok()
+            .flatten();
+        match stored {
+            Some((gtid, file, offset, pending, last_at, last_rows)) => {
+                row.state = "checkpoint".into();
+                row.position = Some(match gtid {
+                    Some(g) => g,
+                    None => format!("{}:{}", file.unwrap_or_default(), offset.unwrap_or_default()),
+                });
+                (row.catchup_pending, row.last_catchup_at, row.last_catchup_rows) = (Some(pending), last_at, last_rows);
+                row.healthy = row.rows_pending.is_some() && (!pending || row.mode == "polling");
+            }
+            None => row.state = "missing".into(),
+        }
+        rows.push(row);
+    }
+    let _ = conn.disconnect().await;
+    Ok(())
+}
+
+fn print_table(rows: &[Row]) {
+    println!(
+        "{:<10} {:>5} {:>9} {:<7} {:<10} {:>8} {:>12} {:>9}  {:<28} position",
+        "source", "shard", "partition", "mode", "state", "pid", "lag_bytes", "pending", "last catch-up"
+    );
+    let dash = || "-".to_string();
+    for r in rows {
+        let catchup = match (r.catchup_pending, &r.last_catchup_at) {
+            (Some(true), _) if r.mode == "cdc" => "PENDING".to_string(),
+            (_, Some(at)) => format!("{} ({} rows)", at.get(..19).unwrap_or(at), r.last_catchup_rows.unwrap_or(0)),
+            _ => dash(),
+        };
+        println!(
+            "{:<10} {:>5} {:>9} {:<7} {:<10} {:>8} {:>12} {:>9}  {:<28} {}",
+            r.source,
+            r.shard,
+            r.partition,
+            r.mode,
+            r.state,
+            r.active_pid.map_or_else(dash, |p| p.to_string()),
+            r.lag_bytes.map_or_else(dash, |l| l.to_string()),
+            r.rows_pending.map_or_else(dash, |p| if p >= PENDING_COUNT_CAP { format!("{p}+") } else { p.to_string() }),
+            catchup,
+            r.position.clone().unwrap_or_else(dash),
+        );
+    }
 }

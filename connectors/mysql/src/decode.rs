@@ -238,19 +238,24 @@ fn is_binlog_name(name: &[u8]) -> bool {
 fn cell(value: Option<&BinlogValue<'_>>) -> Cell {
     match value {
         None => Cell::Null,
-        Some(BinlogValue::Value(v)) => match v {
-            Value::NULL => Cell::Null,
-            Value::Bytes(b) => Cell::Bytes(b.clone()),
-            Value::Int(i) => Cell::Int(*i),
-            Value::UInt(u) => i64::try_from(*u).map_or_else(|_| Cell::Other(format!("unsigned {u}")), Cell::Int),
-            Value::Date(y, mo, d, h, mi, s, us) => Cell::Micros(micros_from_parts(*y, *mo, *d, *h, *mi, *s, *us)),
-            other => Cell::Other(format!("{other:?}")),
-        },
+        Some(BinlogValue::Value(v)) => cell_of(v),
         Some(BinlogValue::Jsonb(j)) => match serde_json_text(j) {
             Some(text) => Cell::Bytes(text.into_bytes()),
             None => Cell::Other(format!("{j:?}")),
         },
         Some(other) => Cell::Other(format!("{other:?}")),
+    }
+}
+
+/// A column value as a [`Cell`] (also for rows read with SQL, in a UTC session).
+pub fn cell_of(value: &Value) -> Cell {
+    match value {
+        Value::NULL => Cell::Null,
+        Value::Bytes(b) => Cell::Bytes(b.clone()),
+        Value::Int(i) => Cell::Int(*i),
+        Value::UInt(u) => i64::try_from(*u).map_or_else(|_| Cell::Other(format!("unsigned {u}")), Cell::Int),
+        Value::Date(y, mo, d, h, mi, s, us) => Cell::Micros(micros_from_parts(*y, *mo, *d, *h, *mi, *s, *us)),
+        other => Cell::Other(format!("{other:?}")),
     }
 }
 

@@ -9,6 +9,7 @@
 //! [`check_binlog_settings`] reads them and says what to change.
 
 pub mod binlog;
+pub mod cleanup;
 pub mod decode;
 pub mod gtid;
 pub mod setup;

@@ -56,6 +56,10 @@ pub fn statements(plan: &SetupPlan) -> Vec<String> {
          \x20   binlog_file VARCHAR(255) NULL,\n\
          \x20   binlog_pos BIGINT UNSIGNED NULL,\n\
          \x20   owner_epoch BIGINT NOT NULL DEFAULT 0,\n\
+         \x20   catchup_pending TINYINT(1) NOT NULL DEFAULT 0,\n\
+         \x20   catchup_started_at TIMESTAMP(6) NULL,\n\
+         \x20   last_catchup_at TIMESTAMP(6) NULL,\n\
+         \x20   last_catchup_rows BIGINT NULL,\n\
          \x20   updated_at TIMESTAMP(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6) ON UPDATE CURRENT_TIMESTAMP(6)\n\
          ) ENGINE=InnoDB",
         ident(&plan.checkpoint_table)
@@ -126,6 +130,7 @@ pub async fn apply(conn: &mut Conn, plan: &SetupPlan, mariadb: bool) -> Result<(
             conn.query_drop(stmt).await?;
         }
     }
+    add_missing_columns(conn, plan).await?;
     let position = current_position(conn, mariadb).await?;
     for table in &plan.tables {
         conn.exec_drop(
@@ -136,6 +141,36 @@ pub async fn apply(conn: &mut Conn, plan: &SetupPlan, mariadb: bool) -> Result<(
             (table, &position.gtid, &position.file, position.offset),
         )
         .await?;
+    }
+    Ok(())
+}
+
+/// Columns added to the checkpoint table after its first version, with their definitions.
+const LATER_COLUMNS: [(&str, &str); 4] = [
+    ("catchup_pending", "TINYINT(1) NOT NULL DEFAULT 0"),
+    ("catchup_started_at", "TIMESTAMP(6) NULL"),
+    ("last_catchup_at", "TIMESTAMP(6) NULL"),
+    ("last_catchup_rows", "BIGINT NULL"),
+];
+
+/// Brings a checkpoint table created by an older version up to date (MySQL has no
+/// `ADD COLUMN IF NOT EXISTS`, so the columns are looked up first).
+async fn add_missing_columns(conn: &mut Conn, plan: &SetupPlan) -> Result<(), mysql_async::Error> {
+    let present: Vec<String> = conn
+        .exec(
+            "SELECT COLUMN_NAME FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = ? AND TABLE_NAME = ?",
+            (&plan.database, &plan.checkpoint_table),
+        )
+        .await?;
+    for (name, definition) in LATER_COLUMNS {
+        if !present.iter().any(|p| p.eq_ignore_ascii_case(name)) {
+            conn.query_drop(format!(
+                "ALTER TABLE {}.{} ADD COLUMN {name} {definition}",
+                ident(&plan.database),
+                ident(&plan.checkpoint_table)
+            ))
+            .await?;
+        }
     }
     Ok(())
 }

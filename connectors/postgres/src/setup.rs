@@ -75,6 +75,25 @@ pub fn schema_statements(plan: &SetupPlan) -> Vec<String> {
             sql.push(format!("GRANT SELECT, DELETE ON {table} TO {}", ident(role)));
         }
     }
+    let checkpoint = ident(&format!("{}_checkpoint", plan.prefix));
+    sql.push(format!(
+        "CREATE TABLE IF NOT EXISTS {checkpoint} (\n\
+         \x20   stream text PRIMARY KEY,\n\
+         \x20   catchup_pending boolean NOT NULL DEFAULT false,\n\
+         \x20   catchup_started_at timestamptz,\n\
+         \x20   last_catchup_at timestamptz,\n\
+         \x20   last_catchup_rows bigint,\n\
+         \x20   owner_epoch bigint NOT NULL DEFAULT 0,\n\
+         \x20   updated_at timestamptz NOT NULL DEFAULT now()\n\
+         )"
+    ));
+    let rows: Vec<String> = plan.streams.iter().map(|s| format!("({})", literal(&s.table))).collect();
+    if !rows.is_empty() {
+        sql.push(format!("INSERT INTO {checkpoint} (stream) VALUES {} ON CONFLICT DO NOTHING", rows.join(", ")));
+    }
+    if let Some(role) = &plan.streamer_role {
+        sql.push(format!("GRANT SELECT, UPDATE ON {checkpoint} TO {}", ident(role)));
+    }
     sql.push(enqueue_function(plan));
     if let Some(role) = &plan.streamer_role {
         sql.push(format!(

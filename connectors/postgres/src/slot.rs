@@ -48,3 +48,17 @@ pub async fn advance(client: &Client, slot: &str, lsn: Lsn) -> Result<(), tokio_
         .await?;
     Ok(())
 }
+
+/// Moves an inactive, valid slot to the server's current WAL position, so a slot nobody reads
+/// (its shard-partition runs in polling mode) does not hold WAL.
+pub async fn advance_to_current(client: &Client, slot: &str) -> Result<(), tokio_postgres::Error> {
+    client
+        .execute(
+            "SELECT pg_replication_slot_advance($1, pg_current_wal_lsn())
+             FROM pg_replication_slots
+             WHERE slot_name = $1 AND active_pid IS NULL AND wal_status IS DISTINCT FROM 'lost'",
+            &[&slot],
+        )
+        .await?;
+    Ok(())
+}

@@ -64,6 +64,14 @@ impl StreamError {
     pub fn slot_missing(&self) -> bool {
         matches!(self, StreamError::Wire(PgWireError::Server(m)) if m.contains("42704") || (m.contains("replication slot") && m.contains("does not exist")))
     }
+
+    /// True when the slot can no longer stream: invalidated (`max_slot_wal_keep_size`) or the
+    /// WAL it needs already removed.
+    pub fn slot_invalidated(&self) -> bool {
+        matches!(self, StreamError::Wire(PgWireError::Server(m)) if m.contains("invalidated")
+            || m.contains("has already been removed")
+            || m.contains("can no longer get changes"))
+    }
 }
 
 /// A started replication session on one slot.

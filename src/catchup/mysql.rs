@@ -1,0 +1,141 @@
+//! MySQL/MariaDB catch-up: a new position from a consistent snapshot, stored with the pending
+//! mark in one epoch-guarded update, then the drain.
+//!
+//! MariaDB writes a transaction to the binlog before InnoDB makes it visible, so the current
+//! binlog position alone could name a transaction the drain cannot see yet. A snapshot taken
+//! `WITH CONSISTENT SNAPSHOT` reports the binlog position it corresponds to
+//! (`Binlog_snapshot_file`/`_position`): everything before it is visible in the snapshot, and
+//! its highest id bounds the drain. MySQL adds a GTID to `gtid_executed` only after the
+//! engine commit, so reading it before the highest id is enough there (unverified live: no
+//! MySQL server here).
+
+use std::time::Instant;
+
+use outbox_mysql::binlog::Flavor;
+use outbox_mysql::mysql_async::prelude::Queryable;
+use outbox_mysql::mysql_async::{Conn, Error as MyError, Opts};
+use outbox_mysql::setup::{current_position, ident};
+
+use super::{CatchUpReport, Drain, report};
+use crate::names::StreamNames;
+use crate::poll::mysql::MyPollTable;
+use crate::source::SourceError;
+use crate::streamer::SessionError;
+
+fn transient(what: &str, e: MyError) -> SourceError {
+    SourceError::Transient(format!("{what}: {e}"))
+}
+
+fn fenced(table: &str, epoch: i64) -> SourceError {
+    SourceError::Definite {
+        message: format!("{table} is owned by a newer owner than this instance (epoch {epoch})"),
+        fix: "nothing: another instance streams it; this one stops".into(),
+    }
+}
+
+/// A position to resume from and the highest id that could have committed before it.
+struct Snapshot {
+    gtid: Option<String>,
+    file: String,
+    offset: u64,
+    upto: Option<i64>,
+}
+
+async fn snapshot(conn: &mut Conn, table: &str) -> Result<Snapshot, MyError> {
+    let version: Option<String> = conn.query_first("SELECT @@version").await?;
+    let max_sql = format!("SELECT MAX(id) FROM {}", ident(table));
+    match Flavor::from_version(&version.unwrap_or_default()) {
+        Flavor::MariaDb => {
+            conn.query_drop("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ").await?;
+            conn.query_drop("START TRANSACTION WITH CONSISTENT SNAPSHOT").await?;
+            let status: Vec<(String, String)> = conn.query("SHOW STATUS LIKE 'binlog_snapshot_%'").await?;
+            let upto: Option<Option<i64>> = conn.query_first(&max_sql).await?;
+            conn.query_drop("COMMIT").await?;
+            let value = |name: &str| status.iter().find(|(n, _)| n.eq_ignore_ascii_case(name)).map(|(_, v)| v.clone());
+            let file = value("Binlog_snapshot_file").unwrap_or_default();
+            let offset = value("Binlog_snapshot_position").and_then(|v| v.parse().ok()).unwrap_or(4);
+            let gtid: Option<Option<String>> = conn.exec_first("SELECT BINLOG_GTID_POS(?, ?)", (&file, offset)).await?;
+            Ok(Snapshot { gtid: gtid.flatten(), file, offset, upto: upto.flatten() })
+        }
+        Flavor::MySql => {
+            let position = current_position(conn, false).await?;
+            let upto: Option<Option<i64>> = conn.query_first(&max_sql).await?;
+            let gtid = (!position.gtid.trim().is_empty()).then_some(position.gtid);
+            Ok(Snapshot { gtid, file: position.file, offset: position.offset, upto: upto.flatten() })
+        }
+    }
+}
+
+/// Marks a catch-up of `table` as needed before it streams again (polling mode does this).
+pub async fn mark_pending(conn: &mut Conn, checkpoint_table: &str, table: &str, epoch: i64) -> Result<(), SourceError> {
+    conn.exec_drop(
+        format!(
+            "UPDATE {} SET catchup_pending = 1, catchup_started_at = NOW(6) WHERE stream = ? AND owner_epoch <= ?",
+            ident(checkpoint_table)
+        ),
+        (table, epoch),
+    )
+    .await
+    .map_err(|e| transient(&format!("updating {checkpoint_table}"), e))?;
+    if conn.affected_rows() == 0 {
+        return Err(fenced(table, epoch));
+    }
+    Ok(())
+}
+
+/// Runs the whole catch-up of one shard-partition. `Ok(None)`: the process is stopping and
+/// the catch-up stays pending.
+pub async fn run(
+    opts: &Opts,
+    names: &StreamNames,
+    checkpoint_table: &str,
+    epoch: i64,
+    drain: &mut Drain<'_>,
+    reason: &str,
+) -> Result<Option<CatchUpReport>, SessionError> {
+    let started = Instant::now();
+    tracing::warn!(reason, table = %names.table, "catching up by polling before streaming resumes");
+    let mut reader = MyPollTable::connect(opts, &names.table).await?;
+    let cleaner = MyPollTable::connect(opts, &names.table).await?;
+    let snap = snapshot(reader.conn(), &names.table).await.map_err(|e| transient("taking the new position", e))?;
+    let conn = reader.conn();
+    conn.exec_drop(
+        format!(
+            "UPDATE {} SET gtid = ?, binlog_file = ?, binlog_pos = ?, catchup_pending = 1, catchup_started_at = NOW(6)
+             WHERE stream = ? AND owner_epoch <= ?",
+            ident(checkpoint_table)
+        ),
+        (&snap.gtid, &snap.file, snap.offset, &names.table, epoch),
+    )
+    .await
+    .map_err(|e| transient(&format!("storing the new position in {checkpoint_table}"), e))?;
+    if conn.affected_rows() == 0 {
+        return Err(fenced(&names.table, epoch).into());
+    }
+    tracing::warn!(
+        gtid = snap.gtid.as_deref().unwrap_or("(none: file and offset)"),
+        file = %snap.file,
+        offset = snap.offset,
+        "stored the new position; the stream resumes from it after the catch-up"
+    );
+    let rows = match snap.upto {
+        None => 0,
+        Some(upto) => match drain.run(reader, cleaner, upto).await? {
+            Some(rows) => rows,
+            None => return Ok(None),
+        },
+    };
+    let mut conn = Conn::new(opts.clone()).await.map_err(|e| transient("connecting to MySQL/MariaDB", e))?;
+    conn.exec_drop(
+        format!(
+            "UPDATE {} SET catchup_pending = 0, last_catchup_at = NOW(6), last_catchup_rows = ?
+             WHERE stream = ? AND owner_epoch <= ?",
+            ident(checkpoint_table)
+        ),
+        (rows, &names.table, epoch),
+    )
+    .await
+    .map_err(|e| transient(&format!("updating {checkpoint_table}"), e))?;
+    let _ = conn.disconnect().await;
+    Ok(Some(report(drain.labels, started, rows)))
+}

@@ -1,0 +1,149 @@
+//! PostgreSQL catch-up: mark, re-create the slot, wait out the table's writers, drain.
+//!
+//! The slot is created (a) before anything is read. Every transaction that committed before
+//! the slot's consistent point either is visible already or still holds its lock on the table;
+//! once the writers seen right after (a) have all ended, the highest id in the table bounds
+//! every row (b) must send.
+
+use std::time::{Duration, Instant};
+
+use outbox_postgres::connect::PgTarget;
+use outbox_postgres::setup::ident;
+use outbox_postgres::slot;
+use tokio_postgres::Client;
+
+use super::{CatchUpReport, Drain, report};
+use crate::names::StreamNames;
+use crate::poll::PollTable;
+use crate::poll::postgres::PgPollTable;
+use crate::source::SourceError;
+use crate::streamer::SessionError;
+
+const WRITERS_CHECK: Duration = Duration::from_millis(50);
+const WRITERS_LOG_EVERY: Duration = Duration::from_secs(10);
+
+fn transient(what: &str, e: tokio_postgres::Error) -> SourceError {
+    SourceError::Transient(format!("{what}: {e}"))
+}
+
+fn missing_checkpoint(checkpoint_table: &str, what: String) -> SourceError {
+    SourceError::Definite {
+        message: what,
+        fix: format!(
+            "run `outbox-streamer setup`: it creates {checkpoint_table}, where each shard-partition keeps its catch-up state"
+        ),
+    }
+}
+
+/// Whether a catch-up of `table` is pending (interrupted, or polling mode ran).
+pub async fn pending(client: &Client, checkpoint_table: &str, table: &str) -> Result<bool, SourceError> {
+    let sql = format!("SELECT catchup_pending FROM {} WHERE stream = $1", ident(checkpoint_table));
+    match client.query_opt(&sql, &[&table]).await {
+        Ok(Some(row)) => Ok(row.get(0)),
+        Ok(None) => Err(missing_checkpoint(checkpoint_table, format!("{checkpoint_table} has no row for {table}"))),
+        Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::UNDEFINED_TABLE) => {
+            Err(missing_checkpoint(checkpoint_table, format!("table {checkpoint_table} does not exist")))
+        }
+        Err(e) => Err(transient(&format!("reading {checkpoint_table}"), e)),
+    }
+}
+
+/// Marks a catch-up of `table` as needed before it streams again.
+pub async fn mark_pending(client: &Client, checkpoint_table: &str, table: &str) -> Result<(), SourceError> {
+    let sql = format!(
+        "UPDATE {} SET catchup_pending = true, catchup_started_at = now(), updated_at = now() WHERE stream = $1",
+        ident(checkpoint_table)
+    );
+    let n = client.execute(&sql, &[&table]).await.map_err(|e| transient(&format!("updating {checkpoint_table}"), e))?;
+    if n == 0 {
+        return Err(missing_checkpoint(checkpoint_table, format!("{checkpoint_table} has no row for {table}")));
+    }
+    Ok(())
+}
+
+/// Runs the whole catch-up of one shard-partition. `Ok(None)`: the process is stopping and
+/// the catch-up stays pending.
+pub async fn run(
+    target: &PgTarget,
+    names: &StreamNames,
+    checkpoint_table: &str,
+    drain: &mut Drain<'_>,
+    reason: &str,
+) -> Result<Option<CatchUpReport>, SessionError> {
+    let started = Instant::now();
+    tracing::warn!(reason, table = %names.table, "catching up by polling before streaming resumes");
+    let client = target.connect().await.map_err(|e| transient(&format!("connecting to {}", target.display()), e))?;
+    mark_pending(&client, checkpoint_table, &names.table).await?;
+    ensure_slot(&client, &names.slot).await?;
+    let mut reader = PgPollTable::connect(target, &names.table).await?;
+    let cleaner = PgPollTable::connect(target, &names.table).await?;
+    let writers = reader.writers().await?.unwrap_or_default();
+    let waiting_since = Instant::now();
+    let mut logged = Instant::now();
+    while reader.any_running(&writers).await? {
+        if logged.elapsed() >= WRITERS_LOG_EVERY {
+            logged = Instant::now();
+            tracing::warn!(
+                waited_s = waiting_since.elapsed().as_secs(),
+                "catch-up waits for transactions that were writing to {} when the slot was created",
+                names.table
+            );
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(WRITERS_CHECK) => {}
+            _ = drain.stop.changed() => return Ok(None),
+        }
+    }
+    let rows = match reader.max_id().await? {
+        None => 0,
+        Some(upto) => match drain.run(reader, cleaner, upto).await? {
+            Some(rows) => rows,
+            None => return Ok(None),
+        },
+    };
+    let sql = format!(
+        "UPDATE {} SET catchup_pending = false, last_catchup_at = now(), last_catchup_rows = $2, updated_at = now()
+         WHERE stream = $1",
+        ident(checkpoint_table)
+    );
+    client
+        .execute(&sql, &[&names.table, &(rows as i64)])
+        .await
+        .map_err(|e| transient(&format!("updating {checkpoint_table}"), e))?;
+    Ok(Some(report(drain.labels, started, rows)))
+}
+
+/// Makes sure a usable slot exists: creates a missing one, replaces an invalidated one.
+async fn ensure_slot(client: &Client, name: &str) -> Result<(), SourceError> {
+    let state = slot::state(client, name).await.map_err(|e| transient(&format!("reading slot {name}"), e))?;
+    if state.exists && state.wal_status.as_deref() != Some("lost") {
+        return Ok(());
+    }
+    if state.exists {
+        if state.active_pid.is_some() {
+            return Err(SourceError::Transient(format!(
+                "slot {name:?} is invalidated but still held by PID {:?}; waiting for it to let go",
+                state.active_pid
+            )));
+        }
+        client
+            .execute("SELECT pg_drop_replication_slot($1)", &[&name])
+            .await
+            .map_err(|e| transient(&format!("dropping the invalidated slot {name}"), e))?;
+        tracing::warn!(slot = name, "dropped the invalidated slot");
+    }
+    match client.execute("SELECT pg_create_logical_replication_slot($1, 'pgoutput')", &[&name]).await {
+        Ok(_) => {
+            tracing::warn!(slot = name, "created a new slot; the stream resumes from it after the catch-up");
+            Ok(())
+        }
+        Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::DUPLICATE_OBJECT) => Ok(()),
+        Err(e) => Err(match e.as_db_error() {
+            Some(db) => SourceError::Definite {
+                message: format!("cannot create replication slot {name:?}: {}", db.message()),
+                fix: "give the streamer's role REPLICATION and make room for a slot (max_replication_slots); see docs/configure-postgres.md".into(),
+            },
+            None => transient(&format!("creating slot {name}"), e),
+        }),
+    }
+}

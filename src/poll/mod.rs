@@ -1,0 +1,369 @@
+//! Polling: the classic outbox loop — oldest rows by id, publish, delete — as a [`Source`].
+//!
+//! It is the baseline every CDC figure is compared with, and the catch-up path when a slot or
+//! binlog position is lost: rows stay in the table until they are published, so reading the
+//! table is always enough.
+//!
+//! # Reads
+//!
+//! ```text
+//!  rescan     SELECT … WHERE id > low_water ORDER BY id LIMIT batch   nothing in flight
+//!  pipelined  SELECT … WHERE id > last_read ORDER BY id LIMIT batch   last batch was full
+//! ```
+//!
+//! There is no stored id cursor. Ids are taken before commit, so a transaction that commits
+//! late can make a row with a *lower* id visible after higher ones were read; a stored cursor
+//! would skip it for ever. Instead every read starts again from the low-water mark once what
+//! was read has been deleted; reads continue from the last id read only while batches come back
+//! full (a backlog), and for at most [`RESCAN_EVERY`] before a rescan.
+//!
+//! # The low-water mark
+//!
+//! Deleted rows stay in the index as dead entries while any transaction may still see them
+//! (a long-running transaction holds them all), and an index scan from the lowest id walks
+//! every one of them: the classic polling slowdown. The low-water mark lets rescans skip them.
+//! After a rescan that read up to id `B`, the source notes the transactions then writing into
+//! the table ([`PollTable::writers`]). Every id at or below `B` was handed out before that
+//! moment, so once all of those transactions have ended, every row at or below `B` that will
+//! ever be committed is visible; the next rescan reads them all, and after it the mark may move
+//! to `B`. A transaction that stays open and wrote a row holds the mark below its row — exactly
+//! what must not be skipped — but readers, however long, do not. Databases that do not show
+//! their writers to the streamer's role keep the mark at 0 (always correct, slower under
+//! long transactions).
+//!
+//! # Order
+//!
+//! Id order is not commit order across concurrent transactions: two transactions that commit
+//! in the other order than they took their ids are published in id order, or — if the first to
+//! take an id commits after a batch was read — later. Within one transaction rows keep their
+//! order. The benchmark counts these out-of-commit-order deliveries.
+
+pub mod mysql;
+pub mod postgres;
+
+use std::collections::VecDeque;
+use std::fmt;
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use tokio::sync::mpsc;
+
+use crate::record::{InvalidRow, OutboxRecord};
+use crate::source::{Source, SourceError, SourceEvent};
+
+/// The longest a run of pipelined reads may go on before a rescan from the low-water mark.
+pub const RESCAN_EVERY: Duration = Duration::from_secs(1);
+
+/// A row read by polling: a record, or why it cannot be one.
+pub type PolledRow = Result<OutboxRecord, InvalidRow>;
+
+/// What a database must offer to be polled. Each instance owns one connection.
+pub trait PollTable: Send + 'static {
+    /// Up to `limit` rows with `after < id <= upto`, lowest id first.
+    fn oldest(
+        &mut self,
+        after: i64,
+        upto: i64,
+        limit: u32,
+    ) -> impl Future<Output = Result<Vec<PolledRow>, SourceError>> + Send;
+
+    /// Deletes `ids`; returns how many rows were deleted.
+    fn delete(&mut self, ids: &[i64]) -> impl Future<Output = Result<u64, SourceError>> + Send;
+
+    /// Which of `ids` are still in the table, ascending.
+    fn existing(&mut self, ids: &[i64]) -> impl Future<Output = Result<Vec<i64>, SourceError>> + Send;
+
+    /// Opaque ids of the transactions that may still commit rows into the table, or `None` when
+    /// the database does not show them to this role.
+    fn writers(&mut self) -> impl Future<Output = Result<Option<Vec<String>>, SourceError>> + Send;
+
+    /// Whether any of `writers` is still running.
+    fn any_running(&mut self, writers: &[String]) -> impl Future<Output = Result<bool, SourceError>> + Send;
+}
+
+/// How a polling source runs.
+#[derive(Debug, Clone)]
+pub struct PollSettings {
+    /// Rows per read (`poll_batch`).
+    pub batch: u32,
+    /// The longest wait after a read that was not full (`poll_interval_ms`).
+    pub interval: Duration,
+    /// Catch-up: read only rows with `id <= upto`, and end the session (with
+    /// [`SourceEvent::Drained`]) at the first rescan that finds none.
+    pub drain_upto: Option<i64>,
+    /// Rows deleted after publishing, for the caller's report.
+    pub rows_sent: Arc<AtomicU64>,
+    /// `source`, `shard`, `partition` for the query-time histogram.
+    pub metric_labels: [(&'static str, String); 3],
+}
+
+/// A polling position: how many rows this session had read when a batch ended. Nothing is
+/// stored; the table itself is the position.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PollPosition {
+    pub batch: u64,
+    pub rows_through: u64,
+}
+
+impl fmt::Display for PollPosition {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "poll batch {}", self.batch)
+    }
+}
+
+#[derive(Debug)]
+struct Request {
+    after: i64,
+    upto: i64,
+    limit: u32,
+    rescan: bool,
+    /// Writers of an earlier probe, to check whether they have all ended (before reading).
+    settle: Option<Vec<String>>,
+    /// Read the current writers after reading (a new probe).
+    probe: bool,
+}
+
+#[derive(Debug)]
+struct Response {
+    rows: Vec<PolledRow>,
+    rescan: bool,
+    settled: bool,
+    writers: Option<Vec<String>>,
+}
+
+/// Ids at or below `bound` are settled once `writers` have all ended.
+#[derive(Debug)]
+struct Probe {
+    bound: i64,
+    writers: Vec<String>,
+}
+
+/// One shard-partition read by polling. Reads run on their own connection in a worker task,
+/// so [`Source::next`] stays cancellation-safe; deletes run on a second connection.
+#[derive(Debug)]
+pub struct PollSource<T: PollTable> {
+    cleaner: T,
+    requests: mpsc::Sender<Request>,
+    responses: mpsc::Receiver<Result<Response, SourceError>>,
+    worker: tokio::task::JoinHandle<()>,
+    settings: PollSettings,
+    request_out: bool,
+    queued: VecDeque<SourceEvent<PollPosition>>,
+    low_water: i64,
+    last_read: i64,
+    emitted: u64,
+    finished: u64,
+    batches: u64,
+    last_full: bool,
+    last_rescan: Instant,
+    next_poll_at: Instant,
+    probe: Option<Probe>,
+    sees_writers: bool,
+}
+
+impl<T: PollTable> PollSource<T> {
+    /// `reader` and `cleaner` are two connections to the same table.
+    pub fn new(reader: T, cleaner: T, settings: PollSettings) -> Self {
+        let (requests, mut rx) = mpsc::channel::<Request>(1);
+        let (tx, responses) = mpsc::channel(1);
+        let settings_labels = settings.metric_labels.clone();
+        let worker = tokio::spawn(async move {
+            let mut reader = reader;
+            let labels = settings_labels;
+            while let Some(req) = rx.recv().await {
+                let result = serve(&mut reader, req, &labels).await;
+                let failed = result.is_err();
+                if tx.send(result).await.is_err() || failed {
+                    break;
+                }
+            }
+        });
+        let now = Instant::now();
+        Self {
+            cleaner,
+            requests,
+            responses,
+            worker,
+            settings,
+            request_out: false,
+            queued: VecDeque::new(),
+            low_water: 0,
+            last_read: 0,
+            emitted: 0,
+            finished: 0,
+            batches: 0,
+            last_full: false,
+            last_rescan: now,
+            next_poll_at: now,
+            probe: None,
+            sees_writers: true,
+        }
+    }
+
+    fn outstanding(&self) -> u64 {
+        self.emitted - self.finished
+    }
+
+    /// Sends the next read if one is due; `false` means wait for deletes first.
+    async fn send_read(&mut self) -> Result<bool, SourceError> {
+        let upto = self.settings.drain_upto.unwrap_or(i64::MAX);
+        let req = if self.outstanding() > 0 {
+            if !(self.last_full && self.last_rescan.elapsed() < RESCAN_EVERY) {
+                return Ok(false);
+            }
+            Request {
+                after: self.last_read,
+                upto,
+                limit: self.settings.batch,
+                rescan: false,
+                settle: None,
+                probe: false,
+            }
+        } else {
+            tokio::time::sleep_until(self.next_poll_at.into()).await;
+            self.last_rescan = Instant::now();
+            Request {
+                after: self.low_water,
+                upto,
+                limit: self.settings.batch,
+                rescan: true,
+                settle: self.probe.as_ref().map(|p| p.writers.clone()),
+                probe: self.probe.is_none() && self.sees_writers,
+            }
+        };
+        self.requests.send(req).await.map_err(|_| SourceError::Transient("the polling reader stopped".into()))?;
+        self.request_out = true;
+        Ok(true)
+    }
+
+    fn on_response(&mut self, resp: Response) -> Option<SourceEvent<PollPosition>> {
+        let now = Instant::now();
+        let full = resp.rows.len() as u64 >= u64::from(self.settings.batch);
+        self.last_full = full;
+        self.next_poll_at = if full { now } else { now + self.settings.interval };
+        let last_id = resp.rows.last().map(row_id);
+        if resp.rescan {
+            self.move_low_water(resp.settled, full, last_id);
+            match resp.writers {
+                Some(writers) if self.probe.is_none() => {
+                    if let Some(bound) = last_id {
+                        self.probe = Some(Probe { bound, writers });
+                    }
+                }
+                None if self.probe.is_none() && self.sees_writers => {
+                    self.sees_writers = false;
+                    tracing::info!(
+                        "this database role cannot see which transactions write the outbox table; polling rescans from the lowest id (see docs/polling.md)"
+                    );
+                }
+                _ => {}
+            }
+            if resp.rows.is_empty() && self.settings.drain_upto.is_some() {
+                return Some(SourceEvent::Drained);
+            }
+        }
+        if resp.rows.is_empty() {
+            return None;
+        }
+        self.batches += 1;
+        let n = resp.rows.len() as u64;
+        self.last_read = last_id.unwrap_or(self.last_read);
+        self.queued.push_back(SourceEvent::Begin { label: format!("batch-{}", self.batches) });
+        self.queued.extend(resp.rows.into_iter().map(SourceEvent::Row));
+        self.emitted += n;
+        self.queued.push_back(SourceEvent::Commit(PollPosition { batch: self.batches, rows_through: self.emitted }));
+        self.queued.pop_front()
+    }
+
+    /// After a rescan: if the probe's writers have all ended, every row at or below its bound
+    /// was visible to this rescan; the rows it returned are all of them (up to its last id, if
+    /// it was full), and the next rescan may start above.
+    fn move_low_water(&mut self, settled: bool, full: bool, last_id: Option<i64>) {
+        if !settled {
+            return;
+        }
+        let Some(probe) = &self.probe else { return };
+        match last_id {
+            Some(last) if full && last < probe.bound => self.low_water = self.low_water.max(last),
+            _ => {
+                self.low_water = self.low_water.max(probe.bound);
+                self.probe = None;
+            }
+        }
+    }
+}
+
+fn row_id(row: &PolledRow) -> i64 {
+    match row {
+        Ok(r) => r.id,
+        Err(e) => e.id.unwrap_or(0),
+    }
+}
+
+async fn serve<T: PollTable>(
+    table: &mut T,
+    req: Request,
+    labels: &[(&'static str, String); 3],
+) -> Result<Response, SourceError> {
+    let settled = match &req.settle {
+        Some(writers) => !table.any_running(writers).await?,
+        None => false,
+    };
+    let started = Instant::now();
+    let rows = table.oldest(req.after, req.upto, req.limit).await?;
+    metrics::histogram!(crate::metrics::POLL_QUERY_SECONDS, labels).record(started.elapsed().as_secs_f64());
+    let writers = if req.probe { table.writers().await? } else { None };
+    Ok(Response { rows, rescan: req.rescan, settled, writers })
+}
+
+impl<T: PollTable> Source for PollSource<T> {
+    type Position = PollPosition;
+    const POSITION_HEADER: &'static str = "outbox-poll-batch";
+
+    async fn next(&mut self) -> Result<Option<SourceEvent<PollPosition>>, SourceError> {
+        loop {
+            if let Some(event) = self.queued.pop_front() {
+                return Ok(Some(event));
+            }
+            if !self.request_out && !self.send_read().await? {
+                // Wait for the session to delete what is in flight; it calls `next` again.
+                std::future::pending::<()>().await;
+            }
+            let resp = self
+                .responses
+                .recv()
+                .await
+                .ok_or_else(|| SourceError::Transient("the polling reader stopped".into()))?;
+            self.request_out = false;
+            if let Some(event) = self.on_response(resp?) {
+                return Ok(Some(event));
+            }
+        }
+    }
+
+    async fn existing(&mut self, ids: &[i64]) -> Result<Vec<i64>, SourceError> {
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        self.cleaner.existing(ids).await
+    }
+
+    async fn finish(&mut self, ids: Vec<i64>, upto: PollPosition) -> Result<u64, SourceError> {
+        let deleted = if ids.is_empty() { 0 } else { self.cleaner.delete(&ids).await? };
+        self.finished = self.finished.max(upto.rows_through);
+        self.settings.rows_sent.fetch_add(ids.len() as u64, Ordering::Relaxed);
+        Ok(deleted)
+    }
+
+    fn confirm_idle(&mut self, _position: PollPosition) {}
+
+    async fn close(self) {
+        self.worker.abort();
+    }
+}
+
+#[cfg(test)]
+#[path = "tests.rs"]
+mod tests;

@@ -1,0 +1,128 @@
+//! Polling a MySQL/MariaDB outbox table.
+//!
+//! Reads use `FORCE INDEX (PRIMARY)` (statistics can never pick another plan) in a UTC session
+//! at READ COMMITTED, like the CDC cleanup, so deletes lock only the rows they delete.
+//!
+//! Writers come from `information_schema.INNODB_TRX` — transactions holding a table lock or
+//! having modified rows. Reading it needs the `PROCESS` privilege; without it the low-water
+//! mark stays at 0 (see `docs/polling.md` for the trade-off).
+
+use outbox_mysql::binlog::Cell;
+use outbox_mysql::decode::cell_of;
+use outbox_mysql::mysql_async::prelude::Queryable;
+use outbox_mysql::mysql_async::{Conn, Error as MyError, Opts, Row};
+use outbox_mysql::setup::ident;
+
+use super::{PollTable, PolledRow};
+use crate::source::SourceError;
+
+/// ER_SPECIFIC_ACCESS_DENIED_ERROR: "you need the PROCESS privilege".
+const ACCESS_DENIED_NEED_PRIVILEGE: u16 = 1227;
+
+/// One connection polling one table.
+#[derive(Debug)]
+pub struct MyPollTable {
+    conn: Conn,
+    table: String,
+    select: String,
+}
+
+fn transient(what: &str, e: MyError) -> SourceError {
+    SourceError::Transient(format!("{what}: {e}"))
+}
+
+impl MyPollTable {
+    pub async fn connect(opts: &Opts, table: &str) -> Result<Self, SourceError> {
+        let mut conn = Conn::new(opts.clone()).await.map_err(|e| transient("connecting to MySQL/MariaDB", e))?;
+        for setting in ["SET SESSION time_zone = '+00:00'", "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED"] {
+            conn.query_drop(setting).await.map_err(|e| transient("setting up the polling session", e))?;
+        }
+        let select = format!(
+            "SELECT id, topic, msg_key, payload, headers, kafka_partition, created_at
+             FROM {} FORCE INDEX (PRIMARY) WHERE id > ? AND id <= ? ORDER BY id LIMIT ?",
+            ident(table)
+        );
+        Ok(Self { conn, table: table.to_string(), select })
+    }
+
+    /// The highest id in the table now (`None` when it is empty).
+    pub async fn max_id(&mut self) -> Result<Option<i64>, SourceError> {
+        let max: Option<Option<i64>> = self
+            .conn
+            .query_first(format!("SELECT MAX(id) FROM {}", ident(&self.table)))
+            .await
+            .map_err(|e| transient("reading the highest id", e))?;
+        Ok(max.flatten())
+    }
+
+    /// The connection, for the catch-up's position snapshot.
+    pub fn conn(&mut self) -> &mut Conn {
+        &mut self.conn
+    }
+}
+
+fn polled(row: Row) -> Result<PolledRow, SourceError> {
+    let names: Vec<String> = row.columns_ref().iter().map(|c| c.name_str().into_owned()).collect();
+    let values: Vec<(String, Cell)> =
+        names.into_iter().zip(row.unwrap()).map(|(name, value)| (name, cell_of(&value))).collect();
+    crate::mysql::record(&values)
+}
+
+fn id_list(ids: &[i64]) -> String {
+    ids.iter().map(i64::to_string).collect::<Vec<_>>().join(",")
+}
+
+impl PollTable for MyPollTable {
+    async fn oldest(&mut self, after: i64, upto: i64, limit: u32) -> Result<Vec<PolledRow>, SourceError> {
+        let rows: Vec<Row> = self.conn.exec(&self.select, (after, upto, limit)).await.map_err(|e| match e {
+            MyError::Server(ref s) if s.code == 1142 || s.code == 1146 || s.code == 1054 => SourceError::Definite {
+                message: format!("cannot read {}: {}", self.table, s.message),
+                fix: "run `outbox-streamer setup` (it creates the table and grants SELECT, DELETE to the streamer's user)"
+                    .into(),
+            },
+            e => transient(&format!("reading the oldest rows of {}", self.table), e),
+        })?;
+        rows.into_iter().map(polled).collect()
+    }
+
+    async fn delete(&mut self, ids: &[i64]) -> Result<u64, SourceError> {
+        self.conn
+            .query_drop(outbox_mysql::cleanup::delete_by_ids(&self.table, ids))
+            .await
+            .map_err(|e| transient(&format!("deleting published rows from {}", self.table), e))?;
+        Ok(self.conn.affected_rows())
+    }
+
+    async fn existing(&mut self, ids: &[i64]) -> Result<Vec<i64>, SourceError> {
+        let sql = format!("SELECT id FROM {} WHERE id IN ({}) ORDER BY id", ident(&self.table), id_list(ids));
+        self.conn.query(sql).await.map_err(|e| transient("checking rows", e))
+    }
+
+    async fn writers(&mut self) -> Result<Option<Vec<String>>, SourceError> {
+        let result: Result<Vec<String>, MyError> = self
+            .conn
+            .query(
+                "SELECT CAST(trx_id AS CHAR) FROM information_schema.INNODB_TRX
+                 WHERE trx_tables_locked > 0 OR trx_rows_modified > 0 OR trx_rows_locked > 0",
+            )
+            .await;
+        match result {
+            Ok(ids) => Ok(Some(ids)),
+            Err(MyError::Server(s)) if s.code == ACCESS_DENIED_NEED_PRIVILEGE => Ok(None),
+            Err(e) => Err(transient("reading the table's writers", e)),
+        }
+    }
+
+    async fn any_running(&mut self, writers: &[String]) -> Result<bool, SourceError> {
+        if writers.is_empty() {
+            return Ok(false);
+        }
+        let list = writers.iter().map(|w| format!("'{}'", w.replace('\'', ""))).collect::<Vec<_>>().join(",");
+        let n: Option<i64> = self
+            .conn
+            .query_first(format!("SELECT COUNT(*) FROM information_schema.INNODB_TRX WHERE trx_id IN ({list})"))
+            .await
+            .map_err(|e| transient("checking the table's writers", e))?;
+        Ok(n.unwrap_or(0) > 0)
+    }
+}

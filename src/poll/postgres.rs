@@ -1,0 +1,142 @@
+//! Polling a PostgreSQL outbox table.
+//!
+//! The oldest-rows query has one good plan, the primary-key index scan. The session disables
+//! sequential scans, bitmap scans and sorts, so statistics taken while the table was empty (or
+//! full) can never talk the planner into reading the whole table and sorting it.
+//!
+//! Writers are the transactions holding `RowExclusiveLock` on the table in `pg_locks` (readable
+//! by every role). An `INSERT` takes that lock before its identity default draws an id, and
+//! keeps it until its transaction ends, so "none of them is left" means every id drawn before
+//! is settled.
+
+use outbox_postgres::cleanup;
+use outbox_postgres::connect::PgTarget;
+use outbox_postgres::setup::ident;
+use tokio_postgres::{Client, Row, Statement};
+
+use super::{PollTable, PolledRow};
+use crate::record::{self, InvalidRow, OutboxRecord};
+use crate::source::SourceError;
+
+/// One connection polling one table.
+#[derive(Debug)]
+pub struct PgPollTable {
+    client: Client,
+    table: String,
+    select: Statement,
+}
+
+fn transient(what: &str, e: tokio_postgres::Error) -> SourceError {
+    SourceError::Transient(format!("{what}: {e}"))
+}
+
+impl PgPollTable {
+    pub async fn connect(target: &PgTarget, table: &str) -> Result<Self, SourceError> {
+        let client =
+            target.connect().await.map_err(|e| transient(&format!("connecting to {}", target.display()), e))?;
+        client
+            .batch_execute("SET enable_seqscan = off; SET enable_bitmapscan = off; SET enable_sort = off")
+            .await
+            .map_err(|e| transient("setting the polling session's planner options", e))?;
+        let sql = format!(
+            "SELECT id, topic, msg_key, payload, headers::text, kafka_partition,
+                    (extract(epoch FROM created_at) * 1000000)::int8
+             FROM {} WHERE id > $1 AND id <= $2 ORDER BY id LIMIT $3",
+            ident(table)
+        );
+        let select = client.prepare(&sql).await.map_err(|e| match e.as_db_error() {
+            Some(db) => SourceError::Definite {
+                message: format!("cannot read {table}: {}", db.message()),
+                fix: format!(
+                    "run `outbox-streamer setup` (it creates {table} and grants SELECT, DELETE to the streamer's role)"
+                ),
+            },
+            None => transient("preparing the polling query", e),
+        })?;
+        Ok(Self { client, table: table.to_string(), select })
+    }
+
+    /// The highest id in the table now (`None` when it is empty).
+    pub async fn max_id(&self) -> Result<Option<i64>, SourceError> {
+        let row = self
+            .client
+            .query_one(&format!("SELECT max(id) FROM {}", ident(&self.table)), &[])
+            .await
+            .map_err(|e| transient("reading the highest id", e))?;
+        Ok(row.get(0))
+    }
+}
+
+/// Builds a record from a typed row; a value that cannot be read names its column.
+fn polled(row: &Row) -> Result<PolledRow, SourceError> {
+    let column_error = |column: &str, e: tokio_postgres::Error| SourceError::Definite {
+        message: format!("column {column} cannot be read: {e}"),
+        fix: format!("change {column} back to the type `outbox-streamer setup --dry-run` shows, then restart"),
+    };
+    let id: i64 = row.try_get(0).map_err(|e| column_error("id", e))?;
+    let topic: Option<String> = row.try_get(1).map_err(|e| column_error("topic", e))?;
+    let key: Option<Vec<u8>> = row.try_get(2).map_err(|e| column_error("msg_key", e))?;
+    let payload: Option<Vec<u8>> = row.try_get(3).map_err(|e| column_error("payload", e))?;
+    let headers: Option<String> = row.try_get(4).map_err(|e| column_error("headers", e))?;
+    let partition: Option<i32> = row.try_get(5).map_err(|e| column_error("kafka_partition", e))?;
+    let created_at_micros: Option<i64> = row.try_get(6).map_err(|e| column_error("created_at", e))?;
+    let build = || -> Result<OutboxRecord, InvalidRow> {
+        Ok(OutboxRecord {
+            id,
+            topic: record::topic_value(id, topic.as_deref().map(str::as_bytes))?,
+            key,
+            payload,
+            headers: record::headers_value(id, headers.as_deref().map(str::as_bytes))?,
+            kafka_partition: record::partition_value(id, partition.map(i64::from))?,
+            created_at_micros,
+        })
+    };
+    Ok(build())
+}
+
+impl PollTable for PgPollTable {
+    async fn oldest(&mut self, after: i64, upto: i64, limit: u32) -> Result<Vec<PolledRow>, SourceError> {
+        let rows = self
+            .client
+            .query(&self.select, &[&after, &upto, &i64::from(limit)])
+            .await
+            .map_err(|e| transient(&format!("reading the oldest rows of {}", self.table), e))?;
+        rows.iter().map(polled).collect()
+    }
+
+    async fn delete(&mut self, ids: &[i64]) -> Result<u64, SourceError> {
+        cleanup::delete_rows(&self.client, &self.table, ids)
+            .await
+            .map_err(|e| transient(&format!("deleting published rows from {}", self.table), e))
+    }
+
+    async fn existing(&mut self, ids: &[i64]) -> Result<Vec<i64>, SourceError> {
+        cleanup::existing_ids(&self.client, &self.table, ids).await.map_err(|e| transient("checking rows", e))
+    }
+
+    async fn writers(&mut self) -> Result<Option<Vec<String>>, SourceError> {
+        let row = self
+            .client
+            .query_one(
+                "SELECT coalesce(array_agg(virtualtransaction), '{}') FROM pg_locks
+                 WHERE locktype = 'relation' AND relation = $1::text::regclass
+                   AND mode = 'RowExclusiveLock' AND granted AND pid <> pg_backend_pid()",
+                &[&ident(&self.table)],
+            )
+            .await
+            .map_err(|e| transient("reading the table's writers from pg_locks", e))?;
+        Ok(Some(row.get(0)))
+    }
+
+    async fn any_running(&mut self, writers: &[String]) -> Result<bool, SourceError> {
+        if writers.is_empty() {
+            return Ok(false);
+        }
+        let row = self
+            .client
+            .query_one("SELECT EXISTS (SELECT 1 FROM pg_locks WHERE virtualtransaction = ANY($1))", &[&writers])
+            .await
+            .map_err(|e| transient("checking the table's writers in pg_locks", e))?;
+        Ok(row.get(0))
+    }
+}

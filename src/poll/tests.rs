@@ -1,0 +1,187 @@
+//! The polling source against an in-memory table whose transactions commit when told to.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Mutex;
+
+use super::*;
+
+#[derive(Debug, Default)]
+struct Db {
+    /// id → (committed, writing transaction)
+    rows: BTreeMap<i64, (bool, &'static str)>,
+    running: BTreeSet<&'static str>,
+    /// `after` of every read, in order.
+    reads: Vec<i64>,
+}
+
+#[derive(Debug, Clone, Default)]
+struct Fake(Arc<Mutex<Db>>);
+
+impl Fake {
+    fn insert(&self, txn: &'static str, id: i64) {
+        let mut db = self.0.lock().unwrap();
+        db.running.insert(txn);
+        db.rows.insert(id, (false, txn));
+    }
+
+    fn commit(&self, txn: &'static str) {
+        let mut db = self.0.lock().unwrap();
+        db.running.remove(txn);
+        for (committed, t) in db.rows.values_mut() {
+            if *t == txn {
+                *committed = true;
+            }
+        }
+    }
+
+    fn reads(&self) -> Vec<i64> {
+        self.0.lock().unwrap().reads.clone()
+    }
+}
+
+fn record(id: i64) -> OutboxRecord {
+    OutboxRecord {
+        id,
+        topic: "t".into(),
+        key: None,
+        payload: None,
+        headers: Vec::new(),
+        kafka_partition: None,
+        created_at_micros: None,
+    }
+}
+
+impl PollTable for Fake {
+    async fn oldest(&mut self, after: i64, upto: i64, limit: u32) -> Result<Vec<PolledRow>, SourceError> {
+        let mut db = self.0.lock().unwrap();
+        db.reads.push(after);
+        Ok(db
+            .rows
+            .range(after + 1..=upto)
+            .filter(|(_, (committed, _))| *committed)
+            .take(limit as usize)
+            .map(|(id, _)| Ok(record(*id)))
+            .collect())
+    }
+
+    async fn delete(&mut self, ids: &[i64]) -> Result<u64, SourceError> {
+        let mut db = self.0.lock().unwrap();
+        Ok(ids.iter().filter(|id| db.rows.remove(id).is_some()).count() as u64)
+    }
+
+    async fn existing(&mut self, ids: &[i64]) -> Result<Vec<i64>, SourceError> {
+        let db = self.0.lock().unwrap();
+        Ok(ids.iter().copied().filter(|id| db.rows.contains_key(id)).collect())
+    }
+
+    async fn writers(&mut self) -> Result<Option<Vec<String>>, SourceError> {
+        Ok(Some(self.0.lock().unwrap().running.iter().map(|t| t.to_string()).collect()))
+    }
+
+    async fn any_running(&mut self, writers: &[String]) -> Result<bool, SourceError> {
+        let db = self.0.lock().unwrap();
+        Ok(writers.iter().any(|w| db.running.contains(w.as_str())))
+    }
+}
+
+fn source(db: &Fake, batch: u32, drain_upto: Option<i64>) -> PollSource<Fake> {
+    let settings = PollSettings {
+        batch,
+        interval: Duration::from_millis(1),
+        drain_upto,
+        rows_sent: Arc::default(),
+        metric_labels: [("source", "s".into()), ("shard", "0".into()), ("partition", "0".into())],
+    };
+    PollSource::new(db.clone(), db.clone(), settings)
+}
+
+/// Reads one batch and deletes it, as the session does once Kafka acknowledged it. Returns the
+/// ids, or `None` when the source reported the drain complete.
+async fn batch(src: &mut PollSource<Fake>) -> Option<Vec<i64>> {
+    let mut ids = Vec::new();
+    loop {
+        match src.next().await.unwrap().unwrap() {
+            SourceEvent::Begin { .. } | SourceEvent::Idle(_) => {}
+            SourceEvent::Row(row) => ids.push(row.unwrap().id),
+            SourceEvent::Commit(position) => {
+                src.finish(ids.clone(), position).await.unwrap();
+                return Some(ids);
+            }
+            SourceEvent::Drained => return None,
+        }
+    }
+}
+
+/// Waits for the next non-empty batch (empty polls are retried by the source itself).
+async fn next_batch(src: &mut PollSource<Fake>) -> Vec<i64> {
+    tokio::time::timeout(Duration::from_secs(5), batch(src)).await.expect("a batch within 5 s").expect("not drained")
+}
+
+#[tokio::test]
+async fn a_row_whose_transaction_commits_late_is_still_read() {
+    let db = Fake::default();
+    db.insert("slow", 1);
+    db.insert("fast", 2);
+    db.insert("fast", 3);
+    db.commit("fast");
+    let mut src = source(&db, 100, None);
+    assert_eq!(next_batch(&mut src).await, vec![2, 3]);
+    db.insert("later", 4);
+    db.commit("later");
+    assert_eq!(next_batch(&mut src).await, vec![4]);
+    db.commit("slow");
+    assert_eq!(next_batch(&mut src).await, vec![1], "id 1 committed last and is read after 2, 3 and 4");
+    assert!(db.reads().iter().all(|&after| after == 0), "no rescan skipped past the open transaction's id");
+}
+
+#[tokio::test]
+async fn the_low_water_mark_moves_once_writers_have_ended() {
+    let db = Fake::default();
+    for id in 1..=5 {
+        db.insert("a", id);
+    }
+    db.commit("a");
+    let mut src = source(&db, 100, None);
+    assert_eq!(next_batch(&mut src).await, vec![1, 2, 3, 4, 5]);
+    db.insert("b", 6);
+    db.commit("b");
+    assert_eq!(next_batch(&mut src).await, vec![6], "this rescan finds the first probe (up to id 5) settled");
+    db.insert("c", 7);
+    db.commit("c");
+    assert_eq!(next_batch(&mut src).await, vec![7]);
+    let reads = db.reads();
+    assert_eq!(reads[..2], [0, 0]);
+    assert_eq!(*reads.last().unwrap(), 5, "later rescans start above id 5: {reads:?}");
+}
+
+#[tokio::test]
+async fn full_batches_read_on_from_the_last_id_then_rescan() {
+    let db = Fake::default();
+    for id in 1..=10 {
+        db.insert("a", id);
+    }
+    db.commit("a");
+    let mut src = source(&db, 4, None);
+    // Only the first batch is deleted before the second read, as when acks are slower.
+    let first = next_batch(&mut src).await;
+    assert_eq!(first, vec![1, 2, 3, 4]);
+    assert_eq!(next_batch(&mut src).await, vec![5, 6, 7, 8]);
+    assert_eq!(next_batch(&mut src).await, vec![9, 10]);
+    assert!(db.0.lock().unwrap().rows.is_empty());
+}
+
+#[tokio::test]
+async fn a_drain_stops_at_its_bound_and_reports_drained() {
+    let db = Fake::default();
+    for id in 1..=5 {
+        db.insert("a", id);
+    }
+    db.commit("a");
+    let mut src = source(&db, 2, Some(3));
+    assert_eq!(next_batch(&mut src).await, vec![1, 2]);
+    assert_eq!(next_batch(&mut src).await, vec![3]);
+    let end = tokio::time::timeout(Duration::from_secs(5), batch(&mut src)).await.unwrap();
+    assert_eq!(end, None, "drained");
+    assert_eq!(src.settings.rows_sent.load(Ordering::Relaxed), 3);
+    assert_eq!(db.0.lock().unwrap().rows.len(), 2, "rows above the bound stay for the stream");
+}
