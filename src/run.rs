@@ -97,8 +97,11 @@ fn spawn_postgres(
     for (labels, settings, names) in stream_plans(source) {
         let producer = producer_settings(&config.kafka, &settings, &labels);
         let span = span(&labels, &names);
-        let catch_up =
-            CatchUpPlan::Postgres { target: Box::new(target.clone()), names: names.clone(), checkpoint: checkpoint.clone() };
+        let catch_up = CatchUpPlan::Postgres {
+            target: Box::new(target.clone()),
+            names: names.clone(),
+            checkpoint: checkpoint.clone(),
+        };
         let timeout = config.kafka.message_timeout_ms;
         if settings.mode == Mode::Polling {
             polled_slots.push(names.slot.clone());

@@ -19,6 +19,24 @@ pub struct Seen {
     pub out_of_order: usize,
     /// Arrivals per second since the checker started.
     pub per_second: Vec<u64>,
+    /// First arrivals in order: (key, id).
+    pub arrivals: Vec<(Vec<u8>, i64)>,
+}
+
+/// First arrivals whose position in their key's commit order (`ledger`: id → n) is lower
+/// than that of a record of the same key that arrived before them.
+pub fn out_of_commit_order(arrivals: &[(Vec<u8>, i64)], ledger: &HashMap<i64, i64>) -> usize {
+    let mut last: HashMap<&[u8], i64> = HashMap::new();
+    let mut late = 0;
+    for (key, id) in arrivals {
+        let Some(&n) = ledger.get(id) else { continue };
+        let seen = last.entry(key.as_slice()).or_insert(i64::MIN);
+        if n < *seen {
+            late += 1;
+        }
+        *seen = (*seen).max(n);
+    }
+    late
 }
 
 /// Runs the checker on a thread until `stop`; `consumed` counts distinct ids live.
@@ -46,11 +64,12 @@ pub fn spawn_checker(
                 seen.first_arrival.insert(id, now);
                 consumed.fetch_add(1, Ordering::Relaxed);
                 if let Some(key) = rec.key {
-                    let last = last_per_key.entry(key).or_insert(i64::MIN);
+                    let last = last_per_key.entry(key.clone()).or_insert(i64::MIN);
                     if id < *last {
                         seen.out_of_order += 1;
                     }
                     *last = (*last).max(id);
+                    seen.arrivals.push((key, id));
                 }
             }
         }
@@ -79,6 +98,13 @@ pub fn percentiles(mut ms: Vec<f64>) -> Percentiles {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn commit_order_per_key_from_the_ledger() {
+        let ledger: HashMap<i64, i64> = [(1, 2), (2, 1), (3, 1)].into();
+        let arrivals = vec![(b"a".to_vec(), 1), (b"a".to_vec(), 2), (b"b".to_vec(), 3)];
+        assert_eq!(out_of_commit_order(&arrivals, &ledger), 1, "id 2 committed first on key a but arrived second");
+    }
 
     #[test]
     fn percentile_positions() {

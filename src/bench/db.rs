@@ -23,6 +23,36 @@ pub enum DbKind {
     Mariadb,
 }
 
+/// A transaction left open for the whole run, the classic polling pathology.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum HoldOpen {
+    /// Holds a snapshot (REPEATABLE READ): dead rows cannot be cleaned up behind it.
+    Reader,
+    /// Inserted an outbox row and has not committed.
+    Writer,
+}
+
+/// The open transaction of [`BenchDb::hold_open`].
+pub enum HeldTxn {
+    Pg(tokio_postgres::Client),
+    My(Conn),
+}
+
+impl HeldTxn {
+    /// Commits it.
+    pub async fn finish(self) -> anyhow::Result<()> {
+        match self {
+            HeldTxn::Pg(c) => c.batch_execute("COMMIT").await?,
+            HeldTxn::My(mut c) => {
+                c.query_drop("COMMIT").await?;
+                c.disconnect().await?;
+            }
+        }
+        Ok(())
+    }
+}
+
 /// The run's own database and streamer login, dropped afterwards.
 #[derive(Debug, Clone)]
 pub struct BenchDb {
@@ -138,6 +168,81 @@ impl BenchDb {
         Ok(())
     }
 
+    /// Opens a transaction that stays open until [`HeldTxn::finish`]: a reader holding a
+    /// snapshot, or a writer that inserted one outbox row into `table`.
+    pub async fn hold_open(&self, kind: HoldOpen, table: &str, topic: &str) -> anyhow::Result<HeldTxn> {
+        match self.kind {
+            DbKind::Postgres => {
+                let c = PgTarget::from_url(&self.admin_url, None)?.connect().await?;
+                let t = outbox_postgres::setup::ident(table);
+                c.batch_execute(&match kind {
+                    HoldOpen::Reader => format!("BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT count(*) FROM {t}"),
+                    HoldOpen::Writer => {
+                        format!("BEGIN; INSERT INTO {t} (topic, payload) VALUES ('{topic}', 'held-open')")
+                    }
+                })
+                .await?;
+                Ok(HeldTxn::Pg(c))
+            }
+            DbKind::Mariadb => {
+                let mut c = my_connect(&self.admin_url).await?;
+                let t = outbox_mysql::setup::ident(table);
+                match kind {
+                    HoldOpen::Reader => {
+                        c.query_drop("START TRANSACTION WITH CONSISTENT SNAPSHOT").await?;
+                        c.query_drop(format!("SELECT count(*) FROM {t}")).await?;
+                    }
+                    HoldOpen::Writer => {
+                        c.query_drop("START TRANSACTION").await?;
+                        c.exec_drop(format!("INSERT INTO {t} (topic, payload) VALUES (?, 'held-open')"), (topic,))
+                            .await?;
+                    }
+                }
+                Ok(HeldTxn::My(c))
+            }
+        }
+    }
+
+    /// Creates the shared-keys tables with `keys` counters at 0.
+    pub async fn create_ledger(&self, keys: usize) -> anyhow::Result<()> {
+        let fill = (0..keys).map(|k| format!("('k{k}', 0)")).collect::<Vec<_>>().join(",");
+        let insert = format!("INSERT INTO bench_key_seq (k, n) VALUES {fill}");
+        match self.kind {
+            DbKind::Postgres => {
+                let c = PgTarget::from_url(&self.admin_url, None)?.connect().await?;
+                for sql in super::load::LEDGER_DDL {
+                    c.batch_execute(sql).await?;
+                }
+                c.batch_execute(&insert).await?;
+            }
+            DbKind::Mariadb => {
+                let mut c = my_connect(&self.admin_url).await?;
+                for sql in super::load::LEDGER_DDL {
+                    c.query_drop(sql).await?;
+                }
+                c.query_drop(insert).await?;
+                c.disconnect().await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Each row's position in its key's commit order (shared-keys workload).
+    pub async fn ledger(&self) -> anyhow::Result<std::collections::HashMap<i64, i64>> {
+        Ok(match self.kind {
+            DbKind::Postgres => {
+                let c = PgTarget::from_url(&self.admin_url, None)?.connect().await?;
+                c.query("SELECT id, n FROM bench_ledger", &[]).await?.iter().map(|r| (r.get(0), r.get(1))).collect()
+            }
+            DbKind::Mariadb => {
+                let mut c = my_connect(&self.admin_url).await?;
+                let rows: Vec<(i64, i64)> = c.query("SELECT id, n FROM bench_ledger").await?;
+                c.disconnect().await?;
+                rows.into_iter().collect()
+            }
+        })
+    }
+
     /// Runs one writer of the plan.
     pub async fn run_writer(&self, plan: WriterPlan, progress: Arc<AtomicUsize>) -> anyhow::Result<Committed> {
         match self.kind {
@@ -209,13 +314,21 @@ async fn run_mariadb_writer(
         let mut params: Vec<mysql_async::Value> = Vec::with_capacity(plan.rows_per_txn * 3);
         for i in 0..plan.rows_per_txn {
             params.push(plan.topic.clone().into());
-            params.push(format!("w{}-k{}", plan.writer, (n + i) % plan.keys).into_bytes().into());
+            params.push(plan.key(n, i).into());
             params.push(payload.clone().into());
         }
+        let keys: Vec<Vec<u8>> = (0..plan.rows_per_txn).map(|i| plan.key(n, i)).collect();
         n += plan.rows_per_txn;
         let mut tx = conn.start_transaction(TxOpts::default()).await?;
         tx.exec_drop(&insert, params).await?;
         let first = tx.last_insert_id().context("no LAST_INSERT_ID after INSERT")? as i64;
+        if plan.shared_keys {
+            for (i, key) in keys.iter().enumerate() {
+                tx.exec_drop("UPDATE bench_key_seq SET n = LAST_INSERT_ID(n + 1) WHERE k = ?", (key,)).await?;
+                tx.exec_drop("INSERT INTO bench_ledger (id, n) VALUES (?, LAST_INSERT_ID())", (first + i as i64,))
+                    .await?;
+            }
+        }
         tx.commit().await?;
         let at = Instant::now();
         committed.extend((0..plan.rows_per_txn as i64).map(|i| (first + i, at)));

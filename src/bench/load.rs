@@ -19,7 +19,28 @@ pub struct WriterPlan {
     pub duration: Duration,
     /// Distinct keys per writer; each key belongs to one writer, so its ids follow commit order.
     pub keys: usize,
+    /// Keys shared by all writers, each transaction taking its outbox ids *before* it locks
+    /// its key's row in `bench_key_seq`: per key, commit order then differs from id order, and
+    /// `bench_ledger` records each row's true position in its key's commit order.
+    pub shared_keys: bool,
 }
+
+impl WriterPlan {
+    /// The key of the `i`-th row of the `n`-th transaction.
+    pub fn key(&self, n: usize, i: usize) -> Vec<u8> {
+        if self.shared_keys {
+            format!("k{}", (n.wrapping_mul(2_654_435_761) + self.writer * 7 + i) % self.keys).into_bytes()
+        } else {
+            format!("w{}-k{}", self.writer, (n + i) % self.keys).into_bytes()
+        }
+    }
+}
+
+/// Tables of the shared-keys workload: per key a commit counter, per row its count.
+pub const LEDGER_DDL: [&str; 2] = [
+    "CREATE TABLE bench_key_seq (k VARCHAR(64) PRIMARY KEY, n BIGINT NOT NULL)",
+    "CREATE TABLE bench_ledger (id BIGINT PRIMARY KEY, n BIGINT NOT NULL)",
+];
 
 /// (outbox id, when its COMMIT returned).
 pub type Committed = Vec<(i64, Instant)>;
@@ -43,6 +64,18 @@ pub async fn run_writer(target: PgTarget, plan: WriterPlan, progress: Arc<Atomic
             outbox_postgres::setup::ident(&plan.table)
         ))
         .await?;
+    let ledger = if plan.shared_keys {
+        Some(
+            client
+                .prepare(
+                    "WITH u AS (UPDATE bench_key_seq SET n = n + 1 WHERE k = $1 RETURNING n)
+                     INSERT INTO bench_ledger (id, n) SELECT $2, n FROM u",
+                )
+                .await?,
+        )
+    } else {
+        None
+    };
     let payload = vec![b'x'; plan.payload_bytes];
     let mut committed = Vec::new();
     let mut ticker = ticker(&plan);
@@ -52,12 +85,17 @@ pub async fn run_writer(target: PgTarget, plan: WriterPlan, progress: Arc<Atomic
         if let Some(t) = ticker.as_mut() {
             t.tick().await;
         }
-        let keys: Vec<Vec<u8>> =
-            (0..plan.rows_per_txn).map(|i| format!("w{}-k{}", plan.writer, (n + i) % plan.keys).into_bytes()).collect();
+        let keys: Vec<Vec<u8>> = (0..plan.rows_per_txn).map(|i| plan.key(n, i)).collect();
         let payloads: Vec<&[u8]> = (0..plan.rows_per_txn).map(|_| payload.as_slice()).collect();
         n += plan.rows_per_txn;
         client.batch_execute("BEGIN").await?;
         let rows = client.query(&insert, &[&plan.topic, &keys, &payloads]).await?;
+        if let Some(ledger) = &ledger {
+            for (row, key) in rows.iter().zip(&keys) {
+                let id: i64 = row.get(0);
+                client.execute(ledger, &[&String::from_utf8_lossy(key).as_ref(), &id]).await?;
+            }
+        }
         client.batch_execute("COMMIT").await?;
         let at = Instant::now();
         committed.extend(rows.iter().map(|r| (r.get::<_, i64>(0), at)));

@@ -29,7 +29,7 @@ use serde::Serialize;
 
 use crate::config::Config;
 use db::BenchDb;
-pub use db::DbKind;
+pub use db::{DbKind, HoldOpen};
 
 /// Where the streamer under test serves its metrics; the report quotes its own latency view.
 const BENCH_METRICS_PORT: u16 = 29188;
@@ -37,8 +37,10 @@ const BENCH_METRICS_PORT: u16 = 29188;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum BenchMode {
-    /// The streamer in CDC mode (logical replication).
+    /// The streamer in CDC mode (logical replication, binlog).
     Cdc,
+    /// The streamer in polling mode (`SELECT … ORDER BY id LIMIT n` → publish → `DELETE`).
+    Polling,
     /// No streamer: the database's own insert rate under the same load.
     Ceiling,
 }
@@ -68,6 +70,13 @@ pub struct BenchArgs {
     /// The streamer's linger.ms.
     #[arg(long, default_value_t = 1)]
     pub linger_ms: u64,
+    /// Keys shared by all writers, ids taken before the key is locked: measures deliveries out
+    /// of each key's commit order (see `bench/load.rs`).
+    #[arg(long)]
+    pub shared_keys: bool,
+    /// Keep a transaction open for the whole run (the classic polling pathology).
+    #[arg(long, value_enum)]
+    pub hold_open: Option<HoldOpen>,
     /// A name for the run in the report.
     #[arg(long, default_value = "custom")]
     pub scenario: String,
@@ -90,6 +99,8 @@ pub struct Report {
     pub rows_per_txn: usize,
     pub payload_bytes: usize,
     pub partitions: u32,
+    pub hold_open: Option<HoldOpen>,
+    pub shared_keys: bool,
     pub messages: usize,
     pub duration_s: f64,
     pub throughput_msgs_per_s: f64,
@@ -108,6 +119,9 @@ pub struct Report {
     pub throughput_per_second: Vec<u64>,
     /// The streamer's own histogram (row created_at → Kafka ack): (upper bound s, cumulative count).
     pub streamer_latency_buckets: Vec<(String, u64)>,
+    /// Polling: the mean duration of the oldest-rows query, and how many ran.
+    pub poll_query_mean_ms: Option<f64>,
+    pub poll_queries: Option<u64>,
 }
 
 pub async fn bench(mut args: BenchArgs) -> anyhow::Result<Report> {
@@ -159,22 +173,26 @@ async fn run(
         format!(
             "[kafka]\nbrokers = \"{brokers}\"\n\n[metrics]\nlisten = \"127.0.0.1:{metrics_port}\"\n\n[[source]]\nname = \"bench\"\nkind = \"{kind}\"\n\
              url = \"{url}\"\ntable_prefix = \"{run_id}\"\nshards = 1\npartitions = {p}\n\n\
-             [source.defaults]\nlinger_ms = {linger}\nstatus_interval_ms = 100\n",
+             [source.defaults]\nlinger_ms = {linger}\nstatus_interval_ms = 100\nmode = \"{mode}\"\n",
             kind = db.kind_str(),
             url = db.streamer_url,
             p = args.partitions,
             linger = args.linger_ms,
             metrics_port = BENCH_METRICS_PORT,
+            mode = if args.mode == BenchMode::Polling { "polling" } else { "cdc" },
         ),
     )?;
     let config = Config::load(&config_path)?;
     crate::cli::setup::setup(&config, false, Some(&db.admin_url)).await?;
+    if args.shared_keys {
+        db.create_ledger(16).await?;
+    }
 
     let mut streamer = None;
     let mut checker = None;
     let stop_checker = Arc::new(AtomicBool::new(false));
     let consumed = Arc::new(AtomicUsize::new(0));
-    if args.mode == BenchMode::Cdc {
+    if args.mode != BenchMode::Ceiling {
         let log = std::fs::File::create(dir.join("streamer.log"))?;
         let child = Command::new(std::env::current_exe()?)
             .arg("--config")
@@ -184,8 +202,8 @@ async fn run(
             .stderr(log)
             .spawn()
             .context("starting the streamer")?;
-        streamer = Some(child);
-        if db.kind == DbKind::Postgres {
+        streamer = Some(Streamer(Some(child)));
+        if db.kind == DbKind::Postgres && args.mode == BenchMode::Cdc {
             wait_streaming(&db.admin_url, run_id, args.partitions).await?;
         }
         let reader = TopicReader::new(brokers, &topic, 3, &format!("{run_id}-checker"))?;
@@ -196,6 +214,10 @@ async fn run(
     // checker's connection set-up counts as latency. They are not part of the results.
     let warmup = warm_up(db, &format!("{run_id}_0_0"), &topic, &consumed, args.mode).await?;
 
+    let held = match args.hold_open {
+        Some(kind) => Some(db.hold_open(kind, &format!("{run_id}_0_0"), &topic).await?),
+        None => None,
+    };
     let db_cpu_before = db.server_cpu(services_dir);
     let wal_before = db.log_bytes().await?;
     let progress = Arc::new(AtomicUsize::new(0));
@@ -212,6 +234,7 @@ async fn run(
             txn_rate,
             duration: Duration::from_secs(args.duration_s),
             keys: 16,
+            shared_keys: args.shared_keys,
         };
         let (db, progress) = (db.clone(), progress.clone());
         writers.push(tokio::spawn(async move { db.run_writer(plan, progress).await }));
@@ -238,6 +261,7 @@ async fn run(
     }
     let write_secs = started.elapsed().as_secs_f64();
     let wal_after = db.log_bytes().await?;
+    let poll_stats = scrape(crate::metrics::POLL_QUERY_SECONDS).await;
 
     let mut report = Report {
         scenario: args.scenario.clone(),
@@ -248,6 +272,8 @@ async fn run(
         rows_per_txn: args.rows_per_txn,
         payload_bytes: args.payload_bytes,
         partitions: args.partitions,
+        hold_open: args.hold_open,
+        shared_keys: args.shared_keys,
         messages: committed.len(),
         duration_s: write_secs,
         throughput_msgs_per_s: committed.len() as f64 / write_secs,
@@ -264,7 +290,19 @@ async fn run(
         out_of_order: 0,
         throughput_per_second: Vec::new(),
         streamer_latency_buckets: Vec::new(),
+        poll_query_mean_ms: None,
+        poll_queries: None,
     };
+    let stat = |suffix: &str| {
+        poll_stats
+            .iter()
+            .find(|(name, _)| name.split('{').next().is_some_and(|base| base.ends_with(suffix)))
+            .and_then(|(_, v)| v.parse::<f64>().ok())
+    };
+    if let (Some(sum), Some(count)) = (stat("_sum"), stat("_count")) {
+        report.poll_query_mean_ms = Some(sum / count.max(1.0) * 1000.0);
+        report.poll_queries = Some(count as u64);
+    }
 
     if let Some(checker) = checker {
         // Wait (bounded) for every committed row to arrive.
@@ -296,7 +334,11 @@ async fn run(
         report.latency_max_ms = p.max;
         report.duplicated = seen.copies.values().map(|c| (*c - 1) as usize).sum();
         report.throughput_per_second = seen.per_second.clone();
-        report.out_of_order = seen.out_of_order;
+        report.out_of_order = if args.shared_keys {
+            check::out_of_commit_order(&seen.arrivals, &db.ledger().await?)
+        } else {
+            seen.out_of_order
+        };
         // Sustained rate: everything committed, over the time until the last record arrived.
         report.throughput_msgs_per_s = committed.len() as f64 / last_arrival.duration_since(started).as_secs_f64();
     }
@@ -304,18 +346,47 @@ async fn run(
         report.db_cpu_s_per_1k = Some((after - before) / (committed.len().max(1) as f64 / 1000.0));
     }
     if streamer.is_some() {
-        report.streamer_latency_buckets = scrape_latency_buckets().await;
+        report.streamer_latency_buckets = scrape(crate::metrics::END_TO_END_LATENCY)
+            .await
+            .into_iter()
+            .filter(|(name, _)| name.contains("_bucket{"))
+            .filter_map(|(name, value)| {
+                let le = name.split("le=\"").nth(1)?.split('"').next()?.to_string();
+                Some((le, value.parse().ok()?))
+            })
+            .collect();
     }
-    if let Some(mut child) = streamer {
-        report.streamer_cpu_s = procstat::cpu_seconds(child.id());
-        report.streamer_peak_rss_mb = procstat::peak_rss_bytes(child.id()).map(|b| b as f64 / (1 << 20) as f64);
-        let _ = Command::new("kill").arg("-TERM").arg(child.id().to_string()).status();
-        let _ = tokio::task::spawn_blocking(move || child.wait()).await;
+    if let Some(held) = held {
+        held.finish().await?;
     }
+    if let Some(s) = &streamer {
+        report.streamer_cpu_s = procstat::cpu_seconds(s.pid());
+        report.streamer_peak_rss_mb = procstat::peak_rss_bytes(s.pid()).map(|b| b as f64 / (1 << 20) as f64);
+    }
+    drop(streamer);
     if tty {
         eprintln!();
     }
     Ok(report)
+}
+
+/// The streamer under test; stopped with SIGTERM (and waited for) when dropped, also when
+/// the run fails half-way, so no orphan keeps the metrics port.
+struct Streamer(Option<std::process::Child>);
+
+impl Streamer {
+    fn pid(&self) -> u32 {
+        self.0.as_ref().map_or(0, std::process::Child::id)
+    }
+}
+
+impl Drop for Streamer {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.0.take() {
+            let _ = Command::new("kill").arg("-TERM").arg(child.id().to_string()).status();
+            let _ = child.wait();
+        }
+    }
 }
 
 /// Commits `WARMUP_ROWS` rows and, with a streamer, waits until they were consumed.
@@ -345,8 +416,8 @@ async fn warm_up(
     Ok(WARMUP_ROWS)
 }
 
-/// The streamer's end-to-end latency histogram from its metrics endpoint.
-async fn scrape_latency_buckets() -> Vec<(String, u64)> {
+/// The lines of one metric from the streamer's metrics endpoint, as (name with labels, value).
+async fn scrape(metric: &str) -> Vec<(String, String)> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let Ok(mut conn) = tokio::net::TcpStream::connect(("127.0.0.1", BENCH_METRICS_PORT)).await else {
         return Vec::new();
@@ -357,11 +428,10 @@ async fn scrape_latency_buckets() -> Vec<(String, u64)> {
         return Vec::new();
     }
     body.lines()
-        .filter(|l| l.starts_with(crate::metrics::END_TO_END_LATENCY) && l.contains("_bucket{"))
+        .filter(|l| l.starts_with(metric))
         .filter_map(|l| {
-            let le = l.split("le=\"").nth(1)?.split('"').next()?.to_string();
-            let count = l.rsplit(' ').next()?.parse().ok()?;
-            Some((le, count))
+            let (name, value) = l.rsplit_once(' ')?;
+            Some((name.to_string(), value.to_string()))
         })
         .collect()
 }
@@ -392,11 +462,11 @@ async fn wait_streaming(admin_url: &str, prefix: &str, partitions: u32) -> anyho
 fn print_markdown(r: &Report) {
     let opt = |v: Option<f64>, digits: usize| v.map_or_else(|| "-".into(), |x| format!("{x:.digits$}"));
     println!(
-        "| scenario | db | mode | target/s | msgs | msgs/s | p50 ms | p95 ms | p99 ms | max ms | streamer CPU s | RSS MB | DB CPU s/1k | WAL B/msg | lost | dup | ooo |"
+        "| scenario | db | mode | target/s | msgs | msgs/s | p50 ms | p95 ms | p99 ms | max ms | streamer CPU s | RSS MB | DB CPU s/1k | WAL B/msg | poll query ms | lost | dup | ooo |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     println!(
-        "| {} | {:?} | {:?} | {} | {} | {:.0} | {:.1} | {:.1} | {:.1} | {:.1} | {} | {} | {} | {:.0} | {} | {} | {} |",
+        "| {} | {:?} | {:?} | {} | {} | {:.0} | {:.1} | {:.1} | {:.1} | {:.1} | {} | {} | {} | {:.0} | {} | {} | {} | {} |",
         r.scenario,
         r.db,
         r.mode,
@@ -411,6 +481,7 @@ fn print_markdown(r: &Report) {
         opt(r.streamer_peak_rss_mb, 0),
         opt(r.db_cpu_s_per_1k, 3),
         r.wal_bytes_per_msg,
+        opt(r.poll_query_mean_ms, 2),
         r.lost,
         r.duplicated,
         r.out_of_order

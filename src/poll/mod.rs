@@ -8,14 +8,17 @@
 //!
 //! ```text
 //!  rescan     SELECT … WHERE id > low_water ORDER BY id LIMIT batch   nothing in flight
-//!  pipelined  SELECT … WHERE id > last_read ORDER BY id LIMIT batch   last batch was full
+//!  pipelined  SELECT … WHERE id > last_read ORDER BY id LIMIT batch   catch-up drain, last batch full
 //! ```
 //!
 //! There is no stored id cursor. Ids are taken before commit, so a transaction that commits
 //! late can make a row with a *lower* id visible after higher ones were read; a stored cursor
 //! would skip it for ever. Instead every read starts again from the low-water mark once what
-//! was read has been deleted; reads continue from the last id read only while batches come back
-//! full (a backlog), and for at most [`RESCAN_EVERY`] before a rescan.
+//! was read has been deleted (lock-step, like the classic pollers). Reading on from the last id
+//! while a batch is in flight would be faster, but a row skipped that way and found by the next
+//! rescan arrives after later rows — even rows of the same writer, committed after it — so it
+//! is done only in a catch-up drain, where the bound is fixed and order across the catch-up is
+//! already documented as a window (see `docs/polling.md`), and for at most [`RESCAN_EVERY`].
 //!
 //! # The low-water mark
 //!
@@ -130,7 +133,8 @@ struct Response {
     rows: Vec<PolledRow>,
     rescan: bool,
     settled: bool,
-    writers: Option<Vec<String>>,
+    /// `Some` when the request asked for a probe: the writers, or `None` if not visible.
+    writers: Option<Option<Vec<String>>>,
 }
 
 /// Ids at or below `bound` are settled once `writers` have all ended.
@@ -210,7 +214,8 @@ impl<T: PollTable> PollSource<T> {
     async fn send_read(&mut self) -> Result<bool, SourceError> {
         let upto = self.settings.drain_upto.unwrap_or(i64::MAX);
         let req = if self.outstanding() > 0 {
-            if !(self.last_full && self.last_rescan.elapsed() < RESCAN_EVERY) {
+            let drain = self.settings.drain_upto.is_some();
+            if !(drain && self.last_full && self.last_rescan.elapsed() < RESCAN_EVERY) {
                 return Ok(false);
             }
             Request {
@@ -247,12 +252,12 @@ impl<T: PollTable> PollSource<T> {
         if resp.rescan {
             self.move_low_water(resp.settled, full, last_id);
             match resp.writers {
-                Some(writers) if self.probe.is_none() => {
+                Some(Some(writers)) if self.probe.is_none() => {
                     if let Some(bound) = last_id {
                         self.probe = Some(Probe { bound, writers });
                     }
                 }
-                None if self.probe.is_none() && self.sees_writers => {
+                Some(None) => {
                     self.sees_writers = false;
                     tracing::info!(
                         "this database role cannot see which transactions write the outbox table; polling rescans from the lowest id (see docs/polling.md)"
@@ -314,7 +319,7 @@ async fn serve<T: PollTable>(
     let started = Instant::now();
     let rows = table.oldest(req.after, req.upto, req.limit).await?;
     metrics::histogram!(crate::metrics::POLL_QUERY_SECONDS, labels).record(started.elapsed().as_secs_f64());
-    let writers = if req.probe { table.writers().await? } else { None };
+    let writers = if req.probe { Some(table.writers().await?) } else { None };
     Ok(Response { rows, rescan: req.rescan, settled, writers })
 }
 
