@@ -34,8 +34,8 @@ impl World {
     }
 
     /// For a test that holds the services exclusively (it stops one of them).
-    pub async fn alone(name: &str, topic_partitions: i32) -> Self {
-        Self::build(None, name, topic_partitions, "").await
+    pub async fn alone(name: &str, topic_partitions: i32, extra: &str) -> Self {
+        Self::build(None, name, topic_partitions, extra).await
     }
 
     async fn build(
@@ -156,7 +156,7 @@ async fn mariadb_restart_resumes_from_the_stored_checkpoint() {
 /// offset, across a binlog rotation, and keeps storing file offsets.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn mariadb_restart_resumes_from_a_file_offset_checkpoint() {
-    restart_resumes("mo", true).await;
+    restart_resumes("mf", true).await;
 }
 
 async fn restart_resumes(name: &str, file_form: bool) {
@@ -219,10 +219,20 @@ async fn restart_resumes(name: &str, file_form: bool) {
 /// kill re-sends only rows still in the table); duplicates are counted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn mariadb_sigkill_at_random_moments_loses_nothing() {
+    sigkill("mk", "").await;
+}
+
+/// The same in polling mode.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn mariadb_polling_sigkill_at_random_moments_loses_nothing() {
+    sigkill("mpk", crate::polling::POLLING).await;
+}
+
+async fn sigkill(name: &str, extra: &str) {
     const TXNS: usize = 100;
     const ROWS_PER_TXN: usize = 200;
     let total = TXNS * ROWS_PER_TXN;
-    let w = World::new("mk", 3).await;
+    let w = World::with_extra(name, 3, extra).await;
     let written = Arc::new(AtomicUsize::new(0));
     let writer = {
         let (url, table, topic, written) = (w.db.admin_url.clone(), w.table(), w.topic.clone(), written.clone());
@@ -428,8 +438,18 @@ async fn mariadb_a_million_row_transaction_passes_with_bounded_memory() {
 /// nothing is lost and, counting each row's first delivery, per-key order holds.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mariadb_kafka_outage_longer_than_the_delivery_timeout_loses_nothing() {
+    kafka_outage("mo", "").await;
+}
+
+/// The same outage in polling mode.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mariadb_polling_kafka_outage_longer_than_the_delivery_timeout_loses_nothing() {
+    kafka_outage("mpo", crate::polling::POLLING).await;
+}
+
+async fn kafka_outage(name: &str, extra: &str) {
     let _alone = crate::support::exclusive_services().await;
-    let w = World::alone("mo", 3).await;
+    let w = World::alone(name, 3, extra).await;
     let config =
         std::fs::read_to_string(&w.config).unwrap().replace("message_timeout_ms = 10000", "message_timeout_ms = 3000");
     std::fs::write(&w.config, config).unwrap();

@@ -211,3 +211,28 @@ async fn polling_survives_sigkill_without_loss() {
     w.wait_drained(&w.table(0, 0)).await;
     assert!(streamer.unwrap().stop());
 }
+
+/// The oldest-rows query plans as a primary-key index scan even when the table's statistics
+/// were taken while it was empty and 100,000 rows have arrived since.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_oldest_rows_query_stays_an_index_scan_with_stale_statistics() {
+    use outbox_streamer::poll::postgres::{PLANNER_SETTINGS, oldest_sql};
+    let w = World::new("pp", 1, 1, 1, POLLING).await;
+    let table = w.table(0, 0);
+    w.db.admin.batch_execute(&format!("ANALYZE {table}")).await.unwrap();
+    w.db.admin
+        .execute(
+            &format!("INSERT INTO {table} (topic, payload) SELECT $1, 'x' FROM generate_series(1, 100000)"),
+            &[&w.topic],
+        )
+        .await
+        .unwrap();
+    let streamer = pg::connect(&w.db.streamer_url).await;
+    streamer.batch_execute(PLANNER_SETTINGS).await.unwrap();
+    let query = oldest_sql(&table).replace("$1", "0").replace("$2", "9223372036854775807").replace("$3", "1024");
+    let plan: Vec<String> =
+        streamer.query(&format!("EXPLAIN {query}"), &[]).await.unwrap().iter().map(|r| r.get(0)).collect();
+    let plan = plan.join("\n");
+    assert!(plan.contains(&format!("Index Scan using {table}_pkey")), "{plan}");
+    assert!(!plan.contains("Seq Scan") && !plan.contains("Sort"), "{plan}");
+}

@@ -30,20 +30,28 @@ fn transient(what: &str, e: tokio_postgres::Error) -> SourceError {
     SourceError::Transient(format!("{what}: {e}"))
 }
 
+/// The polling session's planner settings: the primary-key index scan is the only plan left.
+pub const PLANNER_SETTINGS: &str = "SET enable_seqscan = off; SET enable_bitmapscan = off; SET enable_sort = off";
+
+/// The oldest-rows query: `$1 < id <= $2`, `$3` rows.
+pub fn oldest_sql(table: &str) -> String {
+    format!(
+        "SELECT id, topic, msg_key, payload, headers::text, kafka_partition,
+                (extract(epoch FROM created_at) * 1000000)::int8
+         FROM {} WHERE id > $1 AND id <= $2 ORDER BY id LIMIT $3",
+        ident(table)
+    )
+}
+
 impl PgPollTable {
     pub async fn connect(target: &PgTarget, table: &str) -> Result<Self, SourceError> {
         let client =
             target.connect().await.map_err(|e| transient(&format!("connecting to {}", target.display()), e))?;
         client
-            .batch_execute("SET enable_seqscan = off; SET enable_bitmapscan = off; SET enable_sort = off")
+            .batch_execute(PLANNER_SETTINGS)
             .await
             .map_err(|e| transient("setting the polling session's planner options", e))?;
-        let sql = format!(
-            "SELECT id, topic, msg_key, payload, headers::text, kafka_partition,
-                    (extract(epoch FROM created_at) * 1000000)::int8
-             FROM {} WHERE id > $1 AND id <= $2 ORDER BY id LIMIT $3",
-            ident(table)
-        );
+        let sql = oldest_sql(table);
         let select = client.prepare(&sql).await.map_err(|e| match e.as_db_error() {
             Some(db) => SourceError::Definite {
                 message: format!("cannot read {table}: {}", db.message()),
