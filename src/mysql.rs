@@ -23,7 +23,7 @@ use outbox_mysql::setup::ident;
 
 use crate::names::StreamNames;
 use crate::record::{InvalidRow, OutboxRecord, headers_value, partition_value, topic_value};
-use crate::source::{Source, SourceError, SourceEvent};
+use crate::source::{DELETE_CHUNK, Source, SourceError, SourceEvent, within};
 
 /// An idle stream stores its position at most this often: every store is itself a binlog
 /// transaction, which must not keep the stream busy.
@@ -245,41 +245,36 @@ impl Source for MySource {
             return Ok(Vec::new());
         }
         let sql = format!("SELECT id FROM {} WHERE id IN ({}) ORDER BY id", ident(&self.table), id_list(ids));
-        self.sql.query(sql).await.map_err(|e| SourceError::Transient(format!("checking replayed rows: {e}")))
+        within("checking replayed rows", self.sql.query(sql)).await
     }
 
     async fn finish(&mut self, ids: Vec<i64>, upto: Position) -> Result<u64, SourceError> {
         if ids.is_empty() && self.last_stored.elapsed() < IDLE_STORE_INTERVAL {
             return Ok(0);
         }
-        let err = |what: &str, e: MyError| SourceError::Transient(format!("{what}: {e}"));
         // READ COMMITTED: InnoDB then locks only the rows deleted, no gaps, so the cleanup can
         // never deadlock with the application's inserts into the same table (under the default
         // REPEATABLE READ it can, and InnoDB may pick the application's transaction as victim).
         let mut opts = TxOpts::default();
         opts.with_isolation_level(IsolationLevel::ReadCommitted);
-        let mut tx = self.sql.start_transaction(opts).await.map_err(|e| err("starting the cleanup transaction", e))?;
+        let mut tx = within("starting the cleanup transaction", self.sql.start_transaction(opts)).await?;
         let mut deleted = 0;
-        if !ids.is_empty() {
-            tx.query_drop(outbox_mysql::cleanup::delete_by_ids(&self.table, &ids))
-                .await
-                .map_err(|e| err("deleting published rows", e))?;
-            deleted = tx.affected_rows();
+        for chunk in ids.chunks(DELETE_CHUNK) {
+            within("deleting published rows", tx.query_drop(outbox_mysql::cleanup::delete_by_ids(&self.table, chunk)))
+                .await?;
+            deleted += tx.affected_rows();
         }
-        tx.exec_drop(
-            format!(
-                "UPDATE {} SET gtid = ?, binlog_file = ?, binlog_pos = ?, owner_epoch = ? WHERE stream = ? AND owner_epoch <= ?",
-                ident(&self.checkpoint_table)
-            ),
-            (upto.gtid_text(), upto.file(), upto.offset(), self.epoch, &self.table, self.epoch),
-        )
-        .await
-        .map_err(|e| err("storing the position", e))?;
+        let update = format!(
+            "UPDATE {} SET gtid = ?, binlog_file = ?, binlog_pos = ?, owner_epoch = ? WHERE stream = ? AND owner_epoch <= ?",
+            ident(&self.checkpoint_table)
+        );
+        let params = (upto.gtid_text(), upto.file(), upto.offset(), self.epoch, &self.table, self.epoch);
+        within("storing the position", tx.exec_drop(update, params)).await?;
         if tx.affected_rows() == 0 {
             let _ = tx.rollback().await;
             return Err(fenced(&self.table, self.epoch));
         }
-        tx.commit().await.map_err(|e| err("committing delete and position", e))?;
+        within("committing delete and position", tx.commit()).await?;
         self.last_stored = Instant::now();
         Ok(deleted)
     }

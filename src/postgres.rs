@@ -22,7 +22,7 @@ use tokio_postgres::Client;
 
 use crate::names::StreamNames;
 use crate::record::{InvalidRow, OutboxRecord, headers_value, partition_value, topic_value};
-use crate::source::{Source, SourceError, SourceEvent};
+use crate::source::{DELETE_CHUNK, Source, SourceError, SourceEvent, within};
 
 /// A required column and the types it may have.
 const COLUMNS: [(&str, &[u32]); 7] = [
@@ -165,10 +165,6 @@ fn stream_error(slot: &str, e: StreamError) -> SourceError {
     }
 }
 
-fn sql_error(what: &str, e: tokio_postgres::Error) -> SourceError {
-    SourceError::Transient(format!("{what}: {e}"))
-}
-
 impl Source for PgSource {
     type Position = Lsn;
     const POSITION_HEADER: &'static str = "outbox-lsn";
@@ -217,15 +213,15 @@ impl Source for PgSource {
     }
 
     async fn existing(&mut self, ids: &[i64]) -> Result<Vec<i64>, SourceError> {
-        cleanup::existing_ids(&self.sql, &self.names.table, ids)
-            .await
-            .map_err(|e| sql_error("checking replayed rows", e))
+        within("checking replayed rows", cleanup::existing_ids(&self.sql, &self.names.table, ids)).await
     }
 
     async fn finish(&mut self, ids: Vec<i64>, upto: Lsn) -> Result<u64, SourceError> {
-        let deleted = cleanup::delete_rows(&self.sql, &self.names.table, &ids)
-            .await
-            .map_err(|e| sql_error(&format!("deleting published rows from {}", self.names.table), e))?;
+        let mut deleted = 0;
+        for chunk in ids.chunks(DELETE_CHUNK) {
+            let what = format!("deleting published rows from {}", self.names.table);
+            deleted += within(&what, cleanup::delete_rows(&self.sql, &self.names.table, chunk)).await?;
+        }
         // Only now, with the delete committed, may the slot forget these transactions.
         self.stream.confirm(upto);
         Ok(deleted)

@@ -35,6 +35,8 @@ const BACKOFF_MAX: Duration = Duration::from_secs(30);
 /// A session that lasted this long resets the backoff.
 const BACKOFF_RESET_AFTER: Duration = Duration::from_secs(60);
 const LAG_POLL_INTERVAL: Duration = Duration::from_secs(5);
+/// Connecting a session (SQL and replication or binlog) must finish within this.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(60);
 
 pub async fn run(config: Config) -> anyhow::Result<()> {
     if let Some(listen) = config.metrics.listen {
@@ -261,7 +263,13 @@ async fn stream_task<S, F, Fut>(
     let mut backoff = BACKOFF_START;
     while !*stop.borrow() {
         let started = Instant::now();
-        let result = match connect().await {
+        let connected = match tokio::time::timeout(CONNECT_TIMEOUT, connect()).await {
+            Ok(result) => result,
+            Err(_) => Err(SourceError::Transient(format!(
+                "connecting took longer than {CONNECT_TIMEOUT:?}; the database link is presumed dead"
+            ))),
+        };
+        let result = match connected {
             Ok(source) => {
                 gauge!(m::STREAM_STATE, &metric_labels).set(state::STREAMING);
                 tracing::info!("streaming");

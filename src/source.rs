@@ -14,6 +14,7 @@
 
 use std::fmt;
 use std::future::Future;
+use std::time::Duration;
 
 use crate::record::{InvalidRow, OutboxRecord};
 
@@ -70,4 +71,27 @@ pub trait Source: Send {
 
     /// Ends the session, recording the last stored position with the server if it can.
     fn close(self) -> impl Future<Output = ()> + Send;
+}
+
+/// The longest one database statement may take before its connection is presumed dead (a
+/// silent network path never errors by itself). Large deletes are split into
+/// [`DELETE_CHUNK`]-row statements so no healthy statement comes near it.
+pub const STATEMENT_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Rows deleted per statement.
+pub const DELETE_CHUNK: usize = 10_000;
+
+/// Runs one database call under [`STATEMENT_TIMEOUT`]; an error or a timeout is transient
+/// (the session restarts from the last stored position).
+pub async fn within<T, E: fmt::Display>(
+    what: &str,
+    call: impl Future<Output = Result<T, E>>,
+) -> Result<T, SourceError> {
+    match tokio::time::timeout(STATEMENT_TIMEOUT, call).await {
+        Ok(Ok(v)) => Ok(v),
+        Ok(Err(e)) => Err(SourceError::Transient(format!("{what}: {e}"))),
+        Err(_) => Err(SourceError::Transient(format!(
+            "{what}: no answer within {STATEMENT_TIMEOUT:?}; the connection is presumed dead"
+        ))),
+    }
 }

@@ -117,7 +117,11 @@ pub async fn run_session<S: Source>(
     };
     let result = s.main_loop(&mut source, shutdown).await;
     let drained = s.drain(&mut source, message_timeout).await;
-    source.close().await;
+    // A dead link must not hold the shard-partition: closing gets a few seconds, then the
+    // connections are simply dropped.
+    if tokio::time::timeout(Duration::from_secs(5), source.close()).await.is_err() {
+        tracing::warn!("closing the database sessions timed out; dropped them");
+    }
     gauge!(m::IN_FLIGHT_RECORDS, &s.metric_labels).set(0.0);
     gauge!(m::IN_FLIGHT_BYTES, &s.metric_labels).set(0.0);
     result.and(drained)

@@ -482,3 +482,34 @@ async fn kafka_outage(name: &str, extra: &str) {
     assert!(streamer.stop());
     admin.disconnect().await.unwrap();
 }
+
+/// The link to MariaDB goes silent (no FIN, no RST — a dead network path): the streamer
+/// notices within three binlog heartbeat periods, reconnects once the link is back, and every
+/// row arrives once, in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mariadb_a_silent_dead_connection_is_detected_and_recovered() {
+    let w = World::new("md", 1).await;
+    let hostport = w.url.split('@').nth(1).unwrap().split('/').next().unwrap().to_string();
+    let proxy = crate::support::proxy::Proxy::start(hostport.parse().unwrap()).await;
+    let via_proxy = w.url.replace(&hostport, &proxy.addr.to_string());
+    source_config(&w.dir, "mysql", &via_proxy, &w.prefix, 1, 1, "");
+    let streamer = w.start("streamer.log");
+    let mut admin = w.admin().await;
+    let insert = format!("INSERT INTO {} (topic, payload) VALUES (?, ?)", w.table());
+    for i in 0..5 {
+        admin.exec_drop(&insert, (&w.topic, format!("p{i}"))).await.unwrap();
+    }
+    kafka::read_at_least(&w.topic, 1, 5, ARRIVAL).await;
+    proxy.freeze();
+    for i in 5..10 {
+        admin.exec_drop(&insert, (&w.topic, format!("p{i}"))).await.unwrap();
+    }
+    let log = streamer.wait_for_log("presumed dead", ARRIVAL).await;
+    assert!(log.contains("stream interrupted"), "{log}");
+    proxy.thaw();
+    let records = kafka::read_at_least(&w.topic, 1, 10, ARRIVAL).await;
+    let got: Vec<String> = records.iter().map(|r| r.payload_str()).collect();
+    assert_eq!(got, (0..10).map(|i| format!("p{i}")).collect::<Vec<_>>(), "every row once, in order");
+    w.wait_drained().await;
+    assert!(streamer.stop());
+}

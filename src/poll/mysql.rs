@@ -14,7 +14,7 @@ use outbox_mysql::mysql_async::{Conn, Error as MyError, Opts, Row};
 use outbox_mysql::setup::ident;
 
 use super::{PollTable, PolledRow};
-use crate::source::SourceError;
+use crate::source::{DELETE_CHUNK, STATEMENT_TIMEOUT, SourceError, within};
 
 /// ER_SPECIFIC_ACCESS_DENIED_ERROR: "you need the PROCESS privilege".
 const ACCESS_DENIED_NEED_PRIVILEGE: u16 = 1227;
@@ -74,7 +74,14 @@ fn id_list(ids: &[i64]) -> String {
 
 impl PollTable for MyPollTable {
     async fn oldest(&mut self, after: i64, upto: i64, limit: u32) -> Result<Vec<PolledRow>, SourceError> {
-        let rows: Vec<Row> = self.conn.exec(&self.select, (after, upto, limit)).await.map_err(|e| match e {
+        let read = tokio::time::timeout(STATEMENT_TIMEOUT, self.conn.exec(&self.select, (after, upto, limit)));
+        let Ok(result) = read.await else {
+            return Err(SourceError::Transient(format!(
+                "reading the oldest rows of {}: no answer within {STATEMENT_TIMEOUT:?}; the connection is presumed dead",
+                self.table
+            )));
+        };
+        let rows: Vec<Row> = result.map_err(|e| match e {
             MyError::Server(ref s) if s.code == 1142 || s.code == 1146 || s.code == 1054 => SourceError::Definite {
                 message: format!("cannot read {}: {}", self.table, s.message),
                 fix: "run `outbox-streamer setup` (it creates the table and grants SELECT, DELETE to the streamer's user)"
@@ -86,26 +93,28 @@ impl PollTable for MyPollTable {
     }
 
     async fn delete(&mut self, ids: &[i64]) -> Result<u64, SourceError> {
-        self.conn
-            .query_drop(outbox_mysql::cleanup::delete_by_ids(&self.table, ids))
-            .await
-            .map_err(|e| transient(&format!("deleting published rows from {}", self.table), e))?;
-        Ok(self.conn.affected_rows())
+        let mut deleted = 0;
+        for chunk in ids.chunks(DELETE_CHUNK) {
+            let what = format!("deleting published rows from {}", self.table);
+            within(&what, self.conn.query_drop(outbox_mysql::cleanup::delete_by_ids(&self.table, chunk))).await?;
+            deleted += self.conn.affected_rows();
+        }
+        Ok(deleted)
     }
 
     async fn existing(&mut self, ids: &[i64]) -> Result<Vec<i64>, SourceError> {
         let sql = format!("SELECT id FROM {} WHERE id IN ({}) ORDER BY id", ident(&self.table), id_list(ids));
-        self.conn.query(sql).await.map_err(|e| transient("checking rows", e))
+        within("checking rows", self.conn.query(sql)).await
     }
 
     async fn writers(&mut self) -> Result<Option<Vec<String>>, SourceError> {
-        let result: Result<Vec<String>, MyError> = self
-            .conn
-            .query(
-                "SELECT CAST(trx_id AS CHAR) FROM information_schema.INNODB_TRX
-                 WHERE trx_tables_locked > 0 OR trx_rows_modified > 0 OR trx_rows_locked > 0",
-            )
-            .await;
+        let query = self.conn.query(
+            "SELECT CAST(trx_id AS CHAR) FROM information_schema.INNODB_TRX
+             WHERE trx_tables_locked > 0 OR trx_rows_modified > 0 OR trx_rows_locked > 0",
+        );
+        let Ok(result) = tokio::time::timeout(STATEMENT_TIMEOUT, query).await else {
+            return Err(SourceError::Transient("reading the table's writers: no answer; presumed dead".into()));
+        };
         match result {
             Ok(ids) => Ok(Some(ids)),
             Err(MyError::Server(s)) if s.code == ACCESS_DENIED_NEED_PRIVILEGE => Ok(None),
@@ -118,11 +127,10 @@ impl PollTable for MyPollTable {
             return Ok(false);
         }
         let list = writers.iter().map(|w| format!("'{}'", w.replace('\'', ""))).collect::<Vec<_>>().join(",");
-        let n: Option<i64> = self
+        let query = self
             .conn
-            .query_first(format!("SELECT COUNT(*) FROM information_schema.INNODB_TRX WHERE trx_id IN ({list})"))
-            .await
-            .map_err(|e| transient("checking the table's writers", e))?;
+            .query_first(format!("SELECT COUNT(*) FROM information_schema.INNODB_TRX WHERE trx_id IN ({list})"));
+        let n: Option<i64> = within("checking the table's writers", query).await?;
         Ok(n.unwrap_or(0) > 0)
     }
 }

@@ -16,7 +16,7 @@ use tokio_postgres::{Client, Row, Statement};
 
 use super::{PollTable, PolledRow};
 use crate::record::{self, InvalidRow, OutboxRecord};
-use crate::source::SourceError;
+use crate::source::{DELETE_CHUNK, SourceError, within};
 
 /// One connection polling one table.
 #[derive(Debug)]
@@ -104,35 +104,34 @@ fn polled(row: &Row) -> Result<PolledRow, SourceError> {
 
 impl PollTable for PgPollTable {
     async fn oldest(&mut self, after: i64, upto: i64, limit: u32) -> Result<Vec<PolledRow>, SourceError> {
-        let rows = self
-            .client
-            .query(&self.select, &[&after, &upto, &i64::from(limit)])
-            .await
-            .map_err(|e| transient(&format!("reading the oldest rows of {}", self.table), e))?;
+        let what = format!("reading the oldest rows of {}", self.table);
+        let rows = within(&what, self.client.query(&self.select, &[&after, &upto, &i64::from(limit)])).await?;
         rows.iter().map(polled).collect()
     }
 
     async fn delete(&mut self, ids: &[i64]) -> Result<u64, SourceError> {
-        cleanup::delete_rows(&self.client, &self.table, ids)
-            .await
-            .map_err(|e| transient(&format!("deleting published rows from {}", self.table), e))
+        let mut deleted = 0;
+        for chunk in ids.chunks(DELETE_CHUNK) {
+            let what = format!("deleting published rows from {}", self.table);
+            deleted += within(&what, cleanup::delete_rows(&self.client, &self.table, chunk)).await?;
+        }
+        Ok(deleted)
     }
 
     async fn existing(&mut self, ids: &[i64]) -> Result<Vec<i64>, SourceError> {
-        cleanup::existing_ids(&self.client, &self.table, ids).await.map_err(|e| transient("checking rows", e))
+        within("checking rows", cleanup::existing_ids(&self.client, &self.table, ids)).await
     }
 
     async fn writers(&mut self) -> Result<Option<Vec<String>>, SourceError> {
-        let row = self
-            .client
-            .query_one(
-                "SELECT coalesce(array_agg(virtualtransaction), '{}') FROM pg_locks
-                 WHERE locktype = 'relation' AND relation = $1::text::regclass
-                   AND mode = 'RowExclusiveLock' AND granted AND pid <> pg_backend_pid()",
-                &[&ident(&self.table)],
-            )
-            .await
-            .map_err(|e| transient("reading the table's writers from pg_locks", e))?;
+        let table = ident(&self.table);
+        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&table];
+        let query = self.client.query_one(
+            "SELECT coalesce(array_agg(virtualtransaction), '{}') FROM pg_locks
+             WHERE locktype = 'relation' AND relation = $1::text::regclass
+               AND mode = 'RowExclusiveLock' AND granted AND pid <> pg_backend_pid()",
+            &params,
+        );
+        let row = within("reading the table's writers from pg_locks", query).await?;
         Ok(Some(row.get(0)))
     }
 
@@ -140,11 +139,10 @@ impl PollTable for PgPollTable {
         if writers.is_empty() {
             return Ok(false);
         }
-        let row = self
-            .client
-            .query_one("SELECT EXISTS (SELECT 1 FROM pg_locks WHERE virtualtransaction = ANY($1))", &[&writers])
-            .await
-            .map_err(|e| transient("checking the table's writers in pg_locks", e))?;
+        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&writers];
+        let query =
+            self.client.query_one("SELECT EXISTS (SELECT 1 FROM pg_locks WHERE virtualtransaction = ANY($1))", &params);
+        let row = within("checking the table's writers in pg_locks", query).await?;
         Ok(row.get(0))
     }
 }

@@ -5,6 +5,7 @@
 pub mod kafka;
 pub mod mysql;
 pub mod pg;
+pub mod proxy;
 pub mod streamer;
 
 use std::future::Future;

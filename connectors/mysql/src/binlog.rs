@@ -65,6 +65,9 @@ pub struct BinlogReader {
     target: BinlogTarget,
     decoder: Decoder,
     start: Position,
+    /// When the server last sent anything: the dead-connection deadline counts from here, not
+    /// from each call, because callers may cancel `next` and call it again.
+    last_heard: tokio::time::Instant,
 }
 
 impl std::fmt::Debug for BinlogReader {
@@ -99,22 +102,24 @@ impl BinlogReader {
         }
         let stream = conn.get_binlog_stream(request).await?;
         let decoder = Decoder::new(target.flavor, &target.database, &target.table, position.clone());
-        Ok(Self { stream, target, decoder, start: position })
+        Ok(Self { stream, target, decoder, start: position, last_heard: tokio::time::Instant::now() })
     }
 
     /// The next change; heartbeats and other tables' rows are consumed silently.
+    /// Cancellation-safe: an event is consumed only in the poll that returns it.
     pub async fn next(&mut self) -> Result<BinlogChange, BinlogError> {
         let timeout = self.target.heartbeat * 3;
         loop {
             if let Some(values) = self.decoder.pop_row() {
                 return Ok(BinlogChange::Insert { values });
             }
-            let event = match tokio::time::timeout(timeout, self.stream.next()).await {
+            let event = match tokio::time::timeout_at(self.last_heard + timeout, self.stream.next()).await {
                 Err(_) => return Err(BinlogError::Timeout(timeout)),
                 Ok(None) => return Err(BinlogError::Ended),
                 Ok(Some(Err(e))) => return Err(classify(e, &self.start)),
                 Ok(Some(Ok(ev))) => ev,
             };
+            self.last_heard = tokio::time::Instant::now();
             let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
             let stream = &self.stream;
             if let Some(change) = self.decoder.handle(&event, |id| stream.get_tme(id), now)? {
