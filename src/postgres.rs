@@ -104,6 +104,12 @@ pub struct PgSource {
     sql: Client,
     names: StreamNames,
     columns: Option<ColumnMap>,
+    /// With a heartbeat configured the server speaks at least that often, so a replication
+    /// link silent for this long is presumed dead. Without one, an idle server may rightly be
+    /// silent for ever, and the server's `wal_sender_timeout` is the only deadline.
+    silence_limit: Option<Duration>,
+    /// Counted from the last message, not per call: `next` is cancelled and called again.
+    last_heard: tokio::time::Instant,
 }
 
 impl PgSource {
@@ -113,6 +119,7 @@ impl PgSource {
         names: &StreamNames,
         checkpoint_table: &str,
         status_interval: Duration,
+        silence_limit: Option<Duration>,
     ) -> Result<Self, SourceError> {
         let sql = target
             .connect()
@@ -143,7 +150,14 @@ impl PgSource {
         }
         let cfg = target.replication(&names.slot, &names.publication, status_interval);
         let stream = ReplicationStream::start(cfg).await.map_err(|e| stream_error(&names.slot, e))?;
-        Ok(Self { stream, sql, names: names.clone(), columns: None })
+        Ok(Self {
+            stream,
+            sql,
+            names: names.clone(),
+            columns: None,
+            silence_limit,
+            last_heard: tokio::time::Instant::now(),
+        })
     }
 }
 
@@ -171,7 +185,21 @@ impl Source for PgSource {
 
     async fn next(&mut self) -> Result<Option<SourceEvent<Lsn>>, SourceError> {
         loop {
-            let change = match self.stream.next().await {
+            let next = self.stream.next();
+            let received = match self.silence_limit {
+                Some(limit) => match tokio::time::timeout_at(self.last_heard + limit, next).await {
+                    Ok(r) => r,
+                    Err(_) => {
+                        return Err(SourceError::Transient(format!(
+                            "slot {:?}: nothing heard for {limit:?} although a heartbeat is configured; the connection is presumed dead",
+                            self.names.slot
+                        )));
+                    }
+                },
+                None => next.await,
+            };
+            self.last_heard = tokio::time::Instant::now();
+            let change = match received {
                 Ok(Some(c)) => c,
                 Ok(None) => return Ok(None),
                 Err(e) => return Err(stream_error(&self.names.slot, e)),

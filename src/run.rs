@@ -127,10 +127,12 @@ fn spawn_postgres(
         } else {
             slots.push(names.slot.clone());
             let status_interval = Duration::from_millis(settings.status_interval_ms);
+            let silence_limit =
+                source.heartbeat_interval_ms.map(|ms| Duration::from_millis(ms * 3).max(status_interval * 3));
             let (target, checkpoint) = (target.clone(), checkpoint.clone());
             let connect = move || {
                 let (target, names, checkpoint) = (target.clone(), names.clone(), checkpoint.clone());
-                async move { PgSource::connect(&target, &names, &checkpoint, status_interval).await }
+                async move { PgSource::connect(&target, &names, &checkpoint, status_interval, silence_limit).await }
             };
             tasks.spawn(
                 stream_task(labels, settings, connect, catch_up, producer, timeout, stop.clone()).instrument(span),

@@ -366,3 +366,37 @@ async fn a_dropped_required_column_halts_naming_it() {
     assert_eq!(w.db.count(&t0).await, 1, "the row after the change stays in the table");
     assert!(streamer.stop());
 }
+
+/// With a heartbeat configured, a replication link that goes silent without closing (a dead
+/// network path, through a TCP proxy) is noticed within three heartbeat intervals; once the
+/// link is back the stream resumes and every row arrives once, in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_dead_replication_link_is_detected_with_a_heartbeat() {
+    let w = World::new("pdl", 1, 1, 1, "").await;
+    let hostport = w.db.streamer_url.split('@').nth(1).unwrap().split('/').next().unwrap().to_string();
+    let upstream = tokio::net::lookup_host(hostport.as_str()).await.unwrap().next().unwrap();
+    let proxy = crate::support::proxy::Proxy::start(upstream).await;
+    let via_proxy = w.db.streamer_url.replace(&hostport, &proxy.addr.to_string());
+    crate::support::streamer::pg_config(&w.dir, &via_proxy, &w.prefix, 1, 1, "");
+    let config = std::fs::read_to_string(&w.config).unwrap().replace(
+        &format!("table_prefix = \"{}\"\n", w.prefix),
+        &format!("table_prefix = \"{}\"\nheartbeat_interval_ms = 500\n", w.prefix),
+    );
+    std::fs::write(&w.config, config).unwrap();
+    let streamer = w.start("streamer.log");
+    let insert = format!("INSERT INTO {} (topic, payload) VALUES ($1, $2)", w.table(0, 0));
+    for i in 0..5 {
+        w.db.admin.execute(&insert, &[&w.topic, &format!("p{i}").as_bytes()]).await.unwrap();
+    }
+    kafka::read_at_least(&w.topic, 1, 5, ARRIVAL).await;
+    proxy.freeze();
+    for i in 5..10 {
+        w.db.admin.execute(&insert, &[&w.topic, &format!("p{i}").as_bytes()]).await.unwrap();
+    }
+    let log = streamer.wait_for_log("presumed dead", ARRIVAL).await;
+    assert!(log.contains("stream interrupted"), "{log}");
+    proxy.thaw();
+    kafka::expect_numbered_payloads(&w.topic, 10, ARRIVAL).await;
+    w.wait_drained(&w.table(0, 0)).await;
+    assert!(streamer.stop());
+}

@@ -70,6 +70,9 @@ pub struct BenchArgs {
     /// The streamer's linger.ms.
     #[arg(long, default_value_t = 1)]
     pub linger_ms: u64,
+    /// The streamer's `cleanup_interval_ms` (default: the config default).
+    #[arg(long)]
+    pub cleanup_interval_ms: Option<u64>,
     /// Keys shared by all writers, ids taken before the key is locked: measures deliveries out
     /// of each key's commit order (see `bench/load.rs`).
     #[arg(long)]
@@ -173,13 +176,14 @@ async fn run(
         format!(
             "[kafka]\nbrokers = \"{brokers}\"\n\n[metrics]\nlisten = \"127.0.0.1:{metrics_port}\"\n\n[[source]]\nname = \"bench\"\nkind = \"{kind}\"\n\
              url = \"{url}\"\ntable_prefix = \"{run_id}\"\nshards = 1\npartitions = {p}\n\n\
-             [source.defaults]\nlinger_ms = {linger}\nstatus_interval_ms = 100\nmode = \"{mode}\"\n",
+             [source.defaults]\nlinger_ms = {linger}\nstatus_interval_ms = 100\nmode = \"{mode}\"\n{cleanup}",
             kind = db.kind_str(),
             url = db.streamer_url,
             p = args.partitions,
             linger = args.linger_ms,
             metrics_port = BENCH_METRICS_PORT,
             mode = if args.mode == BenchMode::Polling { "polling" } else { "cdc" },
+            cleanup = args.cleanup_interval_ms.map_or_else(String::new, |ms| format!("cleanup_interval_ms = {ms}\n")),
         ),
     )?;
     let config = Config::load(&config_path)?;

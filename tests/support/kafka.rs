@@ -196,3 +196,12 @@ fn scan(
         }
     }
 }
+
+/// Reads a one-partition topic until `n` records arrived and asserts their payloads are
+/// `p0`, `p1`, … `p{n-1}`: every row once, in order.
+pub async fn expect_numbered_payloads(topic: &str, n: usize, timeout: Duration) -> Vec<Record> {
+    let records = read_at_least(topic, 1, n, timeout).await;
+    let got: Vec<String> = records.iter().map(Record::payload_str).collect();
+    assert_eq!(got, (0..n).map(|i| format!("p{i}")).collect::<Vec<_>>(), "every row once, in order");
+    records
+}
