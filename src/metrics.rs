@@ -16,6 +16,7 @@ pub const IN_FLIGHT_RECORDS: &str = "outbox_in_flight_records";
 pub const IN_FLIGHT_BYTES: &str = "outbox_in_flight_bytes";
 pub const REPLICATION_LAG_BYTES: &str = "outbox_replication_lag_bytes";
 pub const BINLOG_LAG_SECONDS: &str = "outbox_binlog_lag_seconds";
+pub const BINLOG_LAG_BYTES: &str = "outbox_binlog_lag_bytes";
 pub const END_TO_END_LATENCY: &str = "outbox_end_to_end_latency_seconds";
 pub const STREAM_STATE: &str = "outbox_stream_state";
 pub const CATCHUPS: &str = "outbox_catchups_total";
@@ -55,6 +56,11 @@ pub fn describe() {
         BINLOG_LAG_SECONDS,
         Unit::Seconds,
         "now minus the timestamp of the last binlog event read (0 when caught up)"
+    );
+    describe_gauge!(
+        BINLOG_LAG_BYTES,
+        Unit::Bytes,
+        "binlog bytes the server has written after the stored checkpoint position"
     );
     describe_histogram!(END_TO_END_LATENCY, Unit::Seconds, "row created_at (database clock) to Kafka acknowledgement");
     describe_counter!(

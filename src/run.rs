@@ -28,7 +28,7 @@ use crate::poll::{PollSettings, PollSource};
 use crate::postgres::PgSource;
 use crate::source::{Source, SourceError};
 use crate::streamer::{SessionError, StreamLabels, run_session};
-use outbox_mysql::mysql_async::Opts as MyOpts;
+use outbox_mysql::mysql_async::{Conn as MyConn, Error as MyError, Opts as MyOpts, Row as MyRow};
 
 const BACKOFF_START: Duration = Duration::from_millis(250);
 const BACKOFF_MAX: Duration = Duration::from_secs(30);
@@ -156,6 +156,7 @@ fn spawn_mysql(
     let opts = crate::cli::setup::mysql_opts(source.url.expose(), source.password()?.as_deref())
         .with_context(|| format!("source {:?}: url", source.name))?;
     let checkpoint = checkpoint_table(&source.table_prefix);
+    tasks.spawn(binlog_lag_poller(source.name.clone(), opts.clone(), checkpoint.clone(), stop.clone()));
     // Without coordination this instance owns every stream at epoch 0.
     let epoch = 0;
     for (labels, settings, names) in stream_plans(source) {
@@ -348,6 +349,50 @@ async fn halt(
     }
 }
 
+/// Publishes each MySQL/MariaDB stream's lag in bytes every few seconds: the binlog written
+/// after its stored checkpoint position (`SHOW BINARY LOGS`, which REPLICATION CLIENT allows).
+async fn binlog_lag_poller(source: String, opts: MyOpts, checkpoint: String, mut stop: watch::Receiver<bool>) {
+    use outbox_mysql::mysql_async::prelude::Queryable;
+    let mut conn: Option<MyConn> = None;
+    loop {
+        if conn.is_none() {
+            conn = MyConn::new(opts.clone()).await.ok();
+        }
+        if let Some(c) = conn.as_mut() {
+            let sql =
+                format!("SELECT stream, binlog_file, binlog_pos FROM {}", outbox_mysql::setup::ident(&checkpoint));
+            let polled = async {
+                // MySQL 8 adds an Encrypted column: take the first two by position.
+                let rows: Vec<MyRow> = c.query("SHOW BINARY LOGS").await?;
+                let logs: Vec<(String, u64)> =
+                    rows.iter().filter_map(|r| Some((r.get::<String, _>(0)?, r.get::<u64, _>(1)?))).collect();
+                let stored: Vec<(String, Option<String>, Option<u64>)> = c.query(sql).await?;
+                Ok::<_, MyError>((logs, stored))
+            };
+            match tokio::time::timeout(Duration::from_secs(10), polled).await {
+                Ok(Ok((logs, stored))) => {
+                    for (stream, file, offset) in stored {
+                        let (Some(file), Some(offset)) = (file, offset) else { continue };
+                        gauge!(m::BINLOG_LAG_BYTES, "source" => source.clone(), "table" => stream)
+                            .set(binlog_bytes_after(&logs, &file, offset) as f64);
+                    }
+                }
+                _ => conn = None,
+            }
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(LAG_POLL_INTERVAL) => {}
+            _ = stop.changed() => return,
+        }
+    }
+}
+
+/// Bytes in `logs` (name, size, in order) after `offset` in `file`.
+fn binlog_bytes_after(logs: &[(String, u64)], file: &str, offset: u64) -> u64 {
+    let Some(at) = logs.iter().position(|(name, _)| name == file) else { return 0 };
+    logs[at].1.saturating_sub(offset) + logs[at + 1..].iter().map(|(_, size)| size).sum::<u64>()
+}
+
 /// Publishes each slot's lag in bytes every few seconds. Slots of shard-partitions in polling
 /// mode are moved to the current WAL position each time, so they do not hold WAL while unused
 /// (switching back to `cdc` catches up by polling first, so nothing is skipped).
@@ -447,5 +492,16 @@ async fn wait_for_signal() {
     tokio::select! {
         _ = term.recv() => {}
         _ = tokio::signal::ctrl_c() => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn binlog_bytes_after_a_position() {
+        let logs = vec![("b.1".to_string(), 1000), ("b.2".to_string(), 500), ("b.3".to_string(), 200)];
+        assert_eq!(super::binlog_bytes_after(&logs, "b.2", 100), 600);
+        assert_eq!(super::binlog_bytes_after(&logs, "b.3", 200), 0);
+        assert_eq!(super::binlog_bytes_after(&logs, "gone.9", 4), 0);
     }
 }
