@@ -145,7 +145,8 @@ impl MySource {
     }
 }
 
-fn fenced(table: &str, epoch: i64) -> SourceError {
+/// This instance no longer owns `table`: a newer owner epoch is stored.
+pub(crate) fn fenced(table: &str, epoch: i64) -> SourceError {
     SourceError::Definite {
         message: format!("{table} is owned by a newer owner than this instance (epoch {epoch})"),
         fix: "nothing: another instance streams it; this one stops".into(),
@@ -222,7 +223,8 @@ fn checked_record(cells: &[&Cell; 7]) -> Result<OutboxRecord, InvalidRow> {
     })
 }
 
-fn id_list(ids: &[i64]) -> String {
+/// `1,2,3` for an SQL `IN` list.
+pub(crate) fn id_list(ids: &[i64]) -> String {
     ids.iter().map(i64::to_string).collect::<Vec<_>>().join(",")
 }
 

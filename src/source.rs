@@ -50,6 +50,13 @@ pub enum SourceError {
     PositionLost(String),
 }
 
+impl SourceError {
+    /// A failed call, named: `"{what}: {error}"`, to be retried by a new session.
+    pub fn transient(what: &str, error: impl fmt::Display) -> Self {
+        Self::Transient(format!("{what}: {error}"))
+    }
+}
+
 /// One shard-partition's change source. See the module docs for the contract.
 pub trait Source: Send {
     /// The resume position: only commit positions are stored, so it is totally ordered.
@@ -89,7 +96,7 @@ pub async fn within<T, E: fmt::Display>(
 ) -> Result<T, SourceError> {
     match tokio::time::timeout(STATEMENT_TIMEOUT, call).await {
         Ok(Ok(v)) => Ok(v),
-        Ok(Err(e)) => Err(SourceError::Transient(format!("{what}: {e}"))),
+        Ok(Err(e)) => Err(SourceError::transient(what, e)),
         Err(_) => Err(SourceError::Transient(format!(
             "{what}: no answer within {STATEMENT_TIMEOUT:?}; the connection is presumed dead"
         ))),

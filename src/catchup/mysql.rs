@@ -17,21 +17,11 @@ use outbox_mysql::mysql_async::{Conn, Error as MyError, Opts};
 use outbox_mysql::setup::{current_position, ident};
 
 use super::{CatchUpReport, Drain, report};
+use crate::mysql::fenced;
 use crate::names::StreamNames;
 use crate::poll::mysql::MyPollTable;
 use crate::source::SourceError;
 use crate::streamer::SessionError;
-
-fn transient(what: &str, e: MyError) -> SourceError {
-    SourceError::Transient(format!("{what}: {e}"))
-}
-
-fn fenced(table: &str, epoch: i64) -> SourceError {
-    SourceError::Definite {
-        message: format!("{table} is owned by a newer owner than this instance (epoch {epoch})"),
-        fix: "nothing: another instance streams it; this one stops".into(),
-    }
-}
 
 /// A position to resume from and the highest id that could have committed before it.
 struct Snapshot {
@@ -76,7 +66,7 @@ pub async fn mark_pending(conn: &mut Conn, checkpoint_table: &str, table: &str, 
         (table, epoch),
     )
     .await
-    .map_err(|e| transient(&format!("updating {checkpoint_table}"), e))?;
+    .map_err(|e| SourceError::transient(&format!("updating {checkpoint_table}"), e))?;
     if conn.affected_rows() == 0 {
         return Err(fenced(table, epoch));
     }
@@ -97,7 +87,9 @@ pub async fn run(
     tracing::warn!(reason, table = %names.table, "catching up by polling before streaming resumes");
     let mut reader = MyPollTable::connect(opts, &names.table).await?;
     let cleaner = MyPollTable::connect(opts, &names.table).await?;
-    let snap = snapshot(reader.conn(), &names.table).await.map_err(|e| transient("taking the new position", e))?;
+    let snap = snapshot(reader.conn(), &names.table)
+        .await
+        .map_err(|e| SourceError::transient("taking the new position", e))?;
     let conn = reader.conn();
     conn.exec_drop(
         format!(
@@ -108,7 +100,7 @@ pub async fn run(
         (&snap.gtid, &snap.file, snap.offset, &names.table, epoch),
     )
     .await
-    .map_err(|e| transient(&format!("storing the new position in {checkpoint_table}"), e))?;
+    .map_err(|e| SourceError::transient(&format!("storing the new position in {checkpoint_table}"), e))?;
     if conn.affected_rows() == 0 {
         return Err(fenced(&names.table, epoch).into());
     }
@@ -125,7 +117,8 @@ pub async fn run(
             None => return Ok(None),
         },
     };
-    let mut conn = Conn::new(opts.clone()).await.map_err(|e| transient("connecting to MySQL/MariaDB", e))?;
+    let mut conn =
+        Conn::new(opts.clone()).await.map_err(|e| SourceError::transient("connecting to MySQL/MariaDB", e))?;
     conn.exec_drop(
         format!(
             "UPDATE {} SET catchup_pending = 0, last_catchup_at = NOW(6), last_catchup_rows = ?
@@ -135,7 +128,7 @@ pub async fn run(
         (rows, &names.table, epoch),
     )
     .await
-    .map_err(|e| transient(&format!("updating {checkpoint_table}"), e))?;
+    .map_err(|e| SourceError::transient(&format!("updating {checkpoint_table}"), e))?;
     let _ = conn.disconnect().await;
     Ok(Some(report(drain.labels, started, rows)))
 }

@@ -22,10 +22,6 @@ use crate::streamer::SessionError;
 const WRITERS_CHECK: Duration = Duration::from_millis(50);
 const WRITERS_LOG_EVERY: Duration = Duration::from_secs(10);
 
-fn transient(what: &str, e: tokio_postgres::Error) -> SourceError {
-    SourceError::Transient(format!("{what}: {e}"))
-}
-
 fn missing_checkpoint(checkpoint_table: &str, what: String) -> SourceError {
     SourceError::Definite {
         message: what,
@@ -44,7 +40,7 @@ pub async fn pending(client: &Client, checkpoint_table: &str, table: &str) -> Re
         Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::UNDEFINED_TABLE) => {
             Err(missing_checkpoint(checkpoint_table, format!("table {checkpoint_table} does not exist")))
         }
-        Err(e) => Err(transient(&format!("reading {checkpoint_table}"), e)),
+        Err(e) => Err(SourceError::transient(&format!("reading {checkpoint_table}"), e)),
     }
 }
 
@@ -54,7 +50,10 @@ pub async fn mark_pending(client: &Client, checkpoint_table: &str, table: &str) 
         "UPDATE {} SET catchup_pending = true, catchup_started_at = now(), updated_at = now() WHERE stream = $1",
         ident(checkpoint_table)
     );
-    let n = client.execute(&sql, &[&table]).await.map_err(|e| transient(&format!("updating {checkpoint_table}"), e))?;
+    let n = client
+        .execute(&sql, &[&table])
+        .await
+        .map_err(|e| SourceError::transient(&format!("updating {checkpoint_table}"), e))?;
     if n == 0 {
         return Err(missing_checkpoint(checkpoint_table, format!("{checkpoint_table} has no row for {table}")));
     }
@@ -72,7 +71,10 @@ pub async fn run(
 ) -> Result<Option<CatchUpReport>, SessionError> {
     let started = Instant::now();
     tracing::warn!(reason, table = %names.table, "catching up by polling before streaming resumes");
-    let client = target.connect().await.map_err(|e| transient(&format!("connecting to {}", target.display()), e))?;
+    let client = target
+        .connect()
+        .await
+        .map_err(|e| SourceError::transient(&format!("connecting to {}", target.display()), e))?;
     mark_pending(&client, checkpoint_table, &names.table).await?;
     ensure_slot(&client, &names.slot).await?;
     let mut reader = PgPollTable::connect(target, &names.table).await?;
@@ -109,13 +111,14 @@ pub async fn run(
     client
         .execute(&sql, &[&names.table, &(rows as i64)])
         .await
-        .map_err(|e| transient(&format!("updating {checkpoint_table}"), e))?;
+        .map_err(|e| SourceError::transient(&format!("updating {checkpoint_table}"), e))?;
     Ok(Some(report(drain.labels, started, rows)))
 }
 
 /// Makes sure a usable slot exists: creates a missing one, replaces an invalidated one.
 async fn ensure_slot(client: &Client, name: &str) -> Result<(), SourceError> {
-    let state = slot::state(client, name).await.map_err(|e| transient(&format!("reading slot {name}"), e))?;
+    let state =
+        slot::state(client, name).await.map_err(|e| SourceError::transient(&format!("reading slot {name}"), e))?;
     if state.exists && state.wal_status.as_deref() != Some("lost") {
         return Ok(());
     }
@@ -129,7 +132,7 @@ async fn ensure_slot(client: &Client, name: &str) -> Result<(), SourceError> {
         client
             .execute("SELECT pg_drop_replication_slot($1)", &[&name])
             .await
-            .map_err(|e| transient(&format!("dropping the invalidated slot {name}"), e))?;
+            .map_err(|e| SourceError::transient(&format!("dropping the invalidated slot {name}"), e))?;
         tracing::warn!(slot = name, "dropped the invalidated slot");
     }
     match client.execute("SELECT pg_create_logical_replication_slot($1, 'pgoutput')", &[&name]).await {
@@ -143,7 +146,7 @@ async fn ensure_slot(client: &Client, name: &str) -> Result<(), SourceError> {
                 message: format!("cannot create replication slot {name:?}: {}", db.message()),
                 fix: "give the streamer's role REPLICATION and make room for a slot (max_replication_slots); see docs/configure-postgres.md".into(),
             },
-            None => transient(&format!("creating slot {name}"), e),
+            None => SourceError::transient(&format!("creating slot {name}"), e),
         }),
     }
 }

@@ -14,6 +14,7 @@ use outbox_mysql::mysql_async::{Conn, Error as MyError, Opts, Row};
 use outbox_mysql::setup::ident;
 
 use super::{PollTable, PolledRow};
+use crate::mysql::id_list;
 use crate::source::{DELETE_CHUNK, STATEMENT_TIMEOUT, SourceError, within};
 
 /// ER_SPECIFIC_ACCESS_DENIED_ERROR: "you need the PROCESS privilege".
@@ -27,15 +28,12 @@ pub struct MyPollTable {
     select: String,
 }
 
-fn transient(what: &str, e: MyError) -> SourceError {
-    SourceError::Transient(format!("{what}: {e}"))
-}
-
 impl MyPollTable {
     pub async fn connect(opts: &Opts, table: &str) -> Result<Self, SourceError> {
-        let mut conn = Conn::new(opts.clone()).await.map_err(|e| transient("connecting to MySQL/MariaDB", e))?;
+        let mut conn =
+            Conn::new(opts.clone()).await.map_err(|e| SourceError::transient("connecting to MySQL/MariaDB", e))?;
         for setting in ["SET SESSION time_zone = '+00:00'", "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED"] {
-            conn.query_drop(setting).await.map_err(|e| transient("setting up the polling session", e))?;
+            conn.query_drop(setting).await.map_err(|e| SourceError::transient("setting up the polling session", e))?;
         }
         let select = format!(
             "SELECT id, topic, msg_key, payload, headers, kafka_partition, created_at
@@ -51,7 +49,7 @@ impl MyPollTable {
             .conn
             .query_first(format!("SELECT MAX(id) FROM {}", ident(&self.table)))
             .await
-            .map_err(|e| transient("reading the highest id", e))?;
+            .map_err(|e| SourceError::transient("reading the highest id", e))?;
         Ok(max.flatten())
     }
 
@@ -66,10 +64,6 @@ fn polled(row: Row) -> Result<PolledRow, SourceError> {
     let values: Vec<(String, Cell)> =
         names.into_iter().zip(row.unwrap()).map(|(name, value)| (name, cell_of(&value))).collect();
     crate::mysql::record(&values)
-}
-
-fn id_list(ids: &[i64]) -> String {
-    ids.iter().map(i64::to_string).collect::<Vec<_>>().join(",")
 }
 
 impl PollTable for MyPollTable {
@@ -87,7 +81,7 @@ impl PollTable for MyPollTable {
                 fix: "run `outbox-streamer setup` (it creates the table and grants SELECT, DELETE to the streamer's user)"
                     .into(),
             },
-            e => transient(&format!("reading the oldest rows of {}", self.table), e),
+            e => SourceError::transient(&format!("reading the oldest rows of {}", self.table), e),
         })?;
         rows.into_iter().map(polled).collect()
     }
@@ -118,7 +112,7 @@ impl PollTable for MyPollTable {
         match result {
             Ok(ids) => Ok(Some(ids)),
             Err(MyError::Server(s)) if s.code == ACCESS_DENIED_NEED_PRIVILEGE => Ok(None),
-            Err(e) => Err(transient("reading the table's writers", e)),
+            Err(e) => Err(SourceError::transient("reading the table's writers", e)),
         }
     }
 

@@ -26,10 +26,6 @@ pub struct PgPollTable {
     select: Statement,
 }
 
-fn transient(what: &str, e: tokio_postgres::Error) -> SourceError {
-    SourceError::Transient(format!("{what}: {e}"))
-}
-
 /// The polling session's planner settings: the primary-key index scan is the only plan left.
 pub const PLANNER_SETTINGS: &str = "SET enable_seqscan = off; SET enable_bitmapscan = off; SET enable_sort = off";
 
@@ -45,12 +41,14 @@ pub fn oldest_sql(table: &str) -> String {
 
 impl PgPollTable {
     pub async fn connect(target: &PgTarget, table: &str) -> Result<Self, SourceError> {
-        let client =
-            target.connect().await.map_err(|e| transient(&format!("connecting to {}", target.display()), e))?;
+        let client = target
+            .connect()
+            .await
+            .map_err(|e| SourceError::transient(&format!("connecting to {}", target.display()), e))?;
         client
             .batch_execute(PLANNER_SETTINGS)
             .await
-            .map_err(|e| transient("setting the polling session's planner options", e))?;
+            .map_err(|e| SourceError::transient("setting the polling session's planner options", e))?;
         let sql = oldest_sql(table);
         let select = client.prepare(&sql).await.map_err(|e| match e.as_db_error() {
             Some(db) => SourceError::Definite {
@@ -59,7 +57,7 @@ impl PgPollTable {
                     "run `outbox-streamer setup` (it creates {table} and grants SELECT, DELETE to the streamer's role)"
                 ),
             },
-            None => transient("preparing the polling query", e),
+            None => SourceError::transient("preparing the polling query", e),
         })?;
         Ok(Self { client, table: table.to_string(), select })
     }
@@ -70,7 +68,7 @@ impl PgPollTable {
             .client
             .query_one(&format!("SELECT max(id) FROM {}", ident(&self.table)), &[])
             .await
-            .map_err(|e| transient("reading the highest id", e))?;
+            .map_err(|e| SourceError::transient("reading the highest id", e))?;
         Ok(row.get(0))
     }
 }
