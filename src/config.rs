@@ -114,13 +114,51 @@ pub struct MetricsConfig {
 #[serde(deny_unknown_fields)]
 pub struct CoordinationConfig {
     pub kind: CoordinationKind,
+    /// The ensemble: `host:port[,host:port…]`.
     pub connect: String,
+    /// Instances with the same cluster name share the shard-partitions of their sources.
     #[serde(default = "default_cluster_name")]
     pub cluster_name: String,
+    /// Parent of every cluster's nodes.
+    #[serde(default = "default_root")]
+    pub root: String,
+    /// This instance's name in ZooKeeper, `status` and the PostgreSQL `application_name`;
+    /// defaults to `<hostname>-<pid>`. Must differ between live instances.
+    pub instance: Option<String>,
+    /// The ZooKeeper session timeout. A dead instance's shard-partitions move after about
+    /// this long; a live one stops producing after half of it without an answer from
+    /// ZooKeeper.
+    #[serde(default = "default_session_timeout_ms")]
+    pub session_timeout_ms: u64,
+    /// Give up each owned shard-partition after owning it this long, so ownership spreads
+    /// over time (off by default).
+    pub yield_interval_s: Option<u64>,
+}
+
+impl CoordinationConfig {
+    /// The configured instance name, or `<hostname>-<pid>`.
+    pub fn instance_name(&self) -> String {
+        self.instance.clone().unwrap_or_else(|| {
+            let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+                .map(|h| h.trim().to_string())
+                .unwrap_or_else(|_| "host".into());
+            format!("{host}-{}", std::process::id())
+        })
+    }
 }
 
 fn default_cluster_name() -> String {
     "default".into()
+}
+
+fn default_root() -> String {
+    "/outbox-streamer".into()
+}
+
+pub const DEFAULT_SESSION_TIMEOUT_MS: u64 = 10_000;
+
+fn default_session_timeout_ms() -> u64 {
+    DEFAULT_SESSION_TIMEOUT_MS
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -386,6 +424,38 @@ impl Config {
         }
         if self.sources.is_empty() {
             return Err(invalid("source", "at least one [[source]] is needed"));
+        }
+        if let Some(c) = &self.coordination {
+            if c.connect.trim().is_empty() {
+                return Err(invalid(
+                    "coordination.connect",
+                    "must list the ZooKeeper ensemble as host:port[,host:port…]",
+                ));
+            }
+            if !c.root.starts_with('/') || c.root.len() < 2 {
+                return Err(invalid(
+                    "coordination.root",
+                    "must be an absolute ZooKeeper path such as /outbox-streamer",
+                ));
+            }
+            if c.cluster_name.is_empty() || c.cluster_name.contains('/') {
+                return Err(invalid("coordination.cluster_name", "must be non-empty and without '/'"));
+            }
+            if !(2_000..=600_000).contains(&c.session_timeout_ms) {
+                return Err(invalid(
+                    "coordination.session_timeout_ms",
+                    "must be between 2000 and 600000 (ZooKeeper negotiates it within 2 and 20 tick times)",
+                ));
+            }
+            if c.instance.as_deref().is_some_and(|i| i.is_empty() || i.len() > 40 || i.contains(['/', ' '])) {
+                return Err(invalid(
+                    "coordination.instance",
+                    "must be 1 to 40 characters without '/' or spaces (it goes into node data and application_name)",
+                ));
+            }
+            if c.yield_interval_s == Some(0) {
+                return Err(invalid("coordination.yield_interval_s", "must be at least 1, or left out to never yield"));
+            }
         }
         let mut names = HashSet::new();
         let mut prefixes = HashSet::new();

@@ -24,6 +24,8 @@ pub mod bench;
 pub mod catchup;
 pub mod cli;
 pub mod config;
+pub mod coordination;
+pub mod lease;
 pub mod metrics;
 pub mod mysql;
 pub mod names;

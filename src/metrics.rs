@@ -22,6 +22,9 @@ pub const STREAM_STATE: &str = "outbox_stream_state";
 pub const CATCHUPS: &str = "outbox_catchups_total";
 pub const CATCHUP_ROWS: &str = "outbox_catchup_rows_total";
 pub const POLL_QUERY_SECONDS: &str = "outbox_poll_query_seconds";
+pub const OWNED_STREAMS: &str = "outbox_owned_streams";
+pub const LEASE_CHANGES: &str = "outbox_lease_changes_total";
+pub const OWNER_EPOCH: &str = "outbox_owner_epoch";
 
 /// Latency buckets in seconds: 1 ms to 30 s.
 const LATENCY_BUCKETS: &[f64] = &[0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0];
@@ -70,6 +73,13 @@ pub fn describe() {
     );
     describe_counter!(CATCHUP_ROWS, Unit::Count, "rows sent by catch-ups");
     describe_histogram!(POLL_QUERY_SECONDS, Unit::Seconds, "duration of each oldest-rows query in polling mode");
+    describe_gauge!(OWNED_STREAMS, Unit::Count, "shard-partitions this instance holds the ZooKeeper lease of");
+    describe_counter!(
+        LEASE_CHANGES,
+        Unit::Count,
+        "leases by event: acquired, released (rebalance), yielded, lost (session expired)"
+    );
+    describe_gauge!(OWNER_EPOCH, "the epoch of the lease this instance holds per shard-partition (0 when not held)");
     describe_gauge!(
         STREAM_STATE,
         "0 stopped, 1 streaming, 2 retrying after an error, 3 halted (operator action needed), 4 catching up by polling"

@@ -96,6 +96,17 @@ impl MySource {
         if stored_epoch > epoch {
             return Err(fenced(&names.table, epoch));
         }
+        if stored_epoch < epoch {
+            // Claim the stream: from here on the previous owner's guarded writes match no row.
+            let claim =
+                format!("UPDATE {} SET owner_epoch = ? WHERE stream = ? AND owner_epoch <= ?", ident(checkpoint_table));
+            sql.exec_drop(claim, (epoch, &names.table, epoch))
+                .await
+                .map_err(|e| transient("claiming the checkpoint", &e))?;
+            if sql.affected_rows() == 0 {
+                return Err(fenced(&names.table, epoch));
+            }
+        }
         if pending {
             return Err(SourceError::PositionLost(format!(
                 "a catch-up of {} is pending (interrupted, or the stream ran in polling mode)",
@@ -147,10 +158,9 @@ impl MySource {
 
 /// This instance no longer owns `table`: a newer owner epoch is stored.
 pub(crate) fn fenced(table: &str, epoch: i64) -> SourceError {
-    SourceError::Definite {
-        message: format!("{table} is owned by a newer owner than this instance (epoch {epoch})"),
-        fix: "nothing: another instance streams it; this one stops".into(),
-    }
+    SourceError::Fenced(format!(
+        "the checkpoint of {table} carries a newer owner epoch than this instance's ({epoch}): another instance owns it"
+    ))
 }
 
 fn binlog_error(e: BinlogError) -> SourceError {

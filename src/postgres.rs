@@ -12,6 +12,8 @@
 //! running keeps working; a required column dropped or retyped halts this shard-partition
 //! with an error naming the column.
 
+mod visibility;
+
 use std::time::Duration;
 
 use outbox_postgres::connect::PgTarget;
@@ -20,6 +22,7 @@ use outbox_postgres::stream::{Change, ReplicationStream, StreamError};
 use outbox_postgres::{Lsn, cleanup, slot, values};
 use tokio_postgres::Client;
 
+use crate::lease::OwnerLease;
 use crate::names::StreamNames;
 use crate::record::{InvalidRow, OutboxRecord, headers_value, partition_value, topic_value};
 use crate::source::{DELETE_CHUNK, Source, SourceError, SourceEvent, within};
@@ -110,6 +113,8 @@ pub struct PgSource {
     silence_limit: Option<Duration>,
     /// Counted from the last message, not per call: `next` is cancelled and called again.
     last_heard: tokio::time::Instant,
+    /// Transactions read and not yet confirmed: (xid, commit LSN). See [`visibility`].
+    xids: std::collections::VecDeque<(u32, Lsn)>,
 }
 
 impl PgSource {
@@ -120,6 +125,7 @@ impl PgSource {
         checkpoint_table: &str,
         status_interval: Duration,
         silence_limit: Option<Duration>,
+        lease: &OwnerLease,
     ) -> Result<Self, SourceError> {
         let sql = target
             .connect()
@@ -148,6 +154,9 @@ impl PgSource {
                 names.slot
             )));
         }
+        if state.active_pid.is_some() {
+            take_slot_from_dead_owner(&sql, &names.slot, lease).await?;
+        }
         let cfg = target.replication(&names.slot, &names.publication, status_interval);
         let stream = ReplicationStream::start(cfg).await.map_err(|e| stream_error(&names.slot, e))?;
         Ok(Self {
@@ -157,13 +166,43 @@ impl PgSource {
             columns: None,
             silence_limit,
             last_heard: tokio::time::Instant::now(),
+            xids: std::collections::VecDeque::new(),
         })
     }
 }
 
+/// The slot is held by another session. Under ZooKeeper ownership this instance holds the
+/// lease; if the holder is an instance that is no longer a live member (killed, paused past
+/// its session, cut off), its backend would keep the slot until `wal_sender_timeout`, so it
+/// is terminated. A live member's session (a previous owner still closing) or a session that
+/// is not a coordinated streamer's is never touched: the caller retries.
+async fn take_slot_from_dead_owner(sql: &Client, slot_name: &str, lease: &OwnerLease) -> Result<(), SourceError> {
+    let Some(me) = lease.instance() else { return Ok(()) };
+    let holder =
+        slot::holder(sql, slot_name).await.map_err(|e| SourceError::transient("reading the slot holder", e))?;
+    let Some(holder) = holder else { return Ok(()) };
+    let Some(owner) = outbox_postgres::connect::instance_of(&holder.application_name) else {
+        return Err(SourceError::Busy(format!(
+            "slot {slot_name:?} is held by backend {} ({:?}), which is not a coordinated outbox-streamer; it is left alone",
+            holder.pid, holder.application_name
+        )));
+    };
+    if owner == me || lease.is_live_member(owner) {
+        return Err(SourceError::Busy(format!(
+            "slot {slot_name:?} is still held by live instance {owner:?} (backend {})",
+            holder.pid
+        )));
+    }
+    tracing::warn!(slot = %slot_name, pid = holder.pid, previous_owner = %owner, "the slot is held by an instance that is no longer a member; terminating its backend");
+    slot::terminate(sql, holder.pid)
+        .await
+        .map_err(|e| SourceError::transient("terminating the stale slot holder", e))?;
+    Err(SourceError::Busy(format!("slot {slot_name:?}: terminated the backend of departed instance {owner:?}")))
+}
+
 fn stream_error(slot: &str, e: StreamError) -> SourceError {
     if e.slot_in_use() {
-        SourceError::Transient(format!("slot {slot:?} is in use by another session (another streamer owns it?): {e}"))
+        SourceError::Busy(format!("slot {slot:?} is in use by another session (another streamer owns it?): {e}"))
     } else if e.slot_missing() {
         SourceError::PositionLost(format!("replication slot {slot:?} does not exist (dropped?)"))
     } else if e.slot_invalidated() {
@@ -205,7 +244,10 @@ impl Source for PgSource {
                 Err(e) => return Err(stream_error(&self.names.slot, e)),
             };
             let event = match change {
-                Change::Begin { final_lsn, .. } => SourceEvent::Begin { label: final_lsn.to_string() },
+                Change::Begin { final_lsn, xid } => {
+                    self.xids.push_back((xid, final_lsn));
+                    SourceEvent::Begin { label: final_lsn.to_string() }
+                }
                 Change::Relation(rel) => {
                     if rel.name == self.names.table {
                         self.columns = Some(ColumnMap::new(&rel)?);
@@ -241,21 +283,48 @@ impl Source for PgSource {
     }
 
     async fn existing(&mut self, ids: &[i64]) -> Result<Vec<i64>, SourceError> {
+        let found = within("checking replayed rows", cleanup::existing_ids(&self.sql, &self.names.table, ids)).await?;
+        if found.len() == ids.len() {
+            return Ok(found);
+        }
+        // A missing row is usually one published and deleted before the restart, but it may
+        // belong to the transaction being read, committed yet not visible: ask again once
+        // that transaction is visible, or the row would be skipped and never published.
+        let Some(&(xid, _)) = self.xids.back() else { return Ok(found) };
+        visibility::wait(&self.sql, &[xid]).await?;
         within("checking replayed rows", cleanup::existing_ids(&self.sql, &self.names.table, ids)).await
     }
 
     async fn finish(&mut self, ids: Vec<i64>, upto: Lsn) -> Result<u64, SourceError> {
+        let what = format!("deleting published rows from {}", self.names.table);
         let mut deleted = 0;
         for chunk in ids.chunks(DELETE_CHUNK) {
-            let what = format!("deleting published rows from {}", self.names.table);
             deleted += within(&what, cleanup::delete_rows(&self.sql, &self.names.table, chunk)).await?;
         }
+        let covered: Vec<u32> = self.xids.iter().take_while(|(_, lsn)| *lsn < upto).map(|(x, _)| *x).collect();
+        if (deleted as usize) < ids.len() {
+            // Rows of a transaction committed but not yet visible are not deleted: wait until
+            // it is, then delete again (rows already gone are simply not counted).
+            visibility::wait(&self.sql, &covered).await?;
+            for chunk in ids.chunks(DELETE_CHUNK) {
+                deleted += within(&what, cleanup::delete_rows(&self.sql, &self.names.table, chunk)).await?;
+            }
+            if (deleted as usize) < ids.len() {
+                tracing::debug!(
+                    published = ids.len(),
+                    deleted,
+                    "some published rows were already gone (deleted by someone else)"
+                );
+            }
+        }
+        self.xids.drain(..covered.len());
         // Only now, with the delete committed, may the slot forget these transactions.
         self.stream.confirm(upto);
         Ok(deleted)
     }
 
     fn confirm_idle(&mut self, position: Lsn) {
+        self.xids.retain(|(_, lsn)| *lsn >= position);
         self.stream.confirm(position);
     }
 

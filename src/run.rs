@@ -7,7 +7,7 @@
 
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, bail};
+use anyhow::Context;
 use metrics::gauge;
 use outbox_kafka::{Producer, ProducerSettings};
 use outbox_postgres::connect::PgTarget;
@@ -16,9 +16,12 @@ use tokio::task::JoinSet;
 use tracing::Instrument;
 
 use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
 
 use crate::catchup::{self, CatchUpReport, Drain};
 use crate::config::{Config, KafkaConfig, Mode, SourceConfig, SourceKind, StreamSettings};
+use crate::lease::OwnerLease;
 use crate::metrics::{self as m, state};
 use crate::mysql::MySource;
 use crate::names::{StreamNames, all_streams, checkpoint_table, stream_names};
@@ -34,29 +37,63 @@ const BACKOFF_START: Duration = Duration::from_millis(250);
 const BACKOFF_MAX: Duration = Duration::from_secs(30);
 /// A session that lasted this long resets the backoff.
 const BACKOFF_RESET_AFTER: Duration = Duration::from_secs(60);
+/// How soon a session retries a slot held by another session.
+const BUSY_RETRY: Duration = Duration::from_millis(250);
+/// Waiting this long for a held slot is worth a warning.
+const BUSY_WARN_AFTER: Duration = Duration::from_secs(30);
 const LAG_POLL_INTERVAL: Duration = Duration::from_secs(5);
 /// Connecting a session (SQL and replication or binlog) must finish within this.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(60);
 
-pub async fn run(config: Config) -> anyhow::Result<()> {
+pub async fn run(mut config: Config) -> anyhow::Result<()> {
     if let Some(listen) = config.metrics.listen {
         m::serve(listen).with_context(|| format!("metrics.listen: cannot serve metrics on {listen}"))?;
         tracing::info!(%listen, "serving Prometheus metrics");
     }
-    if config.coordination.is_some() {
-        bail!(
-            "coordination: ZooKeeper ownership is not available yet (tracked as issue 6); remove [coordination] to let this instance own every shard-partition"
-        );
+    let instance = config.coordination.as_ref().map(|c| c.instance_name());
+    if let Some(c) = &config.coordination {
+        // A record queued inside librdkafka when the process was paused must not go out after
+        // the pause: it times out instead, because a pause long enough to lose the lease is
+        // longer than this (see `lease.rs`).
+        let cap = c.session_timeout_ms / 2;
+        if config.kafka.message_timeout_ms > cap {
+            tracing::info!(
+                configured_ms = config.kafka.message_timeout_ms,
+                used_ms = cap,
+                "kafka.message_timeout_ms is capped at half the ZooKeeper session timeout under coordination"
+            );
+            config.kafka.message_timeout_ms = cap;
+        }
     }
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut tasks = JoinSet::new();
+    let mut jobs = Vec::new();
     for source in &config.sources {
         match source.kind {
-            SourceKind::Postgres => spawn_postgres(&config, source, &stop_rx, &mut tasks)?,
-            SourceKind::Mysql => spawn_mysql(&config, source, &stop_rx, &mut tasks)?,
+            SourceKind::Postgres => {
+                jobs.extend(postgres_jobs(&config, source, instance.as_deref(), &stop_rx, &mut tasks)?)
+            }
+            SourceKind::Mysql => jobs.extend(mysql_jobs(&config, source, &stop_rx, &mut tasks)?),
         }
     }
-    tracing::info!(tasks = tasks.len(), "outbox-streamer running; SIGTERM or SIGINT stops it after draining");
+    match &config.coordination {
+        None => {
+            for job in &jobs {
+                let task = job.spawn(OwnerLease::embedded(), stop_rx.clone());
+                tasks.spawn(async move {
+                    let _ = task.await;
+                });
+            }
+            tracing::info!(streams = jobs.len(), "outbox-streamer running; SIGTERM or SIGINT stops it after draining");
+        }
+        Some(c) => {
+            let (c, stop) = (c.clone(), stop_rx.clone());
+            tasks.spawn(async move { crate::coordination::run(&c, jobs, stop).await });
+            tracing::info!(
+                "outbox-streamer running under ZooKeeper ownership; SIGTERM or SIGINT stops it after draining"
+            );
+        }
+    }
     wait_for_signal().await;
     tracing::info!("stopping: no new changes are read; draining acknowledgements");
     let _ = stop_tx.send(true);
@@ -69,74 +106,156 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     Ok(())
 }
 
+type StartFn = dyn Fn(OwnerLease, watch::Receiver<bool>) -> Pin<Box<dyn Future<Output = ()> + Send>> + Send + Sync;
+
+/// One shard-partition's work, started by whoever owns it: every shard-partition at once
+/// without coordination, or the holder of its ZooKeeper lease.
+pub struct StreamJob {
+    /// `<source>.<table>`: the lease's name.
+    pub key: String,
+    start: Arc<StartFn>,
+}
+
+impl std::fmt::Debug for StreamJob {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StreamJob").field("key", &self.key).finish_non_exhaustive()
+    }
+}
+
+impl StreamJob {
+    /// Starts streaming under `lease` until `stop` turns true (or the lease is revoked).
+    pub fn spawn(&self, lease: OwnerLease, stop: watch::Receiver<bool>) -> tokio::task::JoinHandle<()> {
+        tokio::spawn((self.start)(lease, stop))
+    }
+}
+
+/// Everything a shard-partition's task needs except its ownership.
+struct JobParts<F> {
+    labels: StreamLabels,
+    settings: StreamSettings,
+    names: StreamNames,
+    connect: F,
+    catch_up: CatchUpPlan,
+    producer: ProducerSettings,
+    message_timeout_ms: u64,
+}
+
+impl<S, F, Fut> JobParts<F>
+where
+    S: Source + 'static,
+    F: Fn(OwnerLease) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<S, SourceError>> + Send + 'static,
+{
+    fn into_job(self) -> StreamJob {
+        let key = format!("{}.{}", self.labels.source, self.labels.table);
+        let parts = Arc::new(self);
+        let start = move |lease: OwnerLease, stop: watch::Receiver<bool>| {
+            let parts = parts.clone();
+            let mut labels = parts.labels.clone();
+            labels.lease = lease.clone();
+            let span = span(&labels, &parts.names, lease.epoch());
+            let fut = async move {
+                let connect = || (parts.connect)(lease.clone());
+                stream_task(
+                    labels,
+                    parts.settings.clone(),
+                    connect,
+                    parts.catch_up.clone(),
+                    parts.producer.clone(),
+                    parts.message_timeout_ms,
+                    stop,
+                )
+                .await
+            };
+            Box::pin(fut.instrument(span)) as Pin<Box<dyn Future<Output = ()> + Send>>
+        };
+        StreamJob { key, start: Arc::new(start) }
+    }
+}
+
 /// Settings of every shard-partition of a source.
 fn stream_plans(source: &SourceConfig) -> Vec<(StreamLabels, StreamSettings, StreamNames)> {
     all_streams(source.shards, source.partitions)
         .map(|id| {
             let settings = source.settings_for(id);
             let names = stream_names(&source.table_prefix, id);
-            let labels = StreamLabels { source: source.name.clone(), id, table: names.table.clone() };
+            let labels = StreamLabels {
+                source: source.name.clone(),
+                id,
+                table: names.table.clone(),
+                lease: OwnerLease::embedded(),
+            };
             (labels, settings, names)
         })
         .collect()
 }
 
-fn span(labels: &StreamLabels, names: &StreamNames) -> tracing::Span {
-    tracing::info_span!("streamer", source = %labels.source, shard = labels.id.shard, partition = labels.id.partition, slot = %names.slot)
+fn span(labels: &StreamLabels, names: &StreamNames, epoch: Option<i64>) -> tracing::Span {
+    match epoch {
+        Some(epoch) => {
+            tracing::info_span!("streamer", source = %labels.source, shard = labels.id.shard, partition = labels.id.partition, slot = %names.slot, epoch)
+        }
+        None => {
+            tracing::info_span!("streamer", source = %labels.source, shard = labels.id.shard, partition = labels.id.partition, slot = %names.slot)
+        }
+    }
 }
 
-fn spawn_postgres(
+/// The jobs of a PostgreSQL source; its heartbeat and lag poller run on `tasks` whoever owns
+/// the shard-partitions.
+fn postgres_jobs(
     config: &Config,
     source: &SourceConfig,
+    instance: Option<&str>,
     stop: &watch::Receiver<bool>,
     tasks: &mut JoinSet<()>,
-) -> anyhow::Result<()> {
-    let target = PgTarget::from_url(source.url.expose(), source.password()?.as_deref())
+) -> anyhow::Result<Vec<StreamJob>> {
+    let mut target = PgTarget::from_url(source.url.expose(), source.password()?.as_deref())
         .with_context(|| format!("source {:?}: url", source.name))?;
+    if let Some(instance) = instance {
+        target = target.with_instance(instance);
+    }
     let checkpoint = checkpoint_table(&source.table_prefix);
+    let mut jobs = Vec::new();
     let mut slots = Vec::new();
     let mut polled_slots = Vec::new();
     for (labels, settings, names) in stream_plans(source) {
         let producer = producer_settings(&config.kafka, &settings, &labels);
-        let span = span(&labels, &names);
         let catch_up = CatchUpPlan::Postgres {
             target: Box::new(target.clone()),
             names: names.clone(),
             checkpoint: checkpoint.clone(),
         };
-        let timeout = config.kafka.message_timeout_ms;
+        let message_timeout_ms = config.kafka.message_timeout_ms;
         if settings.mode == Mode::Polling {
             polled_slots.push(names.slot.clone());
             let (target, checkpoint, poll) = (target.clone(), checkpoint.clone(), poll_settings(&settings, &labels));
-            let connect = move || {
-                let (target, names, checkpoint, poll) =
-                    (target.clone(), names.clone(), checkpoint.clone(), poll.clone());
+            let table = names.table.clone();
+            let connect = move |_lease: OwnerLease| {
+                let (target, table, checkpoint, poll) =
+                    (target.clone(), table.clone(), checkpoint.clone(), poll.clone());
                 async move {
                     // Streaming from the slot again later must first send what polling left.
                     let client =
                         target.connect().await.map_err(|e| SourceError::Transient(format!("connecting: {e}")))?;
-                    catchup::postgres::mark_pending(&client, &checkpoint, &names.table).await?;
-                    let reader = PgPollTable::connect(&target, &names.table).await?;
-                    let cleaner = PgPollTable::connect(&target, &names.table).await?;
+                    catchup::postgres::mark_pending(&client, &checkpoint, &table).await?;
+                    let reader = PgPollTable::connect(&target, &table).await?;
+                    let cleaner = PgPollTable::connect(&target, &table).await?;
                     Ok(PollSource::new(reader, cleaner, poll))
                 }
             };
-            tasks.spawn(
-                stream_task(labels, settings, connect, catch_up, producer, timeout, stop.clone()).instrument(span),
-            );
+            jobs.push(JobParts { labels, settings, names, connect, catch_up, producer, message_timeout_ms }.into_job());
         } else {
             slots.push(names.slot.clone());
             let status_interval = Duration::from_millis(settings.status_interval_ms);
             let silence_limit =
                 source.heartbeat_interval_ms.map(|ms| Duration::from_millis(ms * 3).max(status_interval * 3));
-            let (target, checkpoint) = (target.clone(), checkpoint.clone());
-            let connect = move || {
-                let (target, names, checkpoint) = (target.clone(), names.clone(), checkpoint.clone());
-                async move { PgSource::connect(&target, &names, &checkpoint, status_interval, silence_limit).await }
+            let (target, checkpoint, stream_names) = (target.clone(), checkpoint.clone(), names.clone());
+            let connect = move |lease: OwnerLease| {
+                let (target, names, checkpoint) = (target.clone(), stream_names.clone(), checkpoint.clone());
+                async move { PgSource::connect(&target, &names, &checkpoint, status_interval, silence_limit, &lease).await }
             };
-            tasks.spawn(
-                stream_task(labels, settings, connect, catch_up, producer, timeout, stop.clone()).instrument(span),
-            );
+            jobs.push(JobParts { labels, settings, names, connect, catch_up, producer, message_timeout_ms }.into_job());
         }
     }
     if let Some(ms) = source.heartbeat_interval_ms {
@@ -144,55 +263,51 @@ fn spawn_postgres(
     }
     slots.extend(polled_slots.iter().cloned());
     tasks.spawn(lag_poller(source.name.clone(), target, slots, polled_slots, stop.clone()));
-    Ok(())
+    Ok(jobs)
 }
 
-fn spawn_mysql(
+/// The jobs of a MySQL/MariaDB source; its lag poller runs on `tasks`.
+fn mysql_jobs(
     config: &Config,
     source: &SourceConfig,
     stop: &watch::Receiver<bool>,
     tasks: &mut JoinSet<()>,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<Vec<StreamJob>> {
     let opts = crate::cli::setup::mysql_opts(source.url.expose(), source.password()?.as_deref())
         .with_context(|| format!("source {:?}: url", source.name))?;
     let checkpoint = checkpoint_table(&source.table_prefix);
     tasks.spawn(binlog_lag_poller(source.name.clone(), opts.clone(), checkpoint.clone(), stop.clone()));
-    // Without coordination this instance owns every stream at epoch 0.
-    let epoch = 0;
+    let mut jobs = Vec::new();
     for (labels, settings, names) in stream_plans(source) {
         let producer = producer_settings(&config.kafka, &settings, &labels);
-        let span = span(&labels, &names);
-        let catch_up =
-            CatchUpPlan::Mysql { opts: opts.clone(), names: names.clone(), checkpoint: checkpoint.clone(), epoch };
-        let timeout = config.kafka.message_timeout_ms;
+        let catch_up = CatchUpPlan::Mysql { opts: opts.clone(), names: names.clone(), checkpoint: checkpoint.clone() };
+        let message_timeout_ms = config.kafka.message_timeout_ms;
         if settings.mode == Mode::Polling {
             let (opts, checkpoint, poll) = (opts.clone(), checkpoint.clone(), poll_settings(&settings, &labels));
-            let connect = move || {
-                let (opts, names, checkpoint, poll) = (opts.clone(), names.clone(), checkpoint.clone(), poll.clone());
+            let table = names.table.clone();
+            let connect = move |lease: OwnerLease| {
+                let (opts, table, checkpoint, poll) = (opts.clone(), table.clone(), checkpoint.clone(), poll.clone());
                 async move {
-                    let mut reader = MyPollTable::connect(&opts, &names.table).await?;
-                    catchup::mysql::mark_pending(reader.conn(), &checkpoint, &names.table, epoch).await?;
-                    let cleaner = MyPollTable::connect(&opts, &names.table).await?;
+                    let mut reader = MyPollTable::connect(&opts, &table).await?;
+                    catchup::mysql::mark_pending(reader.conn(), &checkpoint, &table, lease.db_epoch()).await?;
+                    let cleaner = MyPollTable::connect(&opts, &table).await?;
                     Ok(PollSource::new(reader, cleaner, poll))
                 }
             };
-            tasks.spawn(
-                stream_task(labels, settings, connect, catch_up, producer, timeout, stop.clone()).instrument(span),
-            );
+            jobs.push(JobParts { labels, settings, names, connect, catch_up, producer, message_timeout_ms }.into_job());
         } else {
             let heartbeat = Duration::from_millis(settings.status_interval_ms.max(1000));
-            let (opts, checkpoint, task_labels) = (opts.clone(), checkpoint.clone(), labels.clone());
-            let connect = move || {
+            let (opts, checkpoint, task_labels, stream_names) =
+                (opts.clone(), checkpoint.clone(), labels.clone(), names.clone());
+            let connect = move |lease: OwnerLease| {
                 let (opts, names, checkpoint, labels) =
-                    (opts.clone(), names.clone(), checkpoint.clone(), task_labels.clone());
-                async move { MySource::connect(&labels, &opts, &names, &checkpoint, epoch, heartbeat).await }
+                    (opts.clone(), stream_names.clone(), checkpoint.clone(), task_labels.clone());
+                async move { MySource::connect(&labels, &opts, &names, &checkpoint, lease.db_epoch(), heartbeat).await }
             };
-            tasks.spawn(
-                stream_task(labels, settings, connect, catch_up, producer, timeout, stop.clone()).instrument(span),
-            );
+            jobs.push(JobParts { labels, settings, names, connect, catch_up, producer, message_timeout_ms }.into_job());
         }
     }
-    Ok(())
+    Ok(jobs)
 }
 
 fn poll_settings(settings: &StreamSettings, labels: &StreamLabels) -> PollSettings {
@@ -209,17 +324,18 @@ fn poll_settings(settings: &StreamSettings, labels: &StreamLabels) -> PollSettin
 #[derive(Debug, Clone)]
 enum CatchUpPlan {
     Postgres { target: Box<PgTarget>, names: StreamNames, checkpoint: String },
-    Mysql { opts: MyOpts, names: StreamNames, checkpoint: String, epoch: i64 },
+    Mysql { opts: MyOpts, names: StreamNames, checkpoint: String },
 }
 
 impl CatchUpPlan {
     async fn run(&self, drain: &mut Drain<'_>, reason: &str) -> Result<Option<CatchUpReport>, SessionError> {
+        let epoch = drain.labels.lease.db_epoch();
         match self {
             CatchUpPlan::Postgres { target, names, checkpoint } => {
                 catchup::postgres::run(target, names, checkpoint, drain, reason).await
             }
-            CatchUpPlan::Mysql { opts, names, checkpoint, epoch } => {
-                catchup::mysql::run(opts, names, checkpoint, *epoch, drain, reason).await
+            CatchUpPlan::Mysql { opts, names, checkpoint } => {
+                catchup::mysql::run(opts, names, checkpoint, epoch, drain, reason).await
             }
         }
     }
@@ -264,8 +380,14 @@ async fn stream_task<S, F, Fut>(
     };
     let message_timeout = Duration::from_millis(message_timeout_ms);
     let mut backoff = BACKOFF_START;
+    let mut busy_since: Option<Instant> = None;
     while !*stop.borrow() {
         let started = Instant::now();
+        if let Err(msg) = labels.lease.check() {
+            revoked(&labels, &metric_labels, &msg, &mut stop).await;
+            // Dropping the producer purges whatever it still queues.
+            return;
+        }
         let connected = match tokio::time::timeout(CONNECT_TIMEOUT, connect()).await {
             Ok(result) => result,
             Err(_) => Err(SourceError::Transient(format!(
@@ -280,8 +402,29 @@ async fn stream_task<S, F, Fut>(
             }
             Err(e) => Err(SessionError::from(e)),
         };
+        if !matches!(result, Err(SessionError::Busy(_))) {
+            busy_since = None;
+        }
         match result {
             Ok(()) => break,
+            Err(SessionError::Revoked(msg)) => {
+                revoked(&labels, &metric_labels, &msg, &mut stop).await;
+                return;
+            }
+            Err(SessionError::Busy(msg)) => {
+                // Another session holds the slot, typically the previous owner still closing:
+                // try again soon, without growing the backoff.
+                gauge!(m::STREAM_STATE, &metric_labels).set(state::RETRYING);
+                let since = *busy_since.get_or_insert_with(Instant::now);
+                if since.elapsed() > BUSY_WARN_AFTER {
+                    tracing::warn!(error = %msg, waited_s = since.elapsed().as_secs(), "still waiting for the slot");
+                    busy_since = Some(Instant::now());
+                } else {
+                    tracing::debug!(error = %msg, "waiting for the slot");
+                }
+                let mut wait = BUSY_RETRY;
+                back_off(&mut wait, &mut stop).await;
+            }
             Err(SessionError::Transient(msg)) => {
                 if started.elapsed() > BACKOFF_RESET_AFTER {
                     backoff = BACKOFF_START;
@@ -307,6 +450,10 @@ async fn stream_task<S, F, Fut>(
                         halt(&labels, &metric_labels, &msg, &mut stop).await;
                         break;
                     }
+                    Err(SessionError::Revoked(msg)) => {
+                        revoked(&labels, &metric_labels, &msg, &mut stop).await;
+                        return;
+                    }
                     Err(e) => {
                         gauge!(m::STREAM_STATE, &metric_labels).set(state::RETRYING);
                         tracing::warn!(error = %e, retry_in_ms = backoff.as_millis() as u64, "catch-up interrupted; it starts over");
@@ -322,6 +469,28 @@ async fn stream_task<S, F, Fut>(
     }
     let _ = tokio::task::spawn_blocking(move || producer.flush(Duration::from_secs(5))).await;
     gauge!(m::STREAM_STATE, &metric_labels).set(state::STOPPED);
+}
+
+/// The stream may belong to another instance now. Under coordination the task ends (the
+/// coordinator starts it again if the lease survives); without coordination a newer epoch
+/// in the checkpoint means a coordinated instance owned it, which needs an operator.
+async fn revoked(
+    labels: &StreamLabels,
+    metric_labels: &[(&'static str, String); 3],
+    msg: &str,
+    stop: &mut watch::Receiver<bool>,
+) {
+    if labels.lease.epoch().is_none() {
+        let msg = format!(
+            "{msg}; fix: this instance runs without [coordination] but instances with ZooKeeper ownership wrote the checkpoint; stop them or add the same [coordination] here, or, if none runs any more, reset the epoch: UPDATE <prefix>_checkpoint SET owner_epoch = 0 WHERE stream = '{}'",
+            labels.table
+        );
+        halt(labels, metric_labels, &msg, stop).await;
+        return;
+    }
+    gauge!(m::STREAM_STATE, metric_labels).set(state::STOPPED);
+    gauge!(m::OWNER_EPOCH, "stream" => format!("{}.{}", labels.source, labels.table)).set(0.0);
+    tracing::warn!(reason = %msg, "stopped: ownership can no longer be confirmed");
 }
 
 /// Sleeps `backoff` (or until shutdown), then doubles it up to the maximum.

@@ -48,6 +48,13 @@ pub enum SourceError {
     /// in the table are sent by a polling catch-up, then streaming resumes from a new position.
     #[error("{0}")]
     PositionLost(String),
+    /// A newer owner epoch is stored with the position: another instance owns the stream.
+    #[error("{0}")]
+    Fenced(String),
+    /// Another session holds the stream's slot (the previous owner closing, or a dead one
+    /// being removed): retry soon.
+    #[error("{0}")]
+    Busy(String),
 }
 
 impl SourceError {

@@ -25,10 +25,17 @@ use tokio::sync::watch;
 
 use crate::ack::{AckTracker, TxnSeq};
 use crate::config::{BadRowPolicy, StreamSettings};
+use crate::lease::OwnerLease;
 use crate::metrics as m;
 use crate::names::StreamId;
 use crate::record::{InvalidRow, OutboxRecord};
 use crate::source::{Source, SourceError, SourceEvent};
+
+/// The header naming the owner epoch under ZooKeeper coordination.
+pub const OWNER_EPOCH_HEADER: &str = "outbox-owner-epoch";
+
+/// How long a stopping session keeps reading to reach the commit of the transaction it is in.
+const FINISH_OPEN_TXN: Duration = Duration::from_secs(2);
 
 /// Rows buffered per existence check while replaying after a reconnect.
 const VERIFY_CHUNK: usize = 1024;
@@ -39,6 +46,8 @@ pub struct StreamLabels {
     pub source: String,
     pub id: StreamId,
     pub table: String,
+    /// Checked before every record and position write; its epoch is stamped on records.
+    pub lease: OwnerLease,
 }
 
 impl StreamLabels {
@@ -63,6 +72,13 @@ pub enum SessionError {
     /// See [`SourceError::PositionLost`].
     #[error("{0}")]
     PositionLost(String),
+    /// This instance may no longer own the shard-partition; nothing more is produced or
+    /// written, and the task ends (ownership decides whether it starts again).
+    #[error("{0}")]
+    Revoked(String),
+    /// See [`SourceError::Busy`].
+    #[error("{0}")]
+    Busy(String),
 }
 
 impl From<SourceError> for SessionError {
@@ -71,6 +87,8 @@ impl From<SourceError> for SessionError {
             SourceError::Transient(m) => SessionError::Transient(m),
             d @ SourceError::Definite { .. } => SessionError::Halt(d.to_string()),
             SourceError::PositionLost(m) => SessionError::PositionLost(m),
+            SourceError::Fenced(m) => SessionError::Revoked(m),
+            SourceError::Busy(m) => SessionError::Busy(m),
         }
     }
 }
@@ -161,14 +179,28 @@ impl Session<'_> {
         let mut cleanup = tokio::time::interval(Duration::from_millis(self.settings.cleanup_interval_ms));
         cleanup.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let budget = self.settings.max_in_flight_bytes as usize;
+        // After a shutdown request, a transaction already being read is read to its commit
+        // (for a short while), so its rows can be deleted rather than sent again by the next
+        // owner.
+        let mut finish_by: Option<tokio::time::Instant> = None;
         loop {
             if *shutdown.borrow() {
-                return Ok(());
+                let deadline = *finish_by.get_or_insert_with(|| tokio::time::Instant::now() + FINISH_OPEN_TXN);
+                if self.open.is_none() || tokio::time::Instant::now() >= deadline {
+                    return Ok(());
+                }
             }
             // Priorities: 1 shutdown, 2 Kafka acknowledgements, 3 cleanup, 4 new changes.
             tokio::select! {
                 biased;
-                _ = shutdown.changed() => return Ok(()),
+                changed = shutdown.changed(), if finish_by.is_none() => {
+                    if changed.is_err() {
+                        // Nobody can stop this session any more in order: stop now.
+                        return Ok(());
+                    }
+                    continue;
+                }
+                _ = tokio::time::sleep_until(finish_by.unwrap_or_else(tokio::time::Instant::now)), if finish_by.is_some() => continue,
                 Some(d) = self.deliveries.next(), if !self.deliveries.is_empty() => {
                     self.on_delivery(d).await?;
                 }
@@ -273,11 +305,15 @@ impl Session<'_> {
     }
 
     async fn publish(&mut self, seq: TxnSeq, record: OutboxRecord, dead_letter: bool) -> Result<(), SessionError> {
+        self.labels.lease.check().map_err(SessionError::Revoked)?;
         let mut headers = record.headers.clone();
         headers.push(("outbox-id".into(), record.id.to_string().into_bytes()));
         headers.push(("outbox-shard".into(), self.labels.id.shard.to_string().into_bytes()));
         headers.push(("outbox-partition".into(), self.labels.id.partition.to_string().into_bytes()));
         headers.push((self.position_header.into(), self.label.clone().into_bytes()));
+        if let Some(epoch) = self.labels.lease.epoch() {
+            headers.push((OWNER_EPOCH_HEADER.into(), epoch.to_string().into_bytes()));
+        }
         let out = Outgoing {
             topic: &record.topic,
             key: record.key.as_deref(),
@@ -434,6 +470,10 @@ impl Session<'_> {
     }
 
     async fn cleanup<S: Source>(&mut self, source: &mut S) -> Result<(), SessionError> {
+        self.labels.lease.check().map_err(SessionError::Revoked)?;
+        if !self.tracker.has_ready() {
+            return Ok(());
+        }
         let Some((ids, position)) = self.tracker.take_ready() else { return Ok(()) };
         let position = *position.downcast::<S::Position>().expect("positions come from this source");
         let deleted = source.finish(ids, position).await?;

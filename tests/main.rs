@@ -5,6 +5,7 @@
 
 mod support;
 
+mod coordination;
 mod mysql_cdc;
 mod mysql_setup;
 mod polling;

@@ -400,3 +400,88 @@ async fn a_silent_dead_replication_link_is_detected_with_a_heartbeat() {
     w.wait_drained(&w.table(0, 0)).await;
     assert!(streamer.stop());
 }
+
+/// PostgreSQL flushes a commit record before the transaction becomes visible to other
+/// sessions, and the walsender may send the transaction in between. A synchronous standby
+/// that never answers holds a committing transaction exactly there (committed in the WAL,
+/// invisible to queries) for as long as the test likes. The streamer publishes the row; its
+/// first DELETE finds nothing, and it must wait for the transaction to become visible and
+/// delete the row then, not confirm the position with the row left in the table.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_row_sent_before_its_commit_is_visible_is_still_deleted() {
+    let w = World::exclusive("vis", 1, 1, 3, "").await;
+    let table = w.table(0, 0);
+    let root = crate::support::pg::connect(&crate::support::env("OUTBOX_PG_URL")).await;
+    let db: String = w.db.admin.query_one("SELECT current_database()", &[]).await.unwrap().get(0);
+    // Every session of this database commits locally, except the writer below.
+    root.batch_execute(&format!("ALTER DATABASE {db} SET synchronous_commit = local")).await.unwrap();
+    w.db.admin.batch_execute("SET synchronous_commit = local").await.unwrap();
+    let _standby = NeverAnsweringStandby::begin(&root).await;
+    let streamer = w.start("streamer.log");
+    // A first row ends the session's replay check, so the held row below meets the delete.
+    let warm_up = format!("INSERT INTO {table} (topic, msg_key, payload) VALUES ($1, 'k', 'warm-up')");
+    w.db.admin.execute(&warm_up, &[&w.topic]).await.unwrap();
+    kafka::read_at_least(&w.topic, 3, 1, ARRIVAL).await;
+    w.wait_drained(&table).await;
+
+    let writer = crate::support::pg::connect(&w.db.admin_url).await;
+    writer.batch_execute("SET synchronous_commit = on").await.unwrap();
+    let writer_pid: i32 = writer.query_one("SELECT pg_backend_pid()", &[]).await.unwrap().get(0);
+    let insert = format!("INSERT INTO {table} (topic, msg_key, payload) VALUES ($1, 'k', 'held')");
+    let topic = w.topic.clone();
+    let committing = tokio::spawn(async move { writer.execute(&insert, &[&topic]).await });
+
+    let records = kafka::read_at_least(&w.topic, 3, 2, ARRIVAL).await;
+    assert_eq!(records[1].payload_str(), "held", "the row is published while its commit is still invisible");
+    wait_until("the streamer to wait for the transaction to become visible", ARRIVAL, || async {
+        let waiting: bool = root
+            .query_one(
+                "SELECT count(*) > 0 FROM pg_stat_activity
+                 WHERE datname = $1 AND usename = $2 AND query LIKE '%transactionid::text = ANY%'",
+                &[&db, &format!("{db}_streamer")],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        waiting.then_some(())
+    })
+    .await;
+    assert_eq!(w.db.count(&table).await, 0, "the writer's row is not visible yet");
+    // Give up waiting for the standby: the transaction becomes visible.
+    root.execute("SELECT pg_cancel_backend($1)", &[&writer_pid]).await.unwrap();
+    committing.await.unwrap().expect("the insert committed locally");
+    assert_eq!(w.db.count(&table).await, 1, "now visible");
+    w.wait_drained(&table).await;
+    let records = kafka::read_at_least(&w.topic, 3, 2, ARRIVAL).await;
+    assert_eq!(records.len(), 2, "each row once");
+    assert!(streamer.stop());
+}
+
+/// Makes every commit that asks for synchronous replication wait for a standby that does not
+/// exist; undone on drop, even when the test fails.
+struct NeverAnsweringStandby;
+
+impl NeverAnsweringStandby {
+    async fn begin(root: &tokio_postgres::Client) -> Self {
+        root.batch_execute("ALTER SYSTEM SET synchronous_standby_names = 'nobody'").await.unwrap();
+        root.batch_execute("SELECT pg_reload_conf()").await.unwrap();
+        Self
+    }
+}
+
+impl Drop for NeverAnsweringStandby {
+    fn drop(&mut self) {
+        std::thread::spawn(|| {
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+            rt.block_on(async {
+                let root = crate::support::pg::connect(&crate::support::env("OUTBOX_PG_URL")).await;
+                root.batch_execute("ALTER SYSTEM RESET synchronous_standby_names")
+                    .await
+                    .expect("resetting synchronous_standby_names");
+                root.batch_execute("SELECT pg_reload_conf()").await.expect("reloading the configuration");
+            })
+        })
+        .join()
+        .expect("reset thread");
+    }
+}

@@ -37,7 +37,13 @@ struct Row {
     catchup_pending: Option<bool>,
     last_catchup_at: Option<String>,
     last_catchup_rows: Option<i64>,
+    /// Under ZooKeeper ownership: the instance holding the lease, and its epoch.
+    owner: Option<String>,
+    owner_epoch: Option<i64>,
     healthy: bool,
+    /// The lease name, `<source>.<table>`.
+    #[serde(skip)]
+    key: String,
 }
 
 impl Row {
@@ -50,6 +56,7 @@ impl Row {
                 Mode::Cdc => "cdc",
                 Mode::Polling => "polling",
             },
+            key: format!("{}.{}", source.name, stream_names(&source.table_prefix, id).table),
             ..Self::default()
         }
     }
@@ -63,12 +70,37 @@ pub async fn status(config: &Config, json: bool) -> anyhow::Result<ExitCode> {
             SourceKind::Mysql => mysql_rows(source, &mut rows).await?,
         }
     }
+    if let Some(c) = &config.coordination {
+        owners(c, &mut rows).await?;
+    }
     if json {
         println!("{}", serde_json::to_string_pretty(&rows)?);
     } else {
-        print_table(&rows);
+        print_table(&rows, config.coordination.is_some());
     }
     Ok(if rows.iter().all(|r| r.healthy) { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+}
+
+/// Fills each row's owner from ZooKeeper; a shard-partition nobody owns is unhealthy.
+async fn owners(c: &crate::config::CoordinationConfig, rows: &mut [Row]) -> anyhow::Result<()> {
+    use outbox_zookeeper::paths::ClusterPaths;
+    let mut settings = outbox_zookeeper::SessionSettings::new(c.connect.clone());
+    settings.session_timeout = std::time::Duration::from_millis(c.session_timeout_ms);
+    let client = outbox_zookeeper::connect(&settings).await.context("coordination.connect")?;
+    let paths = ClusterPaths::new(&c.root, &c.cluster_name);
+    let members = outbox_zookeeper::members::list(&client, &paths).await.context("reading the members")?;
+    let names: Vec<&str> = members.iter().map(|m| m.instance.as_str()).collect();
+    println!("cluster {}: {} live instance(s): {}", paths.base(), members.len(), names.join(", "));
+    for row in rows.iter_mut() {
+        let holder = outbox_zookeeper::lease::holder(&client, &paths, &row.key)
+            .await
+            .with_context(|| format!("reading the lease of {}", row.key))?;
+        match holder {
+            Some(h) => (row.owner, row.owner_epoch) = (Some(h.instance), Some(h.epoch)),
+            None => row.healthy = false,
+        }
+    }
+    Ok(())
 }
 
 fn count_sql(quoted_table: &str) -> String {
@@ -156,10 +188,34 @@ async fn mysql_rows(source: &SourceConfig, rows: &mut Vec<Row>) -> anyhow::Resul
     Ok(())
 }
 
-fn print_table(rows: &[Row]) {
+/// The table; with `coordinated`, owner and epoch columns too.
+fn print_table(rows: &[Row], coordinated: bool) {
+    let owner_width = rows.iter().filter_map(|r| r.owner.as_ref().map(String::len)).max().unwrap_or(0).max(5);
+    let owner_column = |r: Option<&Row>| -> String {
+        if !coordinated {
+            return String::new();
+        }
+        match r {
+            None => format!("{:<owner_width$} {:>12} ", "owner", "epoch"),
+            Some(r) => format!(
+                "{:<owner_width$} {:>12} ",
+                r.owner.as_deref().unwrap_or("NONE"),
+                r.owner_epoch.map_or_else(|| "-".to_string(), |e| e.to_string())
+            ),
+        }
+    };
     println!(
-        "{:<10} {:>5} {:>9} {:<7} {:<10} {:>8} {:>12} {:>9}  {:<28} position",
-        "source", "shard", "partition", "mode", "state", "pid", "lag_bytes", "pending", "last catch-up"
+        "{:<10} {:>5} {:>9} {:<7} {:<10} {}{:>8} {:>12} {:>9}  {:<28} position",
+        "source",
+        "shard",
+        "partition",
+        "mode",
+        "state",
+        owner_column(None),
+        "pid",
+        "lag_bytes",
+        "pending",
+        "last catch-up"
     );
     let dash = || "-".to_string();
     for r in rows {
@@ -169,12 +225,13 @@ fn print_table(rows: &[Row]) {
             _ => dash(),
         };
         println!(
-            "{:<10} {:>5} {:>9} {:<7} {:<10} {:>8} {:>12} {:>9}  {:<28} {}",
+            "{:<10} {:>5} {:>9} {:<7} {:<10} {}{:>8} {:>12} {:>9}  {:<28} {}",
             r.source,
             r.shard,
             r.partition,
             r.mode,
             r.state,
+            owner_column(Some(r)),
             r.active_pid.map_or_else(dash, |p| p.to_string()),
             r.lag_bytes.map_or_else(dash, |l| l.to_string()),
             r.rows_pending.map_or_else(dash, |p| if p >= PENDING_COUNT_CAP { format!("{p}+") } else { p.to_string() }),

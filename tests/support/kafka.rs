@@ -205,3 +205,16 @@ pub async fn expect_numbered_payloads(topic: &str, n: usize, timeout: Duration) 
     assert_eq!(got, (0..n).map(|i| format!("p{i}")).collect::<Vec<_>>(), "every row once, in order");
     records
 }
+
+/// Reads `topic` from the beginning until a record whose header `name` equals `value`
+/// arrives; panics at the deadline.
+pub async fn wait_for_header(topic: &str, partitions: i32, name: &str, value: &str, timeout: Duration) {
+    let (topic, name, value) = (topic.to_string(), name.to_string(), value.to_string());
+    tokio::task::spawn_blocking(move || {
+        scan(&topic, partitions, timeout, Duration::ZERO, |msg| {
+            msg.headers().is_some_and(|h| h.iter().any(|h| h.key == name && h.value == Some(value.as_bytes())))
+        })
+    })
+    .await
+    .expect("reader thread")
+}

@@ -5,6 +5,7 @@
 //! Dropping the proxy closes everything.
 
 use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -15,6 +16,7 @@ pub struct Proxy {
     pub addr: SocketAddr,
     frozen: watch::Sender<bool>,
     acceptor: JoinHandle<()>,
+    pumps: Arc<Mutex<Vec<JoinHandle<()>>>>,
 }
 
 impl Proxy {
@@ -23,16 +25,26 @@ impl Proxy {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("binding the proxy");
         let addr = listener.local_addr().unwrap();
         let (frozen, watcher) = watch::channel(false);
+        let pumps: Arc<Mutex<Vec<JoinHandle<()>>>> = Arc::default();
+        let registry = pumps.clone();
         let acceptor = tokio::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
                 let Ok(server) = TcpStream::connect(upstream).await else { continue };
                 let (cr, cw) = client.into_split();
                 let (sr, sw) = server.into_split();
-                tokio::spawn(pump(cr, sw, watcher.clone()));
-                tokio::spawn(pump(sr, cw, watcher.clone()));
+                let mut pumps = registry.lock().unwrap();
+                pumps.push(tokio::spawn(pump(cr, sw, watcher.clone())));
+                pumps.push(tokio::spawn(pump(sr, cw, watcher.clone())));
             }
         });
-        Self { addr, frozen, acceptor }
+        Self { addr, frozen, acceptor, pumps }
+    }
+
+    /// Closes every connection open now (new ones are accepted as before).
+    pub fn reset(&self) {
+        for pump in self.pumps.lock().unwrap().drain(..) {
+            pump.abort();
+        }
     }
 
     /// Stops forwarding; connections stay open and silent.
@@ -48,6 +60,7 @@ impl Proxy {
 impl Drop for Proxy {
     fn drop(&mut self) {
         self.acceptor.abort();
+        self.reset();
     }
 }
 

@@ -34,12 +34,18 @@ pub struct Running {
 
 impl Running {
     pub fn start(config: &Path, log: &Path) -> Self {
+        Self::start_with_env(config, log, &[])
+    }
+
+    /// Starts with extra environment variables (for example `OUTBOX_METRICS_LISTEN`).
+    pub fn start_with_env(config: &Path, log: &Path, env: &[(&str, String)]) -> Self {
         let file = std::fs::OpenOptions::new().create(true).append(true).open(log).expect("log file");
         let child = Command::new(bin())
             .arg("--config")
             .arg(config)
             .arg("run")
             .env("RUST_LOG", "info,outbox_streamer=debug")
+            .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
             .stdout(Stdio::null())
             .stderr(file)
             .spawn()
@@ -85,6 +91,20 @@ impl Running {
         }
     }
 
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// SIGSTOP: the process freezes with every connection open.
+    pub fn freeze(&self) {
+        signal(self.child.id(), "STOP");
+    }
+
+    /// SIGCONT after [`Running::freeze`].
+    pub fn resume(&self) {
+        signal(self.child.id(), "CONT");
+    }
+
     /// SIGKILL: no draining, no cleanup.
     pub fn kill(mut self) {
         let _ = self.child.kill();
@@ -93,11 +113,22 @@ impl Running {
 }
 
 impl Drop for Running {
+    /// Kills the child; if the test is failing, prints the end of its log so a CI failure
+    /// explains itself without the scratch directory.
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        if std::thread::panicking() {
+            let log = self.log_text();
+            let lines: Vec<&str> = log.lines().collect();
+            let tail = &lines[lines.len().saturating_sub(LOG_TAIL_LINES)..];
+            eprintln!("---- last {} lines of {} ----\n{}", tail.len(), self.log.display(), tail.join("\n"));
+        }
     }
 }
+
+/// How much of a streamer's log a failing test prints.
+const LOG_TAIL_LINES: usize = 60;
 
 fn signal(pid: u32, sig: &str) {
     let ok = Command::new("kill").arg(format!("-{sig}")).arg(pid.to_string()).status().expect("kill").success();

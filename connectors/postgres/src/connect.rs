@@ -16,6 +16,17 @@ pub struct PgTarget {
     user: String,
     password: String,
     database: String,
+    /// The instance name under ZooKeeper coordination, shown in the replication session's
+    /// `application_name` so another instance can tell whose session holds a slot.
+    instance: Option<String>,
+}
+
+/// The `application_name` prefix of a coordinated instance's replication sessions.
+pub const INSTANCE_APP_PREFIX: &str = "outbox-streamer@";
+
+/// The instance named by a replication session's `application_name`, if it is one of ours.
+pub fn instance_of(application_name: &str) -> Option<&str> {
+    application_name.strip_prefix(INSTANCE_APP_PREFIX).filter(|i| !i.is_empty())
 }
 
 impl std::fmt::Debug for PgTarget {
@@ -49,7 +60,13 @@ impl PgTarget {
         config.dbname(&database);
         config.connect_timeout(Duration::from_secs(10));
         config.application_name("outbox-streamer");
-        Ok(Self { config, host, port, user, password, database })
+        Ok(Self { config, host, port, user, password, database, instance: None })
+    }
+
+    /// Names this instance in its replication sessions (see [`instance_of`]).
+    pub fn with_instance(mut self, instance: &str) -> Self {
+        self.instance = Some(instance.into());
+        self
     }
 
     pub fn user(&self) -> &str {
@@ -84,7 +101,10 @@ impl PgTarget {
             .with_start_lsn(Lsn::from_u64(0))
             .with_status_interval(status_interval)
             .with_wakeup_interval(status_interval)
-            .with_application_name(format!("outbox-streamer {slot}"))
+            .with_application_name(match &self.instance {
+                Some(instance) => format!("{INSTANCE_APP_PREFIX}{instance}"),
+                None => format!("outbox-streamer {slot}"),
+            })
     }
 }
 

@@ -62,3 +62,30 @@ pub async fn advance_to_current(client: &Client, slot: &str) -> Result<(), tokio
         .await?;
     Ok(())
 }
+
+/// The session holding a slot: its backend pid and `application_name` (empty when the
+/// server does not show it to this role).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SlotHolder {
+    pub pid: i32,
+    pub application_name: String,
+}
+
+/// Who holds `slot` now, if anyone.
+pub async fn holder(client: &Client, slot: &str) -> Result<Option<SlotHolder>, tokio_postgres::Error> {
+    let row = client
+        .query_opt(
+            "SELECT s.active_pid, coalesce(a.application_name, '')
+             FROM pg_replication_slots s LEFT JOIN pg_stat_activity a ON a.pid = s.active_pid
+             WHERE s.slot_name = $1 AND s.active_pid IS NOT NULL",
+            &[&slot],
+        )
+        .await?;
+    Ok(row.map(|r| SlotHolder { pid: r.get(0), application_name: r.get(1) }))
+}
+
+/// Ends the backend `pid` (the streamer's role may end its own role's sessions). Returns
+/// whether the server signalled it.
+pub async fn terminate(client: &Client, pid: i32) -> Result<bool, tokio_postgres::Error> {
+    Ok(client.query_one("SELECT pg_terminate_backend($1)", &[&pid]).await?.get(0))
+}

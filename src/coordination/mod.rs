@@ -1,0 +1,319 @@
+//! ZooKeeper ownership: which instance streams which shard-partition.
+//!
+//! Every instance registers a member node, computes its quota from the member list
+//! ([`assign`]) and takes free leases until it owns that many, or gives leases up when it owns
+//! more. A lease is given up only after its shard-partition's task has stopped (drained,
+//! deleted, checkpointed), and taken only when its lock node is gone, so a shard-partition is
+//! never streamed by two instances that both believe they own it.
+//!
+//! The session is trusted only while ZooKeeper answers ([`crate::lease::SessionLease`]): a
+//! probe every `session_timeout / 6` renews it; without answers the tasks stop producing after
+//! `session_timeout / 2` and start again with the same lease if the session survives. When
+//! the session expires, every task is aborted at once (its producer's queue is purged and its
+//! database connections dropped), and the instance joins again with a new session.
+
+pub mod assign;
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use metrics::{counter, gauge};
+use outbox_zookeeper::lease::{self, Lease};
+use outbox_zookeeper::members::{self, Member};
+use outbox_zookeeper::paths::ClusterPaths;
+use outbox_zookeeper::{SessionSettings, zk};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use crate::config::CoordinationConfig;
+use crate::lease::{OwnerLease, SessionLease};
+use crate::metrics as m;
+use crate::run::StreamJob;
+
+/// How often an instance looks again for free leases and finished tasks even when the
+/// member list did not change (a lease freed by a stopped task notifies nobody).
+const REBALANCE_EVERY: Duration = Duration::from_millis(500);
+/// How long a contender waits behind another one for a lease that looked free.
+const ACQUIRE_WAIT: Duration = Duration::from_secs(1);
+/// How long a released shard-partition's task gets to drain before it is aborted.
+const RELEASE_WAIT: Duration = Duration::from_secs(45);
+
+/// Runs ownership until `stop` turns true; then stops every owned task and gives its lease up.
+pub async fn run(config: &CoordinationConfig, jobs: Vec<StreamJob>, mut stop: watch::Receiver<bool>) {
+    let paths = ClusterPaths::new(&config.root, &config.cluster_name);
+    let instance = config.instance_name();
+    let mut settings = SessionSettings::new(config.connect.clone());
+    settings.session_timeout = Duration::from_millis(config.session_timeout_ms);
+    let yield_after = config.yield_interval_s.map(Duration::from_secs);
+    tracing::info!(%instance, cluster = %paths.base(), streams = jobs.len(), "joining the cluster through ZooKeeper");
+    let mut failing_since: Option<Instant> = None;
+    while !*stop.borrow() {
+        let client = match outbox_zookeeper::connect(&settings).await {
+            Ok(client) => client,
+            Err(e) => {
+                if failing_since.is_none() {
+                    failing_since = Some(Instant::now());
+                    tracing::error!(error = %e, "cannot reach ZooKeeper; this instance owns nothing until it can; retrying");
+                }
+                tokio::select! {
+                    _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                    _ = stop.changed() => {}
+                }
+                continue;
+            }
+        };
+        if failing_since.take().is_some() {
+            tracing::info!("ZooKeeper reachable again");
+        }
+        let mut member =
+            Membership { client, paths: &paths, instance: &instance, jobs: &jobs, owned: BTreeMap::new(), yield_after };
+        member.run(&mut stop).await;
+    }
+}
+
+struct Owned {
+    lease: Lease,
+    stop: watch::Sender<bool>,
+    task: JoinHandle<()>,
+    since: Instant,
+}
+
+/// One ZooKeeper session's membership.
+struct Membership<'a> {
+    client: zk::Client,
+    paths: &'a ClusterPaths,
+    instance: &'a str,
+    jobs: &'a [StreamJob],
+    owned: BTreeMap<usize, Owned>,
+    yield_after: Option<Duration>,
+}
+
+type Changed = Pin<Box<dyn Future<Output = zk::WatchedEvent> + Send>>;
+
+impl Membership<'_> {
+    async fn run(&mut self, stop: &mut watch::Receiver<bool>) {
+        let session = SessionLease::new(self.instance, self.client.session_timeout());
+        let sent = Instant::now();
+        let node = match members::register(&self.client, self.paths, self.instance).await {
+            Ok(node) => node,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot register as a member; opening a new session");
+                return;
+            }
+        };
+        session.renew(sent);
+        tracing::info!(member = %node, session_timeout_ms = self.client.session_timeout().as_millis() as u64, "registered as a cluster member");
+        let renewer = tokio::spawn(renew(self.client.clone(), self.paths.members(), session.clone()));
+        let mut states = self.client.state_watcher();
+        let mut changed: Option<Changed> = None;
+        let mut tick = tokio::time::interval(REBALANCE_EVERY);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut yielded: BTreeMap<usize, Instant> = BTreeMap::new();
+        loop {
+            let listed = match changed {
+                Some(_) => bounded(members::list(&self.client, self.paths)).await.map(|m| (m, None)),
+                None => bounded(members::watch(&self.client, self.paths)).await.map(|(m, w)| (m, Some(w))),
+            };
+            match listed {
+                Ok((list, watcher)) => {
+                    if let Some(w) = watcher {
+                        changed = Some(Box::pin(w.changed()));
+                    }
+                    if session.is_valid() {
+                        self.rebalance(&list, &node, &session, &mut yielded).await;
+                    } else {
+                        // The tasks stop producing on their own; report them as not owned.
+                        for index in self.owned.keys() {
+                            gauge!(m::OWNER_EPOCH, "stream" => self.jobs[*index].key.clone()).set(0.0);
+                        }
+                    }
+                }
+                Err(e) => tracing::debug!(error = %e, "cannot list members; trying again"),
+            }
+            tokio::select! {
+                _ = stop.changed() => {
+                    // Leave first, so the others count without this instance and take each
+                    // lease as soon as it is given up.
+                    let member = format!("{}/{node}", self.paths.members());
+                    if let Err(e) = bounded(self.client.delete(&member, None)).await {
+                        tracing::debug!(error = %e, "cannot delete the member node; it goes with the session");
+                    }
+                    self.release_all("released").await;
+                    break;
+                }
+                state = states.changed() => match state {
+                    zk::SessionState::Expired | zk::SessionState::Closed | zk::SessionState::AuthFailed => {
+                        session.revoke();
+                        tracing::error!(?state, owned = self.owned.len(), "ZooKeeper session lost: every owned shard-partition stops at once; joining again with a new session");
+                        self.abort_all();
+                        break;
+                    }
+                    zk::SessionState::Disconnected => tracing::warn!("disconnected from ZooKeeper; owned shard-partitions stop producing if it lasts longer than half the session timeout"),
+                    other => tracing::info!(state = ?other, "ZooKeeper connection state"),
+                },
+                _ = async { changed.as_mut().expect("set above").await }, if changed.is_some() => changed = None,
+                _ = tick.tick() => {}
+            }
+        }
+        renewer.abort();
+        gauge!(m::OWNED_STREAMS).set(0.0);
+    }
+
+    /// Reaps stopped tasks, then gives up or takes leases to reach this member's quota.
+    async fn rebalance(
+        &mut self,
+        list: &[Member],
+        node: &str,
+        session: &Arc<SessionLease>,
+        yielded: &mut BTreeMap<usize, Instant>,
+    ) {
+        session.set_live_members(list.iter().map(|m| m.instance.clone()));
+        let Some(rank) = list.iter().position(|m| m.node == node) else {
+            tracing::warn!(member = %node, "this instance's member node is missing; waiting for the session to be declared lost");
+            return;
+        };
+        self.restart_stopped(session).await;
+        let total = self.jobs.len();
+        let quota = assign::quota(total, list.len(), rank);
+        let order = assign::preference(total, list.len(), rank);
+        // Give up the least preferred first.
+        while self.owned.len() > quota {
+            let Some(&index) = order.iter().rev().find(|i| self.owned.contains_key(i)) else { break };
+            self.release(index, "released").await;
+        }
+        if let Some(after) = self.yield_after
+            && list.len() > 1
+        {
+            let due: Vec<usize> =
+                self.owned.iter().filter(|(_, o)| o.since.elapsed() >= after).map(|(i, _)| *i).collect();
+            for index in due {
+                self.release(index, "yielded").await;
+                yielded.insert(index, Instant::now());
+            }
+        }
+        // A yielded lease is left to the others for a while.
+        yielded.retain(|_, at| at.elapsed() < REBALANCE_EVERY * 10);
+        for index in order {
+            if self.owned.len() >= quota {
+                break;
+            }
+            if self.owned.contains_key(&index) || yielded.contains_key(&index) {
+                continue;
+            }
+            let key = &self.jobs[index].key;
+            match bounded(lease::is_free(&self.client, self.paths, key)).await {
+                Ok(true) => {}
+                Ok(false) => continue,
+                Err(e) => {
+                    tracing::debug!(stream = %key, error = %e, "cannot read the lease");
+                    return;
+                }
+            }
+            match bounded(lease::acquire(&self.client, self.paths, key, self.instance, ACQUIRE_WAIT)).await {
+                Ok(Some(lease)) => self.start(index, lease, session),
+                Ok(None) => {}
+                Err(e) => {
+                    tracing::warn!(stream = %key, error = %e, "cannot take the lease");
+                    return;
+                }
+            }
+        }
+        gauge!(m::OWNED_STREAMS).set(self.owned.len() as f64);
+    }
+
+    fn start(&mut self, index: usize, lease: Lease, session: &Arc<SessionLease>) {
+        let job = &self.jobs[index];
+        tracing::info!(stream = %job.key, epoch = lease.epoch, "lease acquired; streaming");
+        counter!(m::LEASE_CHANGES, "event" => "acquired").increment(1);
+        gauge!(m::OWNER_EPOCH, "stream" => job.key.clone()).set(lease.epoch as f64);
+        let (stop, stop_rx) = watch::channel(false);
+        let task = job.spawn(OwnerLease::held(lease.epoch, session.clone()), stop_rx);
+        self.owned.insert(index, Owned { lease, stop, task, since: Instant::now() });
+    }
+
+    /// A task that ended by itself stopped because the session could not be confirmed: start
+    /// it again if the lease survived, else forget the lease.
+    async fn restart_stopped(&mut self, session: &Arc<SessionLease>) {
+        let finished: Vec<usize> = self.owned.iter().filter(|(_, o)| o.task.is_finished()).map(|(i, _)| *i).collect();
+        for index in finished {
+            let owned = self.owned.remove(&index).expect("listed above");
+            match bounded(owned.lease.still_held()).await {
+                Ok(true) => {
+                    tracing::info!(stream = %self.jobs[index].key, epoch = owned.lease.epoch, "the lease survived; streaming again");
+                    gauge!(m::OWNER_EPOCH, "stream" => self.jobs[index].key.clone()).set(owned.lease.epoch as f64);
+                    let (stop, stop_rx) = watch::channel(false);
+                    let task = self.jobs[index].spawn(OwnerLease::held(owned.lease.epoch, session.clone()), stop_rx);
+                    self.owned.insert(index, Owned { lease: owned.lease, stop, task, since: owned.since });
+                }
+                _ => {
+                    tracing::warn!(stream = %self.jobs[index].key, "the lease is gone; another instance may take the shard-partition");
+                    counter!(m::LEASE_CHANGES, "event" => "lost").increment(1);
+                    gauge!(m::OWNER_EPOCH, "stream" => self.jobs[index].key.clone()).set(0.0);
+                }
+            }
+        }
+    }
+
+    /// Stops the task (it drains, deletes and checkpoints), then deletes the lock node.
+    async fn release(&mut self, index: usize, event: &'static str) {
+        let Some(owned) = self.owned.remove(&index) else { return };
+        let key = &self.jobs[index].key;
+        let _ = owned.stop.send(true);
+        let mut task = owned.task;
+        if tokio::time::timeout(RELEASE_WAIT, &mut task).await.is_err() {
+            tracing::warn!(stream = %key, "the task did not stop within {RELEASE_WAIT:?}; aborted");
+            task.abort();
+            let _ = task.await;
+        }
+        gauge!(m::OWNER_EPOCH, "stream" => key.clone()).set(0.0);
+        if let Err(e) = bounded(owned.lease.release()).await {
+            tracing::warn!(stream = %key, error = %e, "cannot delete the lease node; it goes with the session");
+        }
+        tracing::info!(stream = %key, %event, "lease given up");
+        counter!(m::LEASE_CHANGES, "event" => event).increment(1);
+    }
+
+    async fn release_all(&mut self, event: &'static str) {
+        for o in self.owned.values() {
+            let _ = o.stop.send(true);
+        }
+        let indexes: Vec<usize> = self.owned.keys().copied().collect();
+        for index in indexes {
+            self.release(index, event).await;
+        }
+    }
+
+    /// The session is gone: no task may produce or write another thing.
+    fn abort_all(&mut self) {
+        for (index, owned) in std::mem::take(&mut self.owned) {
+            owned.task.abort();
+            counter!(m::LEASE_CHANGES, "event" => "lost").increment(1);
+            gauge!(m::OWNER_EPOCH, "stream" => self.jobs[index].key.clone()).set(0.0);
+        }
+    }
+}
+
+/// The longest one ZooKeeper call of the coordinator may take: while ZooKeeper is away, calls
+/// wait for the connection, and the coordinator must still answer a shutdown.
+const CALL_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Runs a ZooKeeper call under [`CALL_TIMEOUT`]; a timeout reads as `ConnectionLoss`.
+async fn bounded<T>(call: impl Future<Output = Result<T, zk::Error>>) -> Result<T, zk::Error> {
+    tokio::time::timeout(CALL_TIMEOUT, call).await.unwrap_or(Err(zk::Error::ConnectionLoss))
+}
+
+/// Probes ZooKeeper (a read of `path`) every `session_timeout / 6`; each answer renews the
+/// session's trust: an answer within the session proves the session was alive when sent.
+async fn renew(client: zk::Client, path: String, session: Arc<SessionLease>) {
+    let every = client.session_timeout() / 6;
+    loop {
+        let sent = Instant::now();
+        if let Ok(Ok(_)) = tokio::time::timeout(every * 2, client.check_stat(&path)).await {
+            session.renew(sent);
+        }
+        tokio::time::sleep(every.saturating_sub(sent.elapsed())).await;
+    }
+}

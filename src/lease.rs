@@ -1,0 +1,151 @@
+//! What a shard-partition's task knows about its ownership: the owner epoch, and whether the
+//! instance's ZooKeeper session can still be trusted to hold the lease.
+//!
+//! A lease alone is not safety: a process paused past its session timeout wakes up believing
+//! it still owns its shard-partitions. So the session is trusted only for a while after the
+//! server last answered: [`SessionLease::renew`] with the time a request was SENT moves the
+//! deadline to `sent + session_timeout / 2` (the server heard us at or after `sent`, so it
+//! cannot expire the session before `sent + session_timeout`). The streamer checks
+//! [`OwnerLease::check`] before handing each record to Kafka and before each delete or
+//! position write; the monotonic clock keeps running through SIGSTOP, so a resumed process
+//! fails the check before it does anything. Records queued inside librdkafka before a pause
+//! are covered by capping `message.timeout.ms` below the same bound (see `run.rs`).
+
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock, RwLock};
+use std::time::{Duration, Instant};
+
+/// One instance's ZooKeeper session, shared by the tasks of every shard-partition it owns.
+#[derive(Debug)]
+pub struct SessionLease {
+    instance: String,
+    session_timeout: Duration,
+    /// Nanoseconds since [`base`]; 0 means not trusted.
+    valid_until: AtomicU64,
+    /// Instance names of the live members, for deciding whether a slot's holder is gone.
+    live: RwLock<HashSet<String>>,
+}
+
+impl SessionLease {
+    pub fn new(instance: &str, session_timeout: Duration) -> Arc<Self> {
+        Arc::new(Self {
+            instance: instance.into(),
+            session_timeout,
+            valid_until: AtomicU64::new(0),
+            live: RwLock::new(HashSet::new()),
+        })
+    }
+
+    /// The server answered a request sent at `sent`.
+    pub fn renew(&self, sent: Instant) {
+        let until = nanos(sent + self.session_timeout / 2);
+        self.valid_until.fetch_max(until, Ordering::SeqCst);
+    }
+
+    /// The session is lost (expired or closed): nothing may be produced or written any more.
+    pub fn revoke(&self) {
+        self.valid_until.store(0, Ordering::SeqCst);
+    }
+
+    pub fn is_valid(&self) -> bool {
+        nanos(Instant::now()) < self.valid_until.load(Ordering::SeqCst)
+    }
+
+    pub fn set_live_members(&self, instances: impl IntoIterator<Item = String>) {
+        let mut live = self.live.write().unwrap_or_else(|e| e.into_inner());
+        *live = instances.into_iter().collect();
+    }
+
+    pub fn instance(&self) -> &str {
+        &self.instance
+    }
+}
+
+/// The ownership of one shard-partition as its task sees it.
+#[derive(Debug, Clone)]
+pub struct OwnerLease {
+    /// `None` without coordination: this instance owns everything, always.
+    held: Option<(i64, Arc<SessionLease>)>,
+}
+
+impl OwnerLease {
+    /// No coordination: the single instance owns every shard-partition at epoch 0.
+    pub fn embedded() -> Self {
+        Self { held: None }
+    }
+
+    /// Held through ZooKeeper at `epoch` (the lease node's creation zxid).
+    pub fn held(epoch: i64, session: Arc<SessionLease>) -> Self {
+        Self { held: Some((epoch, session)) }
+    }
+
+    /// The epoch stamped as `outbox-owner-epoch`, if coordinated.
+    pub fn epoch(&self) -> Option<i64> {
+        self.held.as_ref().map(|(e, _)| *e)
+    }
+
+    /// The epoch that guards database position writes (0 when not coordinated).
+    pub fn db_epoch(&self) -> i64 {
+        self.epoch().unwrap_or(0)
+    }
+
+    /// This instance's name (`None` when not coordinated).
+    pub fn instance(&self) -> Option<&str> {
+        self.held.as_ref().map(|(_, s)| s.instance())
+    }
+
+    /// Ok while this instance may produce records and write positions.
+    pub fn check(&self) -> Result<(), String> {
+        match &self.held {
+            Some((epoch, session)) if !session.is_valid() => Err(format!(
+                "this instance can no longer confirm its ZooKeeper session, so its lease (epoch {epoch}) may already be another instance's; it stops without producing or writing a position"
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    /// Whether `instance` is a live member (always true when not coordinated: never take a
+    /// slot from anyone).
+    pub fn is_live_member(&self, instance: &str) -> bool {
+        match &self.held {
+            Some((_, session)) => session.live.read().unwrap_or_else(|e| e.into_inner()).contains(instance),
+            None => true,
+        }
+    }
+}
+
+fn nanos(at: Instant) -> u64 {
+    static BASE: OnceLock<Instant> = OnceLock::new();
+    let base = *BASE.get_or_init(|| Instant::now() - Duration::from_secs(1));
+    at.saturating_duration_since(base).as_nanos() as u64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_lease_is_trusted_for_half_the_session_timeout_after_a_sent_request() {
+        let session = SessionLease::new("a", Duration::from_secs(10));
+        let lease = OwnerLease::held(7, session.clone());
+        assert!(lease.check().is_err(), "never renewed");
+        session.renew(Instant::now());
+        assert!(lease.check().is_ok());
+        session.renew(Instant::now() - Duration::from_secs(6));
+        assert!(lease.check().is_ok(), "an older answer never shortens the deadline");
+        session.revoke();
+        assert!(lease.check().unwrap_err().contains("epoch 7"));
+        let stale = SessionLease::new("b", Duration::from_secs(10));
+        stale.renew(Instant::now() - Duration::from_secs(6));
+        assert!(!stale.is_valid(), "an answer to a request sent 6 s ago is no proof any more");
+    }
+
+    #[test]
+    fn embedded_ownership_is_always_valid_and_takes_nothing() {
+        let lease = OwnerLease::embedded();
+        assert!(lease.check().is_ok());
+        assert_eq!(lease.db_epoch(), 0);
+        assert!(lease.is_live_member("anyone"));
+    }
+}

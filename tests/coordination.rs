@@ -1,0 +1,531 @@
+//! ZooKeeper ownership with several real `outbox-streamer` processes against real ZooKeeper,
+//! PostgreSQL and Kafka: balance, failover after SIGKILL, fencing of an owner paused past its
+//! session, a ZooKeeper restart, and a delayed, reset and cut link to ZooKeeper.
+//!
+//! Every test runs a writer that inserts, per table, payloads 1, 2, 3, … keyed by the table
+//! (one writer per table, so id order is commit order), and checks at the end that every row
+//! arrived, that per table the first deliveries keep that order, and that per table the
+//! `outbox-owner-epoch` header never goes back in Kafka order: once a newer owner's record is
+//! in Kafka, no older owner's record follows.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use outbox_zookeeper::lease::{self, Holder};
+use outbox_zookeeper::paths::ClusterPaths;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tokio_postgres::types::ToSql;
+
+use crate::postgres_cdc::World;
+use crate::support::kafka::{self, Record};
+use crate::support::proxy::Proxy;
+use crate::support::streamer::Running;
+use crate::support::{env, pg, services, unique, wait_until};
+
+/// Short, so the tests fail over quickly; the services' ZooKeeper allows 1 s to 60 s.
+const SESSION_MS: u64 = 3000;
+/// Takeover must happen within the session timeout plus this margin.
+const TAKEOVER_MARGIN: Duration = Duration::from_secs(10);
+const SETTLE: Duration = Duration::from_secs(60);
+const ARRIVAL: Duration = Duration::from_secs(120);
+
+fn coordination(cluster: &str, connect: &str) -> String {
+    format!(
+        "\n[coordination]\nkind = \"zookeeper\"\nconnect = \"{connect}\"\ncluster_name = \"{cluster}\"\nsession_timeout_ms = {SESSION_MS}\n"
+    )
+}
+
+/// A cluster of instances over one database's shard-partitions.
+struct Cluster {
+    w: World,
+    paths: ClusterPaths,
+    keys: Vec<String>,
+    tables: Vec<String>,
+    zk: outbox_zookeeper::zk::Client,
+    instances: Vec<Option<Instance>>,
+}
+
+struct Instance {
+    run: Running,
+    metrics: SocketAddr,
+}
+
+impl Cluster {
+    async fn new(name: &str, shards: u32, partitions: u32, exclusive: bool) -> Self {
+        let cluster = unique(name);
+        let extra = coordination(&cluster, &env("OUTBOX_ZK_CONNECT"));
+        let w = if exclusive {
+            World::exclusive(name, shards, partitions, 3, &extra).await
+        } else {
+            World::new(name, shards, partitions, 3, &extra).await
+        };
+        let tables: Vec<String> =
+            (0..shards).flat_map(|s| (0..partitions).map(move |p| (s, p))).map(|(s, p)| w.table(s, p)).collect();
+        let keys = tables.iter().map(|t| format!("test.{t}")).collect();
+        let zk = outbox_zookeeper::connect(&outbox_zookeeper::SessionSettings::new(env("OUTBOX_ZK_CONNECT")))
+            .await
+            .expect("ZooKeeper session for the test");
+        let paths = ClusterPaths::new("/outbox-streamer", &cluster);
+        Self { w, paths, keys, tables, zk, instances: Vec::new() }
+    }
+
+    /// Starts one more instance with `config` (the world's config by default); returns its index.
+    fn start_with(&mut self, config: &Path) -> usize {
+        let n = self.instances.len();
+        let metrics = free_port();
+        let run = Running::start_with_env(
+            config,
+            &self.w.dir.join(format!("instance-{n}.log")),
+            &[("OUTBOX_METRICS_LISTEN", metrics.to_string())],
+        );
+        self.instances.push(Some(Instance { run, metrics }));
+        n
+    }
+
+    fn start(&mut self) -> usize {
+        let config = self.w.config.clone();
+        self.start_with(&config)
+    }
+
+    fn instance(&self, n: usize) -> &Instance {
+        self.instances[n].as_ref().expect("instance running")
+    }
+
+    /// The instance index holding a lease, by the pid in the default instance name.
+    fn index_of(&self, holder: &Holder) -> Option<usize> {
+        self.instances
+            .iter()
+            .position(|i| i.as_ref().is_some_and(|i| holder.instance.ends_with(&format!("-{}", i.run.pid()))))
+    }
+
+    /// Each lease's holder (instance index, epoch), or None.
+    async fn owners(&self) -> Vec<Option<(usize, i64)>> {
+        let mut out = Vec::new();
+        for key in &self.keys {
+            let holder = lease::holder(&self.zk, &self.paths, key).await.expect("reading a lease");
+            out.push(holder.and_then(|h| Some((self.index_of(&h)?, h.epoch))));
+        }
+        out
+    }
+
+    /// Waits until every lease is held and instance `i` holds `want[i]` of them.
+    async fn wait_for_counts(&self, want: &[usize], timeout: Duration) -> Vec<(usize, i64)> {
+        let want = want.to_vec();
+        self.wait_for(&format!("leases held as {want:?}"), timeout, move |counts| counts == want).await
+    }
+
+    /// Waits until every lease is held and the running instances hold them evenly (counts
+    /// differ by at most one; which instance gets one more depends on who joined first).
+    async fn wait_for_balance(&self, timeout: Duration) -> Vec<(usize, i64)> {
+        let running: Vec<usize> = (0..self.instances.len()).filter(|i| self.instances[*i].is_some()).collect();
+        self.wait_for(&format!("leases spread evenly over instances {running:?}"), timeout, move |counts| {
+            let live: Vec<usize> = running.iter().map(|i| counts[*i]).collect();
+            let stopped_own_nothing = (0..counts.len()).all(|i| running.contains(&i) || counts[i] == 0);
+            stopped_own_nothing && live.iter().max().unwrap_or(&0) - live.iter().min().unwrap_or(&0) <= 1
+        })
+        .await
+    }
+
+    async fn wait_for(&self, what: &str, timeout: Duration, accept: impl Fn(Vec<usize>) -> bool) -> Vec<(usize, i64)> {
+        wait_until(what, timeout, || async {
+            let owners = self.owners().await;
+            let held: Vec<(usize, i64)> = owners.iter().flatten().copied().collect();
+            if held.len() != self.keys.len() {
+                return None;
+            }
+            let counts: Vec<usize> =
+                (0..self.instances.len()).map(|i| held.iter().filter(|(o, _)| *o == i).count()).collect();
+            accept(counts).then_some(held)
+        })
+        .await
+    }
+
+    /// Stops the writer, checks every record (see [`check`]) and waits for every table to
+    /// drain; returns the number of duplicates.
+    async fn finish(&self, writer: Writer) -> usize {
+        let sent = writer.finish().await;
+        let records = read_all(&self.w.topic, &sent).await;
+        let duplicates = check(&records, &sent);
+        for table in &self.tables {
+            self.w.wait_drained(table).await;
+        }
+        duplicates
+    }
+
+    /// Per instance, the epochs of the streams it reports as owned (`outbox_owner_epoch` > 0);
+    /// an instance that does not answer within a second is left out.
+    async fn reported(&self) -> Vec<(usize, String, i64)> {
+        let mut out = Vec::new();
+        for (n, instance) in self.instances.iter().enumerate() {
+            let Some(instance) = instance else { continue };
+            let Ok(Some(text)) = tokio::time::timeout(Duration::from_secs(1), scrape(instance.metrics)).await else {
+                continue;
+            };
+            for line in text.lines().filter(|l| l.starts_with("outbox_owner_epoch{")) {
+                let stream = line.split('"').nth(1).unwrap_or_default().to_string();
+                let epoch = line.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0) as i64;
+                if epoch > 0 {
+                    out.push((n, stream, epoch));
+                }
+            }
+        }
+        out
+    }
+}
+
+/// Samples every instance's reported ownership until stopped; an overlap is two instances
+/// reporting the same stream in two consecutive rounds (a single round reads the instances
+/// one after another, so a handover between two reads is not an overlap).
+fn overlap_sampler(cluster: Arc<tokio::sync::RwLock<Cluster>>, stop: Arc<AtomicBool>) -> JoinHandle<Vec<String>> {
+    tokio::spawn(async move {
+        let mut previous: HashSet<(usize, String, i64)> = HashSet::new();
+        let mut overlaps = Vec::new();
+        while !stop.load(Ordering::SeqCst) {
+            let now: HashSet<(usize, String, i64)> = cluster.read().await.reported().await.into_iter().collect();
+            let both: Vec<&(usize, String, i64)> = now.intersection(&previous).collect();
+            let mut by_stream: HashMap<&str, HashSet<usize>> = HashMap::new();
+            for (n, stream, _) in &both {
+                by_stream.entry(stream.as_str()).or_default().insert(*n);
+            }
+            for (stream, owners) in by_stream {
+                if owners.len() > 1 {
+                    overlaps.push(format!("{stream} owned by instances {owners:?} at once"));
+                }
+            }
+            previous = now;
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        overlaps
+    })
+}
+
+/// Inserts, round robin over `tables`, payloads `<table>:<n>` keyed by the table, until
+/// stopped; returns how many rows each table got.
+struct Writer {
+    stop: watch::Sender<bool>,
+    task: JoinHandle<BTreeMap<String, u64>>,
+}
+
+impl Writer {
+    fn start(url: &str, tables: &[String], topic: &str) -> Self {
+        let (stop, mut stopped) = watch::channel(false);
+        let (url, tables, topic) = (url.to_string(), tables.to_vec(), topic.to_string());
+        let task = tokio::spawn(async move {
+            let client = pg::connect(&url).await;
+            let mut sent: BTreeMap<String, u64> = tables.iter().map(|t| (t.clone(), 0)).collect();
+            let mut pace = tokio::time::interval(Duration::from_millis(4));
+            while !*stopped.borrow() {
+                tokio::select! {
+                    _ = pace.tick() => {}
+                    _ = stopped.changed() => break,
+                }
+                for table in &tables {
+                    let n = sent[table] + 1;
+                    let payload = format!("{table}:{n}");
+                    let inserted = client
+                        .execute(
+                            &format!("INSERT INTO {table} (topic, msg_key, payload) VALUES ($1, $2, $3)"),
+                            &[&topic as &(dyn ToSql + Sync), &table.as_bytes(), &payload.as_bytes()],
+                        )
+                        .await;
+                    inserted.expect("insert");
+                    sent.insert(table.clone(), n);
+                }
+            }
+            sent
+        });
+        Self { stop, task }
+    }
+
+    async fn finish(self) -> BTreeMap<String, u64> {
+        let _ = self.stop.send(true);
+        self.task.await.expect("writer")
+    }
+}
+
+/// What the records say: per table, every payload 1..=sent arrived, first deliveries in
+/// order, and the owner epoch never goes back. Returns the number of duplicates.
+fn check(records: &[Record], sent: &BTreeMap<String, u64>) -> usize {
+    let mut sorted = records.to_vec();
+    sorted.sort_by_key(|r| (r.partition, r.offset));
+    let mut seen: HashSet<(String, u64)> = HashSet::new();
+    let mut last_first: HashMap<String, u64> = HashMap::new();
+    let mut last_epoch: HashMap<String, i64> = HashMap::new();
+    let mut duplicates = 0;
+    for r in &sorted {
+        let payload = r.payload_str();
+        let (table, n) = payload.rsplit_once(':').expect("payload is table:n");
+        let n: u64 = n.parse().expect("numeric n");
+        let epoch: i64 = r.header("outbox-owner-epoch").parse().expect("numeric epoch");
+        let last = last_epoch.entry(table.to_string()).or_insert(epoch);
+        assert!(
+            epoch >= *last,
+            "{table}: a record of epoch {epoch} follows one of epoch {last} in Kafka (payload {n}, offset {})",
+            r.offset
+        );
+        *last = epoch;
+        if seen.insert((table.to_string(), n)) {
+            let prev = last_first.insert(table.to_string(), n).unwrap_or(0);
+            assert!(n > prev, "{table}: first delivery of {n} after {prev}: out of commit order");
+        } else {
+            duplicates += 1;
+        }
+    }
+    for (table, count) in sent {
+        let arrived = seen.iter().filter(|(t, _)| t == table).count() as u64;
+        assert_eq!(arrived, *count, "{table}: every committed row arrived");
+    }
+    duplicates
+}
+
+async fn read_all(topic: &str, sent: &BTreeMap<String, u64>) -> Vec<Record> {
+    kafka::read_at_least(topic, 3, sent.values().sum::<u64>() as usize, ARRIVAL).await
+}
+
+fn free_port() -> SocketAddr {
+    std::net::TcpListener::bind("127.0.0.1:0").expect("free port").local_addr().unwrap()
+}
+
+async fn scrape(addr: SocketAddr) -> Option<String> {
+    let mut stream = tokio::net::TcpStream::connect(addr).await.ok()?;
+    stream.write_all(b"GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n").await.ok()?;
+    let mut text = String::new();
+    stream.read_to_string(&mut text).await.ok()?;
+    Some(text)
+}
+
+fn config_with(config: &Path, from: &str, to: &str, name: &str) -> PathBuf {
+    let text = std::fs::read_to_string(config).expect("config").replace(from, to);
+    let path = config.with_file_name(name);
+    std::fs::write(&path, text).expect("write config");
+    path
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn instances_share_shard_partitions_evenly_as_they_join_and_leave() {
+    let mut c = Cluster::new("zb", 3, 2, false).await;
+    let writer = Writer::start(&c.w.db.admin_url, &c.tables, &c.w.topic);
+    for _ in 0..3 {
+        c.start();
+    }
+    c.wait_for_balance(SETTLE).await;
+    let c = Arc::new(tokio::sync::RwLock::new(c));
+    let stop = Arc::new(AtomicBool::new(false));
+    let sampler = overlap_sampler(c.clone(), stop.clone());
+
+    let fourth = c.write().await.start();
+    assert_eq!(fourth, 3);
+    c.read().await.wait_for_balance(SETTLE).await;
+
+    // The third leaves (SIGTERM): its shard-partitions move to the others, evenly.
+    let third = c.write().await.instances[2].take().expect("third instance");
+    assert!(third.run.stop(), "a leaving instance exits 0 on SIGTERM");
+    c.read().await.wait_for_balance(SETTLE).await;
+
+    stop.store(true, Ordering::SeqCst);
+    let overlaps = sampler.await.expect("sampler");
+    assert!(overlaps.is_empty(), "two owners at once: {overlaps:?}");
+    let c = Arc::into_inner(c).expect("sampler ended").into_inner();
+    let duplicates = c.finish(writer).await;
+    assert_eq!(duplicates, 0, "a graceful handover drains before it releases: no duplicates");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_owner_is_replaced_within_the_session_timeout() {
+    let mut c = Cluster::new("zk", 2, 2, false).await;
+    let writer = Writer::start(&c.w.db.admin_url, &c.tables, &c.w.topic);
+    let a = c.start();
+    c.wait_for_counts(&[4], SETTLE).await;
+    let b = c.start();
+    let held = c.wait_for_counts(&[2, 2], SETTLE).await;
+    let b_before: Vec<i64> = held.iter().filter(|(o, _)| *o == b).map(|(_, e)| *e).collect();
+
+    let killed_at = Instant::now();
+    c.instances[a].take().expect("instance a").run.kill();
+    let held = c.wait_for_counts(&[0, 4], Duration::from_millis(SESSION_MS) + TAKEOVER_MARGIN).await;
+    let takeover = killed_at.elapsed();
+    // The first record of each lease taken over: when streaming really resumed.
+    let new_epochs: Vec<i64> = held.iter().map(|(_, e)| *e).filter(|e| !b_before.contains(e)).collect();
+    assert_eq!(new_epochs.len(), 2, "two leases taken over");
+    for epoch in &new_epochs {
+        kafka::wait_for_header(&c.w.topic, 3, "outbox-owner-epoch", &epoch.to_string(), ARRIVAL).await;
+    }
+    let resumed = killed_at.elapsed();
+    eprintln!(
+        "failover after SIGKILL: leases taken over in {takeover:?}, records of the new owner in Kafka after {resumed:?}"
+    );
+
+    let duplicates = c.finish(writer).await;
+    eprintln!("failover after SIGKILL: {duplicates} duplicate records");
+    assert!(c.instances[b].take().expect("instance b").run.stop(), "survivor exits 0 on SIGTERM");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_owner_paused_past_its_session_never_publishes_after_the_new_owner() {
+    let mut c = Cluster::new("zs", 1, 1, false).await;
+    let writer = Writer::start(&c.w.db.admin_url, &c.tables, &c.w.topic);
+    let a = c.start();
+    let held = c.wait_for_counts(&[1], SETTLE).await;
+    let old_epoch = held[0].1;
+    kafka::wait_for_header(&c.w.topic, 3, "outbox-owner-epoch", &old_epoch.to_string(), ARRIVAL).await;
+    let b = c.start();
+    c.wait_for_counts(&[1, 0], SETTLE).await;
+
+    c.instance(a).run.freeze();
+    let held = c.wait_for_counts(&[0, 1], Duration::from_millis(SESSION_MS) + TAKEOVER_MARGIN).await;
+    let new_epoch = held[0].1;
+    assert!(new_epoch > old_epoch, "a new lease has a larger epoch");
+    // The new owner took the slot from the frozen one's backend and publishes.
+    kafka::wait_for_header(&c.w.topic, 3, "outbox-owner-epoch", &new_epoch.to_string(), ARRIVAL).await;
+
+    c.instance(a).run.resume();
+    c.instance(a).run.wait_for_log("ZooKeeper session lost", SETTLE).await;
+    // It joins again and owns nothing: the stream stays with the newer owner.
+    c.wait_for_counts(&[0, 1], SETTLE).await;
+    let log = c.instance(b).run.log_text();
+    assert!(log.contains("terminating its backend"), "the new owner took the slot from the paused one:\n{log}");
+
+    let duplicates = c.finish(writer).await;
+    eprintln!("pause past the session: {duplicates} duplicate records");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streaming_continues_across_a_zookeeper_restart() {
+    let mut c = Cluster::new("zr", 1, 2, true).await;
+    let writer = Writer::start(&c.w.db.admin_url, &c.tables, &c.w.topic);
+    let a = c.start();
+    c.wait_for_counts(&[2], SETTLE).await;
+    services(&["down", "zookeeper"]);
+    services(&["up", "zookeeper"]);
+    // The test's own session may have expired with the restart.
+    c.zk = outbox_zookeeper::connect(&outbox_zookeeper::SessionSettings::new(env("OUTBOX_ZK_CONNECT")))
+        .await
+        .expect("ZooKeeper session after the restart");
+    c.wait_for_counts(&[2], SETTLE).await;
+    // Rows written during and after the restart must arrive too.
+    c.finish(writer).await;
+    assert!(c.instances[a].take().expect("instance").run.stop(), "exits 0 on SIGTERM");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delayed_reset_or_cut_zookeeper_link_never_makes_two_owners() {
+    let mut c = Cluster::new("zl", 1, 2, false).await;
+    let zk: SocketAddr = env("OUTBOX_ZK_CONNECT").parse().expect("OUTBOX_ZK_CONNECT is host:port");
+    let proxy = Proxy::start(zk).await;
+    let proxied = config_with(&c.w.config, &zk.to_string(), &proxy.addr.to_string(), "through-proxy.toml");
+    let writer = Writer::start(&c.w.db.admin_url, &c.tables, &c.w.topic);
+    let a = c.start_with(&proxied);
+    c.wait_for_counts(&[2], SETTLE).await;
+    let _b = c.start();
+    let before = c.wait_for_counts(&[1, 1], SETTLE).await;
+    let c = Arc::new(tokio::sync::RwLock::new(c));
+    let stop = Arc::new(AtomicBool::new(false));
+    let sampler = overlap_sampler(c.clone(), stop.clone());
+
+    // Delay: a silence shorter than the session keeps the lease.
+    proxy.freeze();
+    tokio::time::sleep(Duration::from_millis(SESSION_MS / 4)).await;
+    proxy.thaw();
+    // Reset: the connection drops; the client reconnects within the same session.
+    proxy.reset();
+    let after = c.read().await.wait_for_counts(&[1, 1], SETTLE).await;
+    assert_eq!(before, after, "a short delay and a reset keep every lease where it was");
+
+    // Cut: silence past the session timeout; the other instance takes over.
+    proxy.freeze();
+    c.read().await.wait_for_counts(&[0, 2], Duration::from_millis(SESSION_MS) + TAKEOVER_MARGIN).await;
+    proxy.thaw();
+    c.read().await.instance(a).run.wait_for_log("ZooKeeper session lost", SETTLE).await;
+    c.read().await.wait_for_counts(&[1, 1], SETTLE).await;
+
+    stop.store(true, Ordering::SeqCst);
+    let overlaps = sampler.await.expect("sampler");
+    assert!(overlaps.is_empty(), "two owners at once: {overlaps:?}");
+    let c = Arc::into_inner(c).expect("sampler ended").into_inner();
+    let duplicates = c.finish(writer).await;
+    eprintln!("cut ZooKeeper link: {duplicates} duplicate records");
+}
+
+/// MariaDB has no single-reader slot: the epoch in the checkpoint row is the fence. An owner
+/// paused past its session resumes to find a newer epoch stored and stops; no record of its
+/// epoch follows the new owner's, and nothing is lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mariadb_an_owner_paused_past_its_session_is_fenced_by_the_stored_epoch() {
+    use mysql_async::prelude::Queryable;
+    let cluster = unique("zm");
+    let w = crate::mysql_cdc::World::with_extra("zm", 3, &coordination(&cluster, &env("OUTBOX_ZK_CONNECT"))).await;
+    let table = w.table();
+    let zk = outbox_zookeeper::connect(&outbox_zookeeper::SessionSettings::new(env("OUTBOX_ZK_CONNECT")))
+        .await
+        .expect("ZooKeeper session for the test");
+    let paths = ClusterPaths::new("/outbox-streamer", &cluster);
+    let key = format!("test.{table}");
+    let holder = || async { lease::holder(&zk, &paths, &key).await.expect("reading the lease") };
+    let start = |n: usize| {
+        Running::start_with_env(
+            &w.config,
+            &w.dir.join(format!("instance-{n}.log")),
+            &[("OUTBOX_METRICS_LISTEN", free_port().to_string())],
+        )
+    };
+
+    // The writer: payloads <table>:1, 2, 3, … in their own transactions.
+    let (stop, mut stopped) = watch::channel(false);
+    let (admin_url, insert_table, topic) = (w.db.admin_url.clone(), table.clone(), w.topic.clone());
+    let writer = tokio::spawn(async move {
+        let mut conn = mysql_async::Conn::new(mysql_async::Opts::from_url(&admin_url).unwrap()).await.unwrap();
+        let insert = format!("INSERT INTO {insert_table} (topic, msg_key, payload) VALUES (?, ?, ?)");
+        let mut n = 0u64;
+        let mut pace = tokio::time::interval(Duration::from_millis(4));
+        while !*stopped.borrow() {
+            tokio::select! {
+                _ = pace.tick() => {}
+                _ = stopped.changed() => break,
+            }
+            n += 1;
+            conn.exec_drop(&insert, (&topic, insert_table.as_bytes(), format!("{insert_table}:{n}").into_bytes()))
+                .await
+                .expect("insert");
+        }
+        BTreeMap::from([(insert_table, n)])
+    });
+
+    let a = start(0);
+    let first = wait_until("the first instance to hold the lease", SETTLE, || async {
+        holder().await.filter(|h| h.instance.ends_with(&format!("-{}", a.pid())))
+    })
+    .await;
+    kafka::wait_for_header(&w.topic, 3, "outbox-owner-epoch", &first.epoch.to_string(), ARRIVAL).await;
+    let b = start(1);
+    a.freeze();
+    let second = wait_until(
+        "the second instance to take the lease",
+        Duration::from_millis(SESSION_MS) + TAKEOVER_MARGIN,
+        || async { holder().await.filter(|h| h.instance.ends_with(&format!("-{}", b.pid()))) },
+    )
+    .await;
+    assert!(second.epoch > first.epoch, "a new lease has a larger epoch");
+    kafka::wait_for_header(&w.topic, 3, "outbox-owner-epoch", &second.epoch.to_string(), ARRIVAL).await;
+    let mut admin = w.admin().await;
+    let stored: Option<i64> = admin
+        .exec_first(format!("SELECT owner_epoch FROM {}_checkpoint WHERE stream = ?", w.prefix), (&table,))
+        .await
+        .unwrap();
+    assert_eq!(stored, Some(second.epoch), "the new owner claimed the checkpoint with its epoch");
+
+    a.resume();
+    a.wait_for_log("ZooKeeper session lost", SETTLE).await;
+    let _ = stop.send(true);
+    let sent = writer.await.expect("writer");
+    let records = read_all(&w.topic, &sent).await;
+    let duplicates = check(&records, &sent);
+    eprintln!("MariaDB pause past the session: {duplicates} duplicate records");
+    w.wait_drained().await;
+    assert!(b.stop(), "the new owner exits 0 on SIGTERM");
+}
