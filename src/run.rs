@@ -37,6 +37,12 @@ const BACKOFF_START: Duration = Duration::from_millis(250);
 const BACKOFF_MAX: Duration = Duration::from_secs(30);
 /// A session that lasted this long resets the backoff.
 const BACKOFF_RESET_AFTER: Duration = Duration::from_secs(60);
+/// MariaDB ends a session whose transaction sat idle this long (the executable comment runs
+/// on MariaDB 10.3+ only; MySQL sees `SET @outbox_streamer = 1`). The streamer's own
+/// transactions never idle; a paused owner's cleanup transaction would otherwise hold the
+/// checkpoint row's lock, and with it the next owner, until the paused process resumed.
+const IDLE_TXN_LIMIT: &str = "SET @outbox_streamer = 1 /*M!100300 , SESSION idle_transaction_timeout = 5 */";
+
 /// How soon a session retries a slot held by another session.
 const BUSY_RETRY: Duration = Duration::from_millis(250);
 /// Waiting this long for a held slot is worth a warning.
@@ -275,6 +281,7 @@ fn mysql_jobs(
 ) -> anyhow::Result<Vec<StreamJob>> {
     let opts = crate::cli::setup::mysql_opts(source.url.expose(), source.password()?.as_deref())
         .with_context(|| format!("source {:?}: url", source.name))?;
+    let opts: MyOpts = outbox_mysql::mysql_async::OptsBuilder::from_opts(opts).init(vec![IDLE_TXN_LIMIT]).into();
     let checkpoint = checkpoint_table(&source.table_prefix);
     tasks.spawn(binlog_lag_poller(source.name.clone(), opts.clone(), checkpoint.clone(), stop.clone()));
     let mut jobs = Vec::new();

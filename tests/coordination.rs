@@ -25,7 +25,7 @@ use tokio_postgres::types::ToSql;
 use crate::postgres_cdc::World;
 use crate::support::kafka::{self, Record};
 use crate::support::proxy::Proxy;
-use crate::support::streamer::Running;
+use crate::support::streamer::{Running, run_cli};
 use crate::support::{env, pg, services, unique, wait_until};
 
 /// Short, so the tests fail over quickly; the services' ZooKeeper allows 1 s to 60 s.
@@ -144,6 +144,28 @@ impl Cluster {
             accept(counts).then_some(held)
         })
         .await
+    }
+
+    /// `status` (table and JSON, from any host) names each shard-partition's owner and epoch
+    /// as ZooKeeper has them in `held`, and exits 0.
+    fn status_shows(&self, held: &[(usize, i64)]) {
+        let (ok, table, err) = run_cli(&self.w.config, &["status"]);
+        assert!(ok, "status exits 0 when every shard-partition has an owner:\n{table}\n{err}");
+        assert!(
+            table.contains(&format!("{} live instance(s)", held.iter().map(|(o, _)| o).collect::<HashSet<_>>().len()))
+        );
+        let (ok, json, err) = run_cli(&self.w.config, &["status", "--json"]);
+        assert!(ok, "status --json:\n{err}");
+        let rows: Vec<serde_json::Value> = serde_json::from_str(&json).expect("status --json is a JSON array");
+        assert_eq!(rows.len(), self.tables.len());
+        for (i, (owner, epoch)) in held.iter().enumerate() {
+            let pid = self.instance(*owner).run.pid();
+            let row = &rows[i];
+            assert!(row["owner"].as_str().is_some_and(|o| o.ends_with(&format!("-{pid}"))), "owner of row {i}: {row}");
+            assert_eq!(row["owner_epoch"].as_i64(), Some(*epoch), "epoch of row {i}: {row}");
+            let line = table.lines().find(|l| l.contains(&format!("-{pid} ")) && l.contains(&epoch.to_string()));
+            assert!(line.is_some(), "the table shows owner -{pid} with epoch {epoch}:\n{table}");
+        }
     }
 
     /// Stops the writer, checks every record (see [`check`]) and waits for every table to
@@ -314,7 +336,8 @@ async fn instances_share_shard_partitions_evenly_as_they_join_and_leave() {
     for _ in 0..3 {
         c.start();
     }
-    c.wait_for_balance(SETTLE).await;
+    let held = c.wait_for_balance(SETTLE).await;
+    c.status_shows(&held);
     let c = Arc::new(tokio::sync::RwLock::new(c));
     let stop = Arc::new(AtomicBool::new(false));
     let sampler = overlap_sampler(c.clone(), stop.clone());
@@ -528,4 +551,26 @@ async fn mariadb_an_owner_paused_past_its_session_is_fenced_by_the_stored_epoch(
     eprintln!("MariaDB pause past the session: {duplicates} duplicate records");
     w.wait_drained().await;
     assert!(b.stop(), "the new owner exits 0 on SIGTERM");
+}
+
+/// With `yield_interval_s`, every lease is given up after that long and taken by another
+/// instance: ownership moves again and again, and nothing is lost or reordered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn yielding_moves_leases_over_time_without_loss() {
+    let mut c = Cluster::new("zy", 1, 2, false).await;
+    let config = config_with(&c.w.config, "[coordination]", "[coordination]\nyield_interval_s = 1", "yielding.toml");
+    let writer = Writer::start(&c.w.db.admin_url, &c.tables, &c.w.topic);
+    c.start_with(&config);
+    c.start_with(&config);
+    let epochs = std::sync::Mutex::new(HashSet::<i64>::new());
+    wait_until("each lease to be granted three times", SETTLE, || async {
+        let seen = c.owners().await.into_iter().flatten().map(|(_, e)| e);
+        let mut epochs = epochs.lock().unwrap();
+        epochs.extend(seen);
+        (epochs.len() >= 3 * c.keys.len()).then_some(())
+    })
+    .await;
+    let epochs = epochs.into_inner().unwrap();
+    let duplicates = c.finish(writer).await;
+    eprintln!("yielding: {} grants, {duplicates} duplicate records", epochs.len());
 }

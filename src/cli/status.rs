@@ -70,8 +70,12 @@ pub async fn status(config: &Config, json: bool) -> anyhow::Result<ExitCode> {
             SourceKind::Mysql => mysql_rows(source, &mut rows).await?,
         }
     }
-    if let Some(c) = &config.coordination {
-        owners(c, &mut rows).await?;
+    let cluster = match &config.coordination {
+        Some(c) => Some(owners(c, &mut rows).await?),
+        None => None,
+    };
+    if let (Some(line), false) = (&cluster, json) {
+        println!("{line}");
     }
     if json {
         println!("{}", serde_json::to_string_pretty(&rows)?);
@@ -82,7 +86,8 @@ pub async fn status(config: &Config, json: bool) -> anyhow::Result<ExitCode> {
 }
 
 /// Fills each row's owner from ZooKeeper; a shard-partition nobody owns is unhealthy.
-async fn owners(c: &crate::config::CoordinationConfig, rows: &mut [Row]) -> anyhow::Result<()> {
+/// Returns a line naming the cluster and its live instances.
+async fn owners(c: &crate::config::CoordinationConfig, rows: &mut [Row]) -> anyhow::Result<String> {
     use outbox_zookeeper::paths::ClusterPaths;
     let mut settings = outbox_zookeeper::SessionSettings::new(c.connect.clone());
     settings.session_timeout = std::time::Duration::from_millis(c.session_timeout_ms);
@@ -90,7 +95,6 @@ async fn owners(c: &crate::config::CoordinationConfig, rows: &mut [Row]) -> anyh
     let paths = ClusterPaths::new(&c.root, &c.cluster_name);
     let members = outbox_zookeeper::members::list(&client, &paths).await.context("reading the members")?;
     let names: Vec<&str> = members.iter().map(|m| m.instance.as_str()).collect();
-    println!("cluster {}: {} live instance(s): {}", paths.base(), members.len(), names.join(", "));
     for row in rows.iter_mut() {
         let holder = outbox_zookeeper::lease::holder(&client, &paths, &row.key)
             .await
@@ -100,7 +104,7 @@ async fn owners(c: &crate::config::CoordinationConfig, rows: &mut [Row]) -> anyh
             None => row.healthy = false,
         }
     }
-    Ok(())
+    Ok(format!("cluster {}: {} live instance(s): {}", paths.base(), members.len(), names.join(", ")))
 }
 
 fn count_sql(quoted_table: &str) -> String {
