@@ -31,7 +31,7 @@ use crate::poll::{PollSettings, PollSource};
 use crate::postgres::PgSource;
 use crate::source::{Source, SourceError};
 use crate::streamer::{SessionError, StreamLabels, run_session};
-use outbox_mysql::mysql_async::{Conn as MyConn, Error as MyError, Opts as MyOpts, Row as MyRow};
+use outbox_mysql::mysql_async::{Conn as MyConn, Error as MyError, Opts as MyOpts, OptsBuilder, Row as MyRow};
 
 const BACKOFF_START: Duration = Duration::from_millis(250);
 const BACKOFF_MAX: Duration = Duration::from_secs(30);
@@ -281,7 +281,7 @@ fn mysql_jobs(
 ) -> anyhow::Result<Vec<StreamJob>> {
     let opts = crate::cli::setup::mysql_opts(source.url.expose(), source.password()?.as_deref())
         .with_context(|| format!("source {:?}: url", source.name))?;
-    let opts: MyOpts = outbox_mysql::mysql_async::OptsBuilder::from_opts(opts).init(vec![IDLE_TXN_LIMIT]).into();
+    let opts: MyOpts = OptsBuilder::from_opts(opts).init(vec![IDLE_TXN_LIMIT]).into();
     let checkpoint = checkpoint_table(&source.table_prefix);
     tasks.spawn(binlog_lag_poller(source.name.clone(), opts.clone(), checkpoint.clone(), stop.clone()));
     let mut jobs = Vec::new();
