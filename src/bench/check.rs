@@ -86,6 +86,16 @@ pub struct Percentiles {
     pub max: f64,
 }
 
+/// The latency at every `1/steps` quantile, 0 to 1 inclusive (`steps + 1` values).
+pub fn quantiles(ms: &[f64], steps: usize) -> Vec<f64> {
+    if ms.is_empty() {
+        return Vec::new();
+    }
+    let mut sorted = ms.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    (0..=steps).map(|k| sorted[((sorted.len() - 1) as f64 * k as f64 / steps as f64).round() as usize]).collect()
+}
+
 pub fn percentiles(mut ms: Vec<f64>) -> Percentiles {
     if ms.is_empty() {
         return Percentiles::default();

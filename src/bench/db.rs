@@ -63,6 +63,11 @@ pub struct BenchDb {
     pub streamer_url: String,
 }
 
+/// Ids per table in a multi-table run.
+const ID_RANGE: i64 = 1_000_000_000_000;
+/// Rows per transaction of a backlog.
+const BACKLOG_TXN_ROWS: usize = 10_000;
+
 fn split_url(url: &str) -> anyhow::Result<(&str, &str)> {
     let (base, _) = url.rsplit_once('/').context("the service URL ends with /database")?;
     let hostport = base.rsplit_once('@').map_or(base, |(_, h)| h);
@@ -142,6 +147,85 @@ impl BenchDb {
             DbKind::Postgres => procstat::service_pid(services_dir, "postgres").and_then(procstat::server_cpu_seconds),
             DbKind::Mariadb => procstat::service_pid(services_dir, "mariadb").and_then(procstat::cpu_seconds),
         }
+    }
+
+    /// Gives each table its own id range (table `i` starts at `i × 10¹²`), so an `outbox-id`
+    /// names one row across the run's shard-partitions.
+    pub async fn separate_id_ranges(&self, tables: &[String]) -> anyhow::Result<()> {
+        for (i, table) in tables.iter().enumerate().skip(1) {
+            let start = i as i64 * ID_RANGE;
+            match self.kind {
+                DbKind::Postgres => {
+                    let c = PgTarget::from_url(&self.admin_url, None)?.connect().await?;
+                    let t = outbox_postgres::setup::ident(table);
+                    c.batch_execute(&format!("ALTER TABLE {t} ALTER COLUMN id RESTART WITH {start}")).await?;
+                }
+                DbKind::Mariadb => {
+                    let mut c = my_connect(&self.admin_url).await?;
+                    let t = outbox_mysql::setup::ident(table);
+                    c.query_drop(format!("ALTER TABLE {t} AUTO_INCREMENT = {start}")).await?;
+                    c.disconnect().await?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Inserts `rows` rows into `table` in transactions of [`BACKLOG_TXN_ROWS`], keys spread
+    /// over 16 values; returns their ids with the time the last transaction committed.
+    pub async fn insert_backlog(
+        &self,
+        table: &str,
+        topic: &str,
+        rows: usize,
+        payload_bytes: usize,
+        progress: &AtomicUsize,
+    ) -> anyhow::Result<Committed> {
+        let mut ids = Vec::with_capacity(rows);
+        let mut left = rows;
+        match self.kind {
+            DbKind::Postgres => {
+                let c = PgTarget::from_url(&self.admin_url, None)?.connect().await?;
+                let sql = format!(
+                    "INSERT INTO {} (topic, msg_key, payload)
+                     SELECT $1, convert_to('b' || (g % 16), 'UTF8'), convert_to(repeat('x', $2), 'UTF8')
+                     FROM generate_series(1, $3) g RETURNING id",
+                    outbox_postgres::setup::ident(table)
+                );
+                while left > 0 {
+                    let n = left.min(BACKLOG_TXN_ROWS);
+                    let rows = c.query(&sql, &[&topic, &(payload_bytes as i32), &(n as i32)]).await?;
+                    ids.extend(rows.iter().map(|r| r.get::<_, i64>(0)));
+                    left -= n;
+                    progress.fetch_add(n, Ordering::Relaxed);
+                }
+            }
+            DbKind::Mariadb => {
+                let mut c = my_connect(&self.admin_url).await?;
+                let t = outbox_mysql::setup::ident(table);
+                while left > 0 {
+                    let n = left.min(BACKLOG_TXN_ROWS);
+                    let mut tx = c.start_transaction(TxOpts::default()).await?;
+                    // The Sequence engine's seq_1_to_<n>; ids of one statement are consecutive.
+                    tx.exec_drop(
+                        format!(
+                            "INSERT INTO {t} (topic, msg_key, payload)
+                             SELECT ?, CONCAT('b', seq % 16), REPEAT('x', ?) FROM seq_1_to_{n}"
+                        ),
+                        (topic, payload_bytes as u64),
+                    )
+                    .await?;
+                    let first = tx.last_insert_id().context("no LAST_INSERT_ID after INSERT")? as i64;
+                    tx.commit().await?;
+                    ids.extend(first..first + n as i64);
+                    left -= n;
+                    progress.fetch_add(n, Ordering::Relaxed);
+                }
+                c.disconnect().await?;
+            }
+        }
+        let at = Instant::now();
+        Ok(ids.into_iter().map(|id| (id, at)).collect())
     }
 
     /// Commits one row (for the warm-up).

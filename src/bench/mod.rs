@@ -10,10 +10,12 @@
 //! Reads `OUTBOX_PG_URL`, `OUTBOX_KAFKA_BROKERS` and `OUTBOX_SERVICES_DIR` (for the database
 //! server's pid) as `scripts/services env` prints them.
 
+mod charts;
 mod check;
 mod db;
 mod load;
 mod procstat;
+pub mod scenario;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -80,9 +82,23 @@ pub struct BenchArgs {
     /// Keep a transaction open for the whole run (the classic polling pathology).
     #[arg(long, value_enum)]
     pub hold_open: Option<HoldOpen>,
-    /// A name for the run in the report.
+    /// A named scenario (see `--list-scenarios`) sets database, mode, rate, payload,
+    /// shard-partitions and backlog; any other name just labels a custom run.
     #[arg(long, default_value = "custom")]
     pub scenario: String,
+    /// Runs every scenario of a suite (`pg`, `mariadb`, `all`) and writes a Markdown table,
+    /// one JSON per run and SVG charts into `--out`.
+    #[arg(long)]
+    pub suite: Option<String>,
+    /// Lists the named scenarios and suites.
+    #[arg(long)]
+    pub list_scenarios: bool,
+    /// Backlog drain: insert this many rows with the streamer stopped, then time the drain.
+    #[arg(long)]
+    pub backlog: Option<usize>,
+    /// Where a suite writes its results.
+    #[arg(long, default_value = "target/bench/results")]
+    pub out: PathBuf,
     /// Write the run's results as JSON to this file.
     #[arg(long)]
     pub json: Option<PathBuf>,
@@ -125,6 +141,104 @@ pub struct Report {
     /// Polling: the mean duration of the oldest-rows query, and how many ran.
     pub poll_query_mean_ms: Option<f64>,
     pub poll_queries: Option<u64>,
+    /// Rows of a backlog drain, and the seconds from starting the streamer to the last record.
+    pub backlog: Option<usize>,
+    pub drain_s: Option<f64>,
+    /// Latency at every percent, 0 to 100 (for the distribution chart).
+    pub latency_quantiles_ms: Vec<f64>,
+}
+
+/// Runs what the flags ask for: the scenario list, a suite, or one run. Returns the reports
+/// of the runs made.
+pub async fn bench_command(args: BenchArgs) -> anyhow::Result<Vec<Report>> {
+    if args.list_scenarios {
+        for s in scenario::all() {
+            let load = if s.backlog.is_some() {
+                format!("backlog of {} rows", s.backlog.unwrap_or_default())
+            } else if s.rate == 0 {
+                "as fast as possible".into()
+            } else {
+                format!("{} msg/s", s.rate)
+            };
+            println!(
+                "{:<26} {:?} {:?}, {load}, {} B payload, {} shard-partition(s)",
+                s.name, s.db, s.mode, s.payload_bytes, s.partitions
+            );
+        }
+        println!("\nsuites: pg, mariadb, all (every scenario of that database, in this order)");
+        return Ok(Vec::new());
+    }
+    let Some(suite) = args.suite.clone() else {
+        let mut args = args;
+        if let Some(preset) = scenario::find(&args.scenario) {
+            preset.apply(&mut args);
+        }
+        return Ok(vec![bench(args).await?]);
+    };
+    let scenarios = scenario::suite(&suite)
+        .ok_or_else(|| anyhow::anyhow!("--suite {suite:?}: unknown; use pg, mariadb or all (--list-scenarios)"))?;
+    std::fs::create_dir_all(&args.out).with_context(|| format!("creating {}", args.out.display()))?;
+    let mut reports = Vec::new();
+    for (i, s) in scenarios.iter().enumerate() {
+        eprintln!("==> [{}/{}] {}", i + 1, scenarios.len(), s.name);
+        let mut run_args = args.clone();
+        s.apply(&mut run_args);
+        run_args.suite = None;
+        run_args.json = Some(args.out.join(format!("{}.json", s.name)));
+        reports.push(bench(run_args).await?);
+    }
+    write_suite(&suite, &reports, &args.out)?;
+    Ok(reports)
+}
+
+/// Pairs of CDC and polling runs of the same database and load: (load label, cdc, polling).
+pub fn pairs(runs: &[Report]) -> Vec<(String, &Report, &Report)> {
+    let mut out = Vec::new();
+    for cdc in runs.iter().filter(|r| charts::is_cdc(r)) {
+        let same = |p: &&Report| {
+            p.mode == BenchMode::Polling
+                && p.db == cdc.db
+                && p.target_rate == cdc.target_rate
+                && p.payload_bytes == cdc.payload_bytes
+                && p.partitions == cdc.partitions
+                && p.backlog == cdc.backlog
+        };
+        if let Some(polling) = runs.iter().find(same) {
+            let load = cdc.scenario.splitn(3, '-').nth(2).unwrap_or(&cdc.scenario).to_string();
+            out.push((format!("{:?} {load}", cdc.db).to_lowercase(), cdc, polling));
+        }
+    }
+    out
+}
+
+/// The suite's Markdown summary (every run, then the ratios) and its charts.
+fn write_suite(suite: &str, reports: &[Report], out: &Path) -> anyhow::Result<()> {
+    let mut md = format!("# Benchmark suite `{suite}`\n\n");
+    md.push_str(&markdown_header());
+    for r in reports {
+        md.push_str(&markdown_row(r));
+    }
+    md.push_str("\n| load | CDC/polling msgs/s | CDC/polling p99 | CDC/polling DB CPU per msg | CDC/ceiling msgs/s |\n|---|---|---|---|---|\n");
+    for (load, cdc, polling) in pairs(reports) {
+        let ratio = |a: f64, b: f64| if b > 0.0 { format!("{:.2}", a / b) } else { "-".into() };
+        let ceiling = reports
+            .iter()
+            .find(|r| r.mode == BenchMode::Ceiling && r.db == cdc.db)
+            .map_or_else(|| "-".into(), |c| ratio(cdc.throughput_msgs_per_s, c.throughput_msgs_per_s));
+        md.push_str(&format!(
+            "| {load} | {} | {} | {} | {ceiling} |\n",
+            ratio(cdc.throughput_msgs_per_s, polling.throughput_msgs_per_s),
+            ratio(cdc.latency_p99_ms, polling.latency_p99_ms),
+            ratio(cdc.db_cpu_s_per_1k.unwrap_or(0.0), polling.db_cpu_s_per_1k.unwrap_or(0.0)),
+        ));
+    }
+    md.push_str("\nCharts: `latency.svg`, `throughput.svg`, `cdc-vs-polling.svg`.\n");
+    std::fs::write(out.join("README.md"), md)?;
+    charts::latency(reports, &out.join("latency.svg"))?;
+    charts::throughput(reports, &out.join("throughput.svg"))?;
+    charts::comparison(reports, &out.join("cdc-vs-polling.svg"))?;
+    eprintln!("results: {}", out.join("README.md").display());
+    Ok(())
 }
 
 pub async fn bench(mut args: BenchArgs) -> anyhow::Result<Report> {
@@ -188,9 +302,21 @@ async fn run(
     )?;
     let config = Config::load(&config_path)?;
     crate::cli::setup::setup(&config, false, Some(&db.admin_url)).await?;
+    let tables: Vec<String> = (0..args.partitions).map(|p| format!("{run_id}_0_{p}")).collect();
+    db.separate_id_ranges(&tables).await?;
     if args.shared_keys {
         db.create_ledger(16).await?;
     }
+    let progress = Arc::new(AtomicUsize::new(0));
+    // A backlog goes in before the streamer starts.
+    let backlog = match args.backlog {
+        Some(rows) => {
+            eprintln!("inserting a backlog of {rows} rows with the streamer stopped…");
+            Some(db.insert_backlog(&tables[0], &topic, rows, args.payload_bytes, &progress).await?)
+        }
+        None => None,
+    };
+    let streamer_started = Instant::now();
 
     let mut streamer = None;
     let mut checker = None;
@@ -216,7 +342,10 @@ async fn run(
 
     // Warm-up: rows through the whole path before measuring, so neither the streamer's nor the
     // checker's connection set-up counts as latency. They are not part of the results.
-    let warmup = warm_up(db, &format!("{run_id}_0_0"), &topic, &consumed, args.mode).await?;
+    let warmup = match backlog {
+        Some(_) => 0,
+        None => warm_up(db, &format!("{run_id}_0_0"), &topic, &consumed, args.mode).await?,
+    };
 
     let held = match args.hold_open {
         Some(kind) => Some(db.hold_open(kind, &format!("{run_id}_0_0"), &topic).await?),
@@ -224,11 +353,10 @@ async fn run(
     };
     let db_cpu_before = db.server_cpu(services_dir);
     let wal_before = db.log_bytes().await?;
-    let progress = Arc::new(AtomicUsize::new(0));
     let db = Arc::new(db.clone());
     let txn_rate = (args.rate > 0).then(|| args.rate as f64 / args.rows_per_txn as f64 / args.writers as f64);
     let mut writers = Vec::new();
-    for writer in 0..args.writers {
+    for writer in 0..if backlog.is_some() { 0 } else { args.writers } {
         let plan = load::WriterPlan {
             writer,
             table: format!("{run_id}_0_{}", writer as u32 % args.partitions),
@@ -252,14 +380,17 @@ async fn run(
         if !tty {
             continue;
         }
+        let done = started.elapsed().as_secs_f64() / args.duration_s.max(1) as f64;
         eprint!(
-            "\r{:>4}s  committed {:>9}  consumed {:>9}",
+            "\r{} {:>4}s  committed {:>9}  consumed {:>9}",
+            bar(done),
             started.elapsed().as_secs(),
             progress.load(Ordering::Relaxed),
             consumed.load(Ordering::Relaxed).saturating_sub(warmup)
         );
     }
-    let mut committed = Vec::new();
+    let backlog_run = backlog.is_some();
+    let mut committed = backlog.unwrap_or_default();
     for w in writers {
         committed.extend(w.await??);
     }
@@ -296,6 +427,9 @@ async fn run(
         streamer_latency_buckets: Vec::new(),
         poll_query_mean_ms: None,
         poll_queries: None,
+        backlog: args.backlog,
+        drain_s: None,
+        latency_quantiles_ms: Vec::new(),
     };
     let stat = |suffix: &str| {
         poll_stats
@@ -310,13 +444,19 @@ async fn run(
 
     if let Some(checker) = checker {
         // Wait (bounded) for every committed row to arrive.
-        let deadline = Instant::now() + Duration::from_secs(120);
+        let deadline = Instant::now() + Duration::from_secs(if backlog_run { 900 } else { 120 });
         while consumed.load(Ordering::Relaxed) < committed.len() + warmup && Instant::now() < deadline {
             tick.tick().await;
             if !tty {
                 continue;
             }
-            eprint!("\r   draining: consumed {:>9} of {}", consumed.load(Ordering::Relaxed) - warmup, committed.len());
+            let got = consumed.load(Ordering::Relaxed).saturating_sub(warmup);
+            eprint!(
+                "\r{}    draining: consumed {:>9} of {}",
+                bar(got as f64 / committed.len().max(1) as f64),
+                got,
+                committed.len()
+            );
         }
         stop_checker.store(true, Ordering::Relaxed);
         let seen = checker.join().map_err(|_| anyhow::anyhow!("checker thread panicked"))??;
@@ -331,6 +471,9 @@ async fn run(
                 None => report.lost += 1,
             }
         }
+        if !backlog_run {
+            report.latency_quantiles_ms = check::quantiles(&latencies, 100);
+        }
         let p = check::percentiles(latencies);
         report.latency_p50_ms = p.p50;
         report.latency_p95_ms = p.p95;
@@ -343,8 +486,18 @@ async fn run(
         } else {
             seen.out_of_order
         };
-        // Sustained rate: everything committed, over the time until the last record arrived.
-        report.throughput_msgs_per_s = committed.len() as f64 / last_arrival.duration_since(started).as_secs_f64();
+        if backlog_run {
+            // A drain: rows over the time from the streamer's start to the last record; latency
+            // from an insert made before the streamer started says nothing, so none is reported.
+            let drain = last_arrival.duration_since(streamer_started).as_secs_f64();
+            report.drain_s = Some(drain);
+            report.throughput_msgs_per_s = committed.len() as f64 / drain;
+            (report.latency_p50_ms, report.latency_p95_ms, report.latency_p99_ms, report.latency_max_ms) =
+                (0.0, 0.0, 0.0, 0.0);
+        } else {
+            // Sustained rate: everything committed, over the time until the last record arrived.
+            report.throughput_msgs_per_s = committed.len() as f64 / last_arrival.duration_since(started).as_secs_f64();
+        }
     }
     if let (Some(before), Some(after)) = (db_cpu_before, db.server_cpu(services_dir)) {
         report.db_cpu_s_per_1k = Some((after - before) / (committed.len().max(1) as f64 / 1000.0));
@@ -464,23 +617,35 @@ async fn wait_streaming(admin_url: &str, prefix: &str, partitions: u32) -> anyho
 }
 
 fn print_markdown(r: &Report) {
+    print!("{}{}", markdown_header(), markdown_row(r));
+}
+
+fn markdown_header() -> String {
+    "| scenario | db | mode | target/s | msgs | msgs/s | p50 ms | p95 ms | p99 ms | max ms | streamer CPU s | RSS MB | DB CPU s/1k | WAL B/msg | poll query ms | lost | dup | ooo |\n\
+     |---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"
+        .into()
+}
+
+fn markdown_row(r: &Report) -> String {
     let opt = |v: Option<f64>, digits: usize| v.map_or_else(|| "-".into(), |x| format!("{x:.digits$}"));
-    println!(
-        "| scenario | db | mode | target/s | msgs | msgs/s | p50 ms | p95 ms | p99 ms | max ms | streamer CPU s | RSS MB | DB CPU s/1k | WAL B/msg | poll query ms | lost | dup | ooo |"
-    );
-    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
-    println!(
-        "| {} | {:?} | {:?} | {} | {} | {:.0} | {:.1} | {:.1} | {:.1} | {:.1} | {} | {} | {} | {:.0} | {} | {} | {} | {} |",
+    let target = match (r.backlog, r.target_rate) {
+        (Some(rows), _) => format!("backlog {rows}"),
+        (None, 0) => "max".into(),
+        (None, rate) => rate.to_string(),
+    };
+    let latency = |ms: f64| if r.backlog.is_some() { "-".into() } else { format!("{ms:.1}") };
+    format!(
+        "| {} | {:?} | {:?} | {} | {} | {:.0} | {} | {} | {} | {} | {} | {} | {} | {:.0} | {} | {} | {} | {} |\n",
         r.scenario,
         r.db,
         r.mode,
-        if r.target_rate == 0 { "max".to_string() } else { r.target_rate.to_string() },
+        target,
         r.messages,
         r.throughput_msgs_per_s,
-        r.latency_p50_ms,
-        r.latency_p95_ms,
-        r.latency_p99_ms,
-        r.latency_max_ms,
+        latency(r.latency_p50_ms),
+        latency(r.latency_p95_ms),
+        latency(r.latency_p99_ms),
+        latency(r.latency_max_ms),
         opt(r.streamer_cpu_s, 2),
         opt(r.streamer_peak_rss_mb, 0),
         opt(r.db_cpu_s_per_1k, 3),
@@ -489,5 +654,11 @@ fn print_markdown(r: &Report) {
         r.lost,
         r.duplicated,
         r.out_of_order
-    );
+    )
+}
+
+/// A 20-cell progress bar for `done` in 0..=1.
+fn bar(done: f64) -> String {
+    let cells = (done.clamp(0.0, 1.0) * 20.0).round() as usize;
+    format!("[{}{}] {:>3.0}%", "#".repeat(cells), " ".repeat(20 - cells), done.clamp(0.0, 1.0) * 100.0)
 }

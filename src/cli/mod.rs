@@ -78,16 +78,22 @@ pub async fn execute(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Status { json } => status::status(&load()?, json).await,
         Command::Bench(args) => {
-            let report = crate::bench::bench(args).await?;
-            let broken = report.lost + report.duplicated + report.out_of_order;
-            if report.mode == crate::bench::BenchMode::Cdc && broken > 0 {
-                eprintln!(
-                    "error: a fault-free CDC run must lose, duplicate and reorder nothing: lost {}, duplicated {}, out of order {}",
-                    report.lost, report.duplicated, report.out_of_order
-                );
-                return Ok(ExitCode::FAILURE);
+            let mut failed = false;
+            for report in crate::bench::bench_command(args).await? {
+                let broken = report.lost + report.duplicated + report.out_of_order;
+                if report.mode == crate::bench::BenchMode::Cdc && broken > 0 {
+                    eprintln!(
+                        "error: {}: a fault-free CDC run must lose, duplicate and reorder nothing: lost {}, duplicated {}, out of order {}",
+                        report.scenario, report.lost, report.duplicated, report.out_of_order
+                    );
+                    failed = true;
+                }
+                if report.lost > 0 {
+                    eprintln!("error: {}: {} rows lost", report.scenario, report.lost);
+                    failed = true;
+                }
             }
-            Ok(ExitCode::SUCCESS)
+            Ok(if failed { ExitCode::FAILURE } else { ExitCode::SUCCESS })
         }
     }
 }
