@@ -25,6 +25,7 @@ pub mod catchup;
 pub mod cli;
 pub mod config;
 pub mod coordination;
+pub mod health;
 pub mod lease;
 pub mod metrics;
 pub mod mysql;

@@ -1,4 +1,4 @@
-//! Metric names, described once, and the Prometheus endpoint.
+//! Metric names, described once, and the recorder behind the Prometheus endpoint.
 //!
 //! Labels are low-cardinality: `source`, `shard`, `partition` (and `kind` for errors).
 
@@ -86,13 +86,23 @@ pub fn describe() {
     );
 }
 
-/// Installs the global recorder and serves the text exposition on `listen` (any path).
-pub fn serve(listen: SocketAddr) -> Result<(), metrics_exporter_prometheus::BuildError> {
-    PrometheusBuilder::new()
-        .with_http_listener(listen)
+/// Installs the global recorder and serves `/metrics`, `/healthz` and `/readyz` on `listen`
+/// (see [`crate::health`]).
+pub async fn serve(listen: SocketAddr) -> anyhow::Result<()> {
+    let handle = PrometheusBuilder::new()
         .set_buckets_for_metric(metrics_exporter_prometheus::Matcher::Full(END_TO_END_LATENCY.into()), LATENCY_BUCKETS)?
         .set_buckets_for_metric(metrics_exporter_prometheus::Matcher::Full(POLL_QUERY_SECONDS.into()), LATENCY_BUCKETS)?
-        .install()?;
+        .install_recorder()?;
     describe();
+    crate::health::serve(listen, handle.clone()).await?;
+    // Histograms are drained into their buckets by upkeep; without the exporter's own HTTP
+    // listener nothing else runs it.
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(std::time::Duration::from_secs(5));
+        loop {
+            tick.tick().await;
+            handle.run_upkeep();
+        }
+    });
     Ok(())
 }

@@ -53,8 +53,8 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(60);
 
 pub async fn run(mut config: Config) -> anyhow::Result<()> {
     if let Some(listen) = config.metrics.listen {
-        m::serve(listen).with_context(|| format!("metrics.listen: cannot serve metrics on {listen}"))?;
-        tracing::info!(%listen, "serving Prometheus metrics");
+        m::serve(listen).await.with_context(|| format!("metrics.listen: cannot serve metrics on {listen}"))?;
+        tracing::info!(%listen, "serving /metrics, /healthz and /readyz");
     }
     let instance = config.coordination.as_ref().map(|c| c.instance_name());
     if let Some(c) = &config.coordination {
@@ -153,7 +153,7 @@ where
     Fut: Future<Output = Result<S, SourceError>> + Send + 'static,
 {
     fn into_job(self) -> StreamJob {
-        let key = format!("{}.{}", self.labels.source, self.labels.table);
+        let key = self.labels.key();
         let parts = Arc::new(self);
         let start = move |lease: OwnerLease, stop: watch::Receiver<bool>| {
             let parts = parts.clone();
@@ -380,8 +380,9 @@ async fn stream_task<S, F, Fut>(
     let producer = match Producer::new(&producer) {
         Ok(p) => p,
         Err(e) => {
-            gauge!(m::STREAM_STATE, &metric_labels).set(state::HALTED);
-            tracing::error!(error = %e, "cannot create the Kafka producer; check [kafka] settings; this shard-partition is halted");
+            let reason = format!("cannot create the Kafka producer: {e}; check [kafka] settings");
+            set_state(&labels, &metric_labels, state::HALTED, Some(&reason));
+            tracing::error!("{reason}; this shard-partition is halted");
             return;
         }
     };
@@ -403,7 +404,7 @@ async fn stream_task<S, F, Fut>(
         };
         let result = match connected {
             Ok(source) => {
-                gauge!(m::STREAM_STATE, &metric_labels).set(state::STREAMING);
+                set_state(&labels, &metric_labels, state::STREAMING, None);
                 tracing::info!("streaming");
                 run_session(&labels, &settings, source, &producer, message_timeout, &mut stop).await
             }
@@ -421,7 +422,7 @@ async fn stream_task<S, F, Fut>(
             Err(SessionError::Busy(msg)) => {
                 // Another session holds the slot, typically the previous owner still closing:
                 // try again soon, without growing the backoff.
-                gauge!(m::STREAM_STATE, &metric_labels).set(state::RETRYING);
+                set_state(&labels, &metric_labels, state::RETRYING, Some(&msg));
                 let since = *busy_since.get_or_insert_with(Instant::now);
                 if since.elapsed() > BUSY_WARN_AFTER {
                     tracing::warn!(error = %msg, waited_s = since.elapsed().as_secs(), "still waiting for the slot");
@@ -437,12 +438,12 @@ async fn stream_task<S, F, Fut>(
                     backoff = BACKOFF_START;
                 }
                 metrics::counter!(m::ERRORS, "source" => labels.source.clone(), "shard" => labels.id.shard.to_string(), "partition" => labels.id.partition.to_string(), "kind" => "source").increment(1);
-                gauge!(m::STREAM_STATE, &metric_labels).set(state::RETRYING);
+                set_state(&labels, &metric_labels, state::RETRYING, Some(&msg));
                 tracing::warn!(error = %msg, retry_in_ms = backoff.as_millis() as u64, "stream interrupted; resuming from the last confirmed position");
                 back_off(&mut backoff, &mut stop).await;
             }
             Err(SessionError::PositionLost(reason)) => {
-                gauge!(m::STREAM_STATE, &metric_labels).set(state::CATCHING_UP);
+                set_state(&labels, &metric_labels, state::CATCHING_UP, Some(&reason));
                 let mut drain = Drain {
                     labels: &labels,
                     settings: &settings,
@@ -462,7 +463,7 @@ async fn stream_task<S, F, Fut>(
                         return;
                     }
                     Err(e) => {
-                        gauge!(m::STREAM_STATE, &metric_labels).set(state::RETRYING);
+                        set_state(&labels, &metric_labels, state::RETRYING, Some(&e.to_string()));
                         tracing::warn!(error = %e, retry_in_ms = backoff.as_millis() as u64, "catch-up interrupted; it starts over");
                         back_off(&mut backoff, &mut stop).await;
                     }
@@ -475,7 +476,19 @@ async fn stream_task<S, F, Fut>(
         }
     }
     let _ = tokio::task::spawn_blocking(move || producer.flush(Duration::from_secs(5))).await;
-    gauge!(m::STREAM_STATE, &metric_labels).set(state::STOPPED);
+    stopped(&labels, &metric_labels);
+}
+
+/// Sets the shard-partition's state gauge and what `/readyz` reports.
+fn set_state(labels: &StreamLabels, metric_labels: &[(&'static str, String); 3], value: f64, reason: Option<&str>) {
+    gauge!(m::STREAM_STATE, metric_labels).set(value);
+    crate::health::report(&labels.key(), value, reason);
+}
+
+/// The task ends: this instance no longer runs the shard-partition.
+fn stopped(labels: &StreamLabels, metric_labels: &[(&'static str, String); 3]) {
+    gauge!(m::STREAM_STATE, metric_labels).set(state::STOPPED);
+    crate::health::leave(&labels.key());
 }
 
 /// The stream may belong to another instance now. Under coordination the task ends (the
@@ -495,8 +508,8 @@ async fn revoked(
         halt(labels, metric_labels, &msg, stop).await;
         return;
     }
-    gauge!(m::STREAM_STATE, metric_labels).set(state::STOPPED);
-    gauge!(m::OWNER_EPOCH, "stream" => format!("{}.{}", labels.source, labels.table)).set(0.0);
+    stopped(labels, metric_labels);
+    gauge!(m::OWNER_EPOCH, "stream" => labels.key()).set(0.0);
     tracing::warn!(reason = %msg, "stopped: ownership can no longer be confirmed");
 }
 
@@ -516,7 +529,7 @@ async fn halt(
     msg: &str,
     stop: &mut watch::Receiver<bool>,
 ) {
-    gauge!(m::STREAM_STATE, metric_labels).set(state::HALTED);
+    set_state(labels, metric_labels, state::HALTED, Some(msg));
     tracing::error!("shard-partition {}/{} halted {msg}", labels.source, labels.id);
     while !*stop.borrow() {
         if stop.changed().await.is_err() {

@@ -51,6 +51,11 @@ pub struct StreamLabels {
 }
 
 impl StreamLabels {
+    /// `<source>.<table>`: the name of the shard-partition's lease and of its `/readyz` line.
+    pub fn key(&self) -> String {
+        format!("{}.{}", self.source, self.table)
+    }
+
     pub fn metric_labels(&self) -> [(&'static str, String); 3] {
         [
             ("source", self.source.clone()),

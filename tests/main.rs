@@ -6,6 +6,7 @@
 mod support;
 
 mod coordination;
+mod health;
 mod mysql_cdc;
 mod mysql_setup;
 mod polling;

@@ -1,0 +1,83 @@
+//! `/healthz` and `/readyz` on the metrics address, against a real streamer.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio_postgres::types::ToSql;
+
+use crate::postgres_cdc::World;
+use crate::support::streamer::Running;
+use crate::support::{kafka, wait_until};
+
+const ARRIVAL: Duration = Duration::from_secs(120);
+
+/// (status code, body) of `GET path`.
+async fn get(addr: SocketAddr, path: &str) -> (u16, String) {
+    let mut conn = tokio::net::TcpStream::connect(addr).await.expect("connecting to the metrics address");
+    conn.write_all(format!("GET {path} HTTP/1.1\r\nHost: test\r\n\r\n").as_bytes()).await.unwrap();
+    let mut text = String::new();
+    conn.read_to_string(&mut text).await.unwrap();
+    let status = text.split_whitespace().nth(1).and_then(|s| s.parse().ok()).expect("a status line");
+    let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
+    (status, body)
+}
+
+fn free_addr() -> SocketAddr {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap()
+}
+
+/// Ready while every shard-partition streams or is halted on purpose (with the reason shown);
+/// not ready while one keeps retrying (here: its slot held by another instance).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readyz_tells_streaming_and_halted_from_retrying() {
+    let w = World::new("hz", 2, 1, 1, "").await;
+    let (t0, t1) = (w.table(0, 0), w.table(1, 0));
+    w.db.admin.batch_execute(&format!("ALTER TABLE {t0} ALTER COLUMN topic DROP NOT NULL")).await.unwrap();
+    let addr = free_addr();
+    let first =
+        Running::start_with_env(&w.config, &w.dir.join("first.log"), &[("OUTBOX_METRICS_LISTEN", addr.to_string())]);
+    let bad: i64 =
+        w.db.admin
+            .query_one(&format!("INSERT INTO {t0} (topic, payload) VALUES (NULL, 'bad') RETURNING id"), &[])
+            .await
+            .unwrap()
+            .get(0);
+    let insert = format!("INSERT INTO {t1} (topic, payload) VALUES ($1, 'fine')");
+    w.db.admin.execute(&insert, &[&w.topic as &(dyn ToSql + Sync)]).await.unwrap();
+    kafka::read_at_least(&w.topic, 1, 1, ARRIVAL).await;
+    first.wait_for_log("halted", ARRIVAL).await;
+
+    assert_eq!(get(addr, "/healthz").await, (200, "ok\n".to_string()));
+    let (status, body) = wait_until("/readyz to show both shard-partitions", ARRIVAL, || async {
+        let (status, body) = get(addr, "/readyz").await;
+        (body.contains(&format!("{t1}: streaming")) && body.contains(&format!("{t0}: halted")))
+            .then_some((status, body))
+    })
+    .await;
+    assert_eq!(status, 200, "a deliberate halt with its reason is ready:\n{body}");
+    assert!(body.contains(&format!("row id={bad}")), "the halt's reason names the row:\n{body}");
+    let (status, metrics) = get(addr, "/metrics").await;
+    assert_eq!(status, 200);
+    assert!(metrics.contains("outbox_stream_state"), "/metrics is the Prometheus text");
+
+    // A second instance without coordination finds both slots held: it retries, not ready.
+    let second_addr = free_addr();
+    let second = Running::start_with_env(
+        &w.config,
+        &w.dir.join("second.log"),
+        &[("OUTBOX_METRICS_LISTEN", second_addr.to_string())],
+    );
+    let body = wait_until("the second instance's /readyz to answer 503", ARRIVAL, || async {
+        match tokio::net::TcpStream::connect(second_addr).await {
+            Ok(_) => {
+                let (status, body) = get(second_addr, "/readyz").await;
+                (status == 503 && body.contains(&format!("{t1}: retrying"))).then_some(body)
+            }
+            Err(_) => None,
+        }
+    })
+    .await;
+    assert!(body.contains("in use by another session"), "the reason is shown:\n{body}");
+    assert!(second.stop() && first.stop(), "both exit 0 on SIGTERM");
+}
