@@ -106,3 +106,43 @@ pub async fn serve(listen: SocketAddr) -> anyhow::Result<()> {
     });
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    const ALL: &[&str] = &[
+        super::PUBLISHED_RECORDS,
+        super::DELETED_ROWS,
+        super::DEAD_LETTERED_RECORDS,
+        super::SKIPPED_REPLAYED_ROWS,
+        super::ERRORS,
+        super::IN_FLIGHT_RECORDS,
+        super::IN_FLIGHT_BYTES,
+        super::REPLICATION_LAG_BYTES,
+        super::BINLOG_LAG_SECONDS,
+        super::BINLOG_LAG_BYTES,
+        super::END_TO_END_LATENCY,
+        super::STREAM_STATE,
+        super::CATCHUPS,
+        super::CATCHUP_ROWS,
+        super::POLL_QUERY_SECONDS,
+        super::OWNED_STREAMS,
+        super::LEASE_CHANGES,
+        super::OWNER_EPOCH,
+    ];
+
+    /// Every metric is in docs/metrics.md, and the Grafana dashboard uses only real names.
+    #[test]
+    fn docs_and_dashboard_match_the_metrics() {
+        let docs = include_str!("../docs/metrics.md");
+        for name in ALL {
+            assert!(docs.contains(&format!("`{name}")), "{name} is not documented in docs/metrics.md");
+        }
+        let dashboard = include_str!("../docs/grafana-dashboard.json");
+        for word in dashboard.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')) {
+            if let Some(name) = word.strip_prefix("outbox_") {
+                let base = ["_bucket", "_sum", "_count"].iter().fold(word, |w, s| w.strip_suffix(s).unwrap_or(w));
+                assert!(ALL.contains(&base), "the dashboard uses unknown metric outbox_{name}");
+            }
+        }
+    }
+}

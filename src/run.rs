@@ -577,7 +577,7 @@ async fn binlog_lag_poller(source: String, opts: MyOpts, checkpoint: String, mut
 }
 
 /// Bytes in `logs` (name, size, in order) after `offset` in `file`.
-fn binlog_bytes_after(logs: &[(String, u64)], file: &str, offset: u64) -> u64 {
+pub(crate) fn binlog_bytes_after(logs: &[(String, u64)], file: &str, offset: u64) -> u64 {
     let Some(at) = logs.iter().position(|(name, _)| name == file) else { return 0 };
     logs[at].1.saturating_sub(offset) + logs[at + 1..].iter().map(|(_, size)| size).sum::<u64>()
 }

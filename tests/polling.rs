@@ -85,6 +85,13 @@ async fn switching_between_cdc_and_polling_is_safe_both_ways() {
     assert!(ok, "status is healthy after the catch-up:\n{out}\n{err}");
     assert!(out.contains("(10 rows)"), "status names the last catch-up:\n{out}");
     assert!(cdc.stop());
+
+    // As a monitoring probe: rows waiting beyond a threshold make status exit 1.
+    insert(&w, payloads(40..43)).await;
+    let (ok, out, _) = run_cli(&w.config, &["status", "--max-pending-rows", "2"]);
+    assert!(!ok && out.contains("LAGGING"), "3 rows waiting exceed 2:\n{out}");
+    let (ok, out, _) = run_cli(&w.config, &["status", "--max-pending-rows", "3", "--max-lag-bytes", "100000000"]);
+    assert!(ok, "3 rows waiting do not exceed 3:\n{out}");
 }
 
 /// The slot dropped while the streamer is stopped: the next start creates a new slot first,

@@ -311,6 +311,8 @@ async fn run(
     }
     let progress = Arc::new(AtomicUsize::new(0));
     // A backlog goes in before the streamer starts.
+    // A backlog's WAL is written while it is inserted; a timed run's while the writers run.
+    let backlog_wal_before = db.log_bytes().await?;
     let backlog = match args.backlog {
         Some(rows) => {
             eprintln!("inserting a backlog of {rows} rows with the streamer stopped…");
@@ -354,7 +356,7 @@ async fn run(
         None => None,
     };
     let db_cpu_before = db.server_cpu(services_dir);
-    let wal_before = db.log_bytes().await?;
+    let wal_before = if backlog.is_some() { backlog_wal_before } else { db.log_bytes().await? };
     let db = Arc::new(db.clone());
     let txn_rate = (args.rate > 0).then(|| args.rate as f64 / args.rows_per_txn as f64 / args.writers as f64);
     let mut writers = Vec::new();

@@ -49,6 +49,12 @@ pub enum Command {
         /// Print JSON instead of a table.
         #[arg(long)]
         json: bool,
+        /// Exit 1 when a shard-partition's lag (WAL or binlog bytes behind) exceeds this.
+        #[arg(long)]
+        max_lag_bytes: Option<i64>,
+        /// Exit 1 when a shard-partition has more rows waiting than this.
+        #[arg(long)]
+        max_pending_rows: Option<i64>,
     },
     /// Measure throughput and latency against the running services (`scripts/services env`).
     Bench(crate::bench::BenchArgs),
@@ -76,7 +82,10 @@ pub async fn execute(cli: Cli) -> anyhow::Result<ExitCode> {
             crate::run::run(load()?).await?;
             Ok(ExitCode::SUCCESS)
         }
-        Command::Status { json } => status::status(&load()?, json).await,
+        Command::Status { json, max_lag_bytes, max_pending_rows } => {
+            let limits = status::Limits { max_lag_bytes, max_pending_rows };
+            status::status(&load()?, json, limits).await
+        }
         Command::Bench(args) => {
             let mut failed = false;
             for report in crate::bench::bench_command(args).await? {

@@ -7,8 +7,8 @@
 use std::process::ExitCode;
 
 use anyhow::Context;
-use outbox_mysql::mysql_async::Conn;
 use outbox_mysql::mysql_async::prelude::Queryable;
+use outbox_mysql::mysql_async::{Conn, Row as MyRow};
 use outbox_postgres::connect::PgTarget;
 use outbox_postgres::setup::ident;
 use outbox_postgres::slot;
@@ -40,6 +40,8 @@ struct Row {
     /// Under ZooKeeper ownership: the instance holding the lease, and its epoch.
     owner: Option<String>,
     owner_epoch: Option<i64>,
+    /// Beyond `--max-lag-bytes` or `--max-pending-rows`.
+    lagging: bool,
     healthy: bool,
     /// The lease name, `<source>.<table>`.
     #[serde(skip)]
@@ -62,12 +64,32 @@ impl Row {
     }
 }
 
-pub async fn status(config: &Config, json: bool) -> anyhow::Result<ExitCode> {
+/// Thresholds beyond which a shard-partition counts as lagging (unhealthy).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Limits {
+    pub max_lag_bytes: Option<i64>,
+    pub max_pending_rows: Option<i64>,
+}
+
+impl Limits {
+    fn exceeded(&self, row: &Row) -> bool {
+        let over = |value: Option<i64>, limit: Option<i64>| matches!((value, limit), (Some(v), Some(l)) if v > l);
+        over(row.lag_bytes, self.max_lag_bytes) || over(row.rows_pending, self.max_pending_rows)
+    }
+}
+
+pub async fn status(config: &Config, json: bool, limits: Limits) -> anyhow::Result<ExitCode> {
     let mut rows = Vec::new();
     for source in &config.sources {
         match source.kind {
             SourceKind::Postgres => postgres_rows(source, &mut rows).await?,
             SourceKind::Mysql => mysql_rows(source, &mut rows).await?,
+        }
+    }
+    for row in &mut rows {
+        if limits.exceeded(row) {
+            row.lagging = true;
+            row.healthy = false;
         }
     }
     let cluster = match &config.coordination {
@@ -157,6 +179,12 @@ async fn mysql_rows(source: &SourceConfig, rows: &mut Vec<Row>) -> anyhow::Resul
     let opts = crate::cli::setup::mysql_opts(source.url.expose(), source.password()?.as_deref())?;
     let mut conn = Conn::new(opts).await.with_context(|| format!("connecting to source {:?}", source.name))?;
     let checkpoint = checkpoint_table(&source.table_prefix);
+    // MySQL 8 adds an Encrypted column: take name and size by position.
+    let logs: Vec<(String, u64)> = conn
+        .query::<MyRow, _>("SHOW BINARY LOGS")
+        .await
+        .map(|rows| rows.iter().filter_map(|r| Some((r.get::<String, _>(0)?, r.get::<u64, _>(1)?))).collect())
+        .unwrap_or_default();
     for id in all_streams(source.shards, source.partitions) {
         let names = stream_names(&source.table_prefix, id);
         let mut row = Row::new(source, id);
@@ -177,6 +205,9 @@ async fn mysql_rows(source: &SourceConfig, rows: &mut Vec<Row>) -> anyhow::Resul
         match stored {
             Some((gtid, file, offset, pending, last_at, last_rows)) => {
                 row.state = "checkpoint".into();
+                if let (Some(file), Some(offset), false) = (&file, offset, logs.is_empty()) {
+                    row.lag_bytes = Some(crate::run::binlog_bytes_after(&logs, file, offset) as i64);
+                }
                 row.position = Some(match gtid {
                     Some(g) => g,
                     None => format!("{}:{}", file.unwrap_or_default(), offset.unwrap_or_default()),
@@ -234,7 +265,7 @@ fn print_table(rows: &[Row], coordinated: bool) {
             r.shard,
             r.partition,
             r.mode,
-            r.state,
+            if r.lagging { format!("{} LAGGING", r.state) } else { r.state.clone() },
             owner_column(Some(r)),
             r.active_pid.map_or_else(dash, |p| p.to_string()),
             r.lag_bytes.map_or_else(dash, |l| l.to_string()),
