@@ -81,3 +81,54 @@ async fn readyz_tells_streaming_and_halted_from_retrying() {
     assert!(body.contains("in use by another session"), "the reason is shown:\n{body}");
     assert!(second.stop() && first.stop(), "both exit 0 on SIGTERM");
 }
+
+/// The streamer role's password appears nowhere: not in the debug log of a working streamer,
+/// not in `status` (table or JSON), `/metrics` or `/readyz`, and not in the errors of a
+/// connection refused for a wrong password or of an unparsable URL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_secret_appears_in_logs_status_metrics_or_errors() {
+    let w = World::new("sec", 1, 1, 1, "").await;
+    let password =
+        w.db.streamer_url.split(':').nth(2).and_then(|s| s.split('@').next()).expect("a password in the URL");
+    assert!(password.len() >= 8, "a password distinctive enough to grep for: {password}");
+    let table = w.table(0, 0);
+    let addr = free_addr();
+    let streamer =
+        Running::start_with_env(&w.config, &w.dir.join("streamer.log"), &[("OUTBOX_METRICS_LISTEN", addr.to_string())]);
+    let insert = format!("INSERT INTO {table} (topic, payload) VALUES ($1, 'x')");
+    w.db.admin.execute(&insert, &[&w.topic as &(dyn ToSql + Sync)]).await.unwrap();
+    kafka::read_at_least(&w.topic, 1, 1, ARRIVAL).await;
+    let mut seen = vec![get(addr, "/metrics").await.1, get(addr, "/readyz").await.1];
+    for args in [&["status"][..], &["status", "--json"][..]] {
+        let (_, out, err) = crate::support::streamer::run_cli(&w.config, args);
+        seen.extend([out, err]);
+    }
+    let log = streamer.log.clone();
+    assert!(streamer.stop());
+    seen.push(std::fs::read_to_string(log).unwrap());
+
+    // The same config with a wrong password, then with a URL that cannot be parsed.
+    let good = std::fs::read_to_string(&w.config).unwrap();
+    let wrong = good.replace(password, &format!("{password}-wrong"));
+    let broken = good.replace(&format!(":{password}@"), &format!(":{password}@@:x:"));
+    for (name, text) in [("wrong-password.toml", wrong), ("broken-url.toml", broken)] {
+        let path = w.dir.join(name);
+        std::fs::write(&path, text).unwrap();
+        let (ok, out, err) = crate::support::streamer::run_cli(&path, &["status"]);
+        assert!(!ok, "{name}: status must fail");
+        assert!(!err.is_empty(), "{name}: the failure is explained");
+        seen.extend([out, err]);
+        // `run` retries a refused login (WARN) and stops at once on a URL it cannot parse.
+        let failing = Running::start(&path, &w.dir.join(format!("{name}.log")));
+        let log = wait_until(&format!("{name}: the failure in the log"), ARRIVAL, || async {
+            let log = failing.log_text();
+            (log.contains("WARN") || log.contains("rror")).then_some(log)
+        })
+        .await;
+        seen.push(log);
+        drop(failing);
+    }
+    for (i, text) in seen.iter().enumerate() {
+        assert!(!text.contains(password), "output #{i} shows the password:\n{text}");
+    }
+}

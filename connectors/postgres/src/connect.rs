@@ -83,8 +83,8 @@ impl PgTarget {
     }
 
     /// A SQL session; its connection task runs on the current runtime until the client drops.
-    pub async fn connect(&self) -> Result<Client, tokio_postgres::Error> {
-        let (client, connection) = self.config.connect(NoTls).await?;
+    pub async fn connect(&self) -> Result<Client, ConnectError> {
+        let (client, connection) = self.config.connect(NoTls).await.map_err(ConnectError)?;
         tokio::spawn(async move {
             if let Err(e) = connection.await {
                 tracing::debug!(error = %e, "postgres connection closed");
@@ -105,6 +105,29 @@ impl PgTarget {
                 Some(instance) => format!("{INSTANCE_APP_PREFIX}{instance}"),
                 None => format!("outbox-streamer {slot}"),
             })
+    }
+}
+
+/// A failed connection, shown with the server's own message ("password authentication failed
+/// for user …") where `tokio_postgres` alone would say "db error".
+#[derive(Debug)]
+pub struct ConnectError(pub tokio_postgres::Error);
+
+impl std::fmt::Display for ConnectError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0.as_db_error() {
+            Some(db) => write!(f, "{}: {} (SQLSTATE {})", db.severity(), db.message(), db.code().code()),
+            None => match std::error::Error::source(&self.0) {
+                Some(cause) => write!(f, "{}: {cause}", self.0),
+                None => write!(f, "{}", self.0),
+            },
+        }
+    }
+}
+
+impl std::error::Error for ConnectError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        std::error::Error::source(&self.0)
     }
 }
 
