@@ -6,6 +6,7 @@
 mod support;
 
 mod coordination;
+mod examples;
 mod health;
 mod mysql_cdc;
 mod mysql_setup;

@@ -1,0 +1,107 @@
+//! The Python, Java (and, for PostgreSQL, Rust) examples of `examples/`, run against the live services: each enqueues
+//! one message inside its own business transaction, and the record arrives in Kafka with the
+//! key and the `trace-id` header the program set.
+
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use crate::support::kafka::{self, Record};
+
+const ARRIVAL: Duration = Duration::from_secs(120);
+
+/// Runs `examples/<lang>/run <file>` with `env`; panics with its output if it fails.
+async fn run_example(lang: &str, file: &str, env: Vec<(&'static str, String)>) -> String {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples").join(lang).join("run");
+    let file = file.to_string();
+    tokio::task::spawn_blocking(move || {
+        let out = Command::new(&script).arg(&file).envs(env).output().expect("running the example");
+        let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        assert!(out.status.success(), "{} {file} failed:\n{text}", script.display());
+        text
+    })
+    .await
+    .expect("example thread")
+}
+
+/// `scheme://user:password@host:port/db` → (user, password, host:port, db).
+fn parts(url: &str) -> (String, String, String, String) {
+    let rest = url.split_once("://").expect("scheme://").1;
+    let (auth, hostdb) = rest.rsplit_once('@').expect("user:password@");
+    let (user, password) = auth.split_once(':').expect("user:password");
+    let (host, db) = hostdb.split_once('/').expect("host/db");
+    (user.into(), password.into(), host.into(), db.into())
+}
+
+fn check(records: &[Record], key: &str, from: &str, trace_id_in: &str) {
+    let r = records.iter().find(|r| r.key_str() == key).unwrap_or_else(|| panic!("no record keyed {key}"));
+    assert!(r.payload_str().contains(&format!("\"from\": \"{from}\"")), "{}", r.payload_str());
+    let trace = r.header("trace-id");
+    assert!(
+        !trace.is_empty() && trace_id_in.contains(&format!("(trace-id {trace})")),
+        "the program's trace-id {trace} (it printed: {trace_id_in})"
+    );
+    assert!(r.header("outbox-id").parse::<i64>().is_ok());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn python_and_java_examples_enqueue_into_postgres() {
+    let w = crate::postgres_cdc::World::new("ex", 1, 1, 1, "").await;
+    let streamer = w.start("streamer.log");
+    let (user, password, host, db) = parts(&w.db.admin_url);
+    let common = |key: &str| {
+        vec![
+            ("OUTBOX_EXAMPLE_TOPIC", w.topic.clone()),
+            ("OUTBOX_EXAMPLE_PREFIX", w.prefix.clone()),
+            ("OUTBOX_EXAMPLE_KEY", key.to_string()),
+        ]
+    };
+    let mut py = common("customer-py");
+    py.push(("OUTBOX_EXAMPLE_URL", w.db.admin_url.clone()));
+    let py_out = run_example("python", "enqueue_postgres.py", py).await;
+    let mut java = common("customer-java");
+    java.push(("OUTBOX_EXAMPLE_URL", format!("jdbc:postgresql://{host}/{db}?user={user}&password={password}")));
+    let java_out = run_example("java", "EnqueuePostgres.java", java).await;
+    // The Rust example is built with the tests (cargo builds examples for `cargo test`).
+    let rust = std::env::current_exe().unwrap().parent().unwrap().parent().unwrap().join("examples/enqueue_postgres");
+    let mut rust_env = common("customer-rust");
+    rust_env.push(("OUTBOX_EXAMPLE_URL", w.db.admin_url.clone()));
+    let out = Command::new(&rust).envs(rust_env).output().expect("running the Rust example");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let rust_out = String::from_utf8_lossy(&out.stdout).into_owned();
+
+    let records = kafka::read_at_least(&w.topic, 1, 3, ARRIVAL).await;
+    assert_eq!(records.len(), 3);
+    check(&records, "customer-py", "python", &py_out);
+    check(&records, "customer-java", "java", &java_out);
+    check(&records, "customer-rust", "rust", &rust_out);
+    w.wait_drained(&w.table(0, 0)).await;
+    assert!(streamer.stop());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn python_and_java_examples_enqueue_into_mariadb() {
+    let w = crate::mysql_cdc::World::new("exm", 1).await;
+    let streamer = w.start("streamer.log");
+    let (user, password, host, db) = parts(&w.db.admin_url);
+    let common = |key: &str| {
+        vec![
+            ("OUTBOX_EXAMPLE_TOPIC", w.topic.clone()),
+            ("OUTBOX_EXAMPLE_TABLE", w.table()),
+            ("OUTBOX_EXAMPLE_KEY", key.to_string()),
+        ]
+    };
+    let mut py = common("customer-py");
+    py.push(("OUTBOX_EXAMPLE_URL", w.db.admin_url.clone()));
+    let py_out = run_example("python", "enqueue_mariadb.py", py).await;
+    let mut java = common("customer-java");
+    java.push(("OUTBOX_EXAMPLE_URL", format!("jdbc:mariadb://{host}/{db}?user={user}&password={password}")));
+    let java_out = run_example("java", "EnqueueMariaDb.java", java).await;
+
+    let records = kafka::read_at_least(&w.topic, 1, 2, ARRIVAL).await;
+    assert_eq!(records.len(), 2);
+    check(&records, "customer-py", "python", &py_out);
+    check(&records, "customer-java", "java", &java_out);
+    w.wait_drained().await;
+    assert!(streamer.stop());
+}
