@@ -88,11 +88,48 @@ pub struct KafkaConfig {
     /// Any other librdkafka producer property (security settings, batch sizes, …).
     #[serde(default)]
     pub properties: BTreeMap<String, String>,
+    /// librdkafka's `sasl.password` from this environment variable instead of `properties`.
+    pub sasl_password_env: Option<String>,
+    /// librdkafka's `sasl.password` from the first line of this file instead of `properties`.
+    pub sasl_password_file: Option<PathBuf>,
+}
+
+impl KafkaConfig {
+    /// `properties` with `sasl.password` filled from `sasl_password_env` or `sasl_password_file`.
+    pub fn producer_properties(&self) -> Result<BTreeMap<String, String>, ConfigError> {
+        let mut properties = self.properties.clone();
+        let secret = match (&self.sasl_password_env, &self.sasl_password_file) {
+            (Some(var), _) => {
+                Some(std::env::var(var).map_err(|_| {
+                    invalid("kafka.sasl_password_env", format!("environment variable {var} is not set"))
+                })?)
+            }
+            (None, Some(path)) => Some(
+                std::fs::read_to_string(path)
+                    .map_err(|e| invalid("kafka.sasl_password_file", format!("cannot read {}: {e}", path.display())))?
+                    .lines()
+                    .next()
+                    .unwrap_or_default()
+                    .to_string(),
+            ),
+            (None, None) => None,
+        };
+        if let Some(secret) = secret {
+            properties.insert("sasl.password".into(), secret);
+        }
+        Ok(properties)
+    }
 }
 
 impl Default for KafkaConfig {
     fn default() -> Self {
-        Self { brokers: default_brokers(), message_timeout_ms: DEFAULT_MESSAGE_TIMEOUT_MS, properties: BTreeMap::new() }
+        Self {
+            brokers: default_brokers(),
+            message_timeout_ms: DEFAULT_MESSAGE_TIMEOUT_MS,
+            properties: BTreeMap::new(),
+            sasl_password_env: None,
+            sasl_password_file: None,
+        }
     }
 }
 
@@ -421,6 +458,17 @@ impl Config {
                     "is fixed by outbox-streamer for ordering and idempotence; remove it",
                 ));
             }
+        }
+        let password_sources = [
+            self.kafka.properties.contains_key("sasl.password"),
+            self.kafka.sasl_password_env.is_some(),
+            self.kafka.sasl_password_file.is_some(),
+        ];
+        if password_sources.iter().filter(|set| **set).count() > 1 {
+            return Err(invalid(
+                "kafka.sasl_password_env",
+                "give the SASL password once: properties.\"sasl.password\", sasl_password_env or sasl_password_file",
+            ));
         }
         if self.sources.is_empty() {
             return Err(invalid("source", "at least one [[source]] is needed"));

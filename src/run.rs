@@ -71,6 +71,8 @@ pub async fn run(mut config: Config) -> anyhow::Result<()> {
             config.kafka.message_timeout_ms = cap;
         }
     }
+    // The SASL password, if it comes from the environment or a file, is read once here.
+    config.kafka.properties = config.kafka.producer_properties()?;
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut tasks = JoinSet::new();
     let mut jobs = Vec::new();

@@ -8,6 +8,7 @@ mod support;
 mod coordination;
 mod examples;
 mod health;
+mod kafka_sasl;
 mod mysql_cdc;
 mod mysql_setup;
 mod polling;

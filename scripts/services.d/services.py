@@ -91,6 +91,9 @@ PG_PORT = port("OUTBOX_PG_PORT", 25432)
 MYSQL_PORT = port("OUTBOX_MYSQL_PORT", 23306)
 KAFKA_PORT = port("OUTBOX_KAFKA_PORT", 29092)
 KAFKA_CONTROLLER_PORT = port("OUTBOX_KAFKA_CONTROLLER_PORT", 29093)
+# A second listener that requires SASL (SCRAM-SHA-256 or PLAIN) as user KAFKA_SASL_USER.
+KAFKA_SASL_PORT = port("OUTBOX_KAFKA_SASL_PORT", 29094)
+KAFKA_SASL_USER = "outbox"
 ZK_PORT = port("OUTBOX_ZK_PORT", 22181)
 
 
@@ -560,11 +563,18 @@ def kafka_prepare() -> None:
         "process.roles=broker,controller",
         "node.id=1",
         f"controller.quorum.voters=1@127.0.0.1:{KAFKA_CONTROLLER_PORT}",
-        f"listeners=PLAINTEXT://127.0.0.1:{KAFKA_PORT},CONTROLLER://127.0.0.1:{KAFKA_CONTROLLER_PORT}",
-        f"advertised.listeners=PLAINTEXT://127.0.0.1:{KAFKA_PORT}",
+        f"listeners=PLAINTEXT://127.0.0.1:{KAFKA_PORT},CONTROLLER://127.0.0.1:{KAFKA_CONTROLLER_PORT},"
+        f"SASL_PLAINTEXT://127.0.0.1:{KAFKA_SASL_PORT}",
+        f"advertised.listeners=PLAINTEXT://127.0.0.1:{KAFKA_PORT},SASL_PLAINTEXT://127.0.0.1:{KAFKA_SASL_PORT}",
         "controller.listener.names=CONTROLLER",
         "inter.broker.listener.name=PLAINTEXT",
-        "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+        "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT,SASL_PLAINTEXT:SASL_PLAINTEXT",
+        "sasl.enabled.mechanisms=SCRAM-SHA-256,PLAIN",
+        "listener.name.sasl_plaintext.scram-sha-256.sasl.jaas.config="
+        "org.apache.kafka.common.security.scram.ScramLoginModule required;",
+        "listener.name.sasl_plaintext.plain.sasl.jaas.config="
+        f"org.apache.kafka.common.security.plain.PlainLoginModule required "
+        f"user_{KAFKA_SASL_USER}=\"{password('kafka-sasl')}\";",
         f"log.dirs={d / 'data'}",
         "num.partitions=1",
         "auto.create.topics.enable=false",
@@ -587,6 +597,17 @@ def kafka_prepare() -> None:
              "-c", str(kafka_props())])
     if r.returncode != 0:
         raise ServiceError(f"kafka: formatting storage failed:\n{r.stdout[-3000:]}{r.stderr[-3000:]}")
+
+
+def kafka_scram_user() -> None:
+    """Creates (or updates) the SCRAM-SHA-256 credentials of KAFKA_SASL_USER; idempotent."""
+    cmd = ["java", "-Xmx256m", f"-Dlog4j2.configurationFile={HERE / 'kafka-tools-log4j2.properties'}",
+           "-cp", classpath("kafka"), "kafka.admin.ConfigCommand", "--bootstrap-server", f"127.0.0.1:{KAFKA_PORT}",
+           "--alter", "--entity-type", "users", "--entity-name", KAFKA_SASL_USER,
+           "--add-config", f"SCRAM-SHA-256=[iterations=4096,password={password('kafka-sasl')}]"]
+    r = run(cmd)
+    if r.returncode != 0:
+        raise ServiceError(f"kafka: creating the SCRAM user failed:\n{r.stdout[-2000:]}{r.stderr[-2000:]}")
 
 
 def kafka_command() -> list[str]:
@@ -648,7 +669,8 @@ SERVICES = [
             run_as="postgres", stop_signal=signal.SIGINT),
     Service("mariadb", MYSQL_PORT, "OUTBOX_MYSQL_PORT", mysql_prepare, mysql_command, mysql_check,
             run_as="mysql"),
-    Service("kafka", KAFKA_PORT, "OUTBOX_KAFKA_PORT", kafka_prepare, kafka_command, kafka_check),
+    Service("kafka", KAFKA_PORT, "OUTBOX_KAFKA_PORT", kafka_prepare, kafka_command, kafka_check,
+            after_ready=kafka_scram_user),
     Service("zookeeper", ZK_PORT, "OUTBOX_ZK_PORT", zk_prepare, zk_command, zk_check),
 ]
 
@@ -658,6 +680,9 @@ def env_lines() -> list[str]:
         f"export OUTBOX_PG_URL=postgres://{PG_USER}:{password('postgres')}@127.0.0.1:{PG_PORT}/postgres",
         f"export OUTBOX_MYSQL_URL=mysql://{MYSQL_USER}:{password('mariadb')}@127.0.0.1:{MYSQL_PORT}/mysql",
         f"export OUTBOX_KAFKA_BROKERS=127.0.0.1:{KAFKA_PORT}",
+        f"export OUTBOX_KAFKA_SASL_BROKERS=127.0.0.1:{KAFKA_SASL_PORT}",
+        f"export OUTBOX_KAFKA_SASL_USER={KAFKA_SASL_USER}",
+        f"export OUTBOX_KAFKA_SASL_PASSWORD={password('kafka-sasl')}",
         f"export OUTBOX_ZK_CONNECT=127.0.0.1:{ZK_PORT}",
         f"export OUTBOX_SERVICES_DIR={STATE}",
     ]
