@@ -61,7 +61,7 @@ async fn scram_and_plain_authenticate_and_a_wrong_password_is_reported_without_i
     let file = w.dir.join("kafka-password");
     std::fs::write(&file, format!("{password}\n")).unwrap();
     let plain = sasl_config(&w, "plain.toml", "PLAIN", &format!("sasl_password_file = \"{}\"", file.display()));
-    let streamer = Running::start_with_env(&plain, &w.dir.join("plain.log"), &[brokers.clone()]);
+    let streamer = Running::start_with_env(&plain, &w.dir.join("plain.log"), std::slice::from_ref(&brokers));
     send("over-plain").await;
     let records = kafka::read_at_least(&w.topic, 1, 2, ARRIVAL).await;
     assert_eq!(records.iter().map(|r| r.payload_str()).collect::<Vec<_>>(), ["over-scram", "over-plain"]);
