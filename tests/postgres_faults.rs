@@ -450,7 +450,7 @@ async fn a_row_sent_before_its_commit_is_visible_is_still_deleted() {
     // Give up waiting for the standby: the transaction becomes visible.
     root.execute("SELECT pg_cancel_backend($1)", &[&writer_pid]).await.unwrap();
     committing.await.unwrap().expect("the insert committed locally");
-    assert_eq!(w.db.count(&table).await, 1, "now visible");
+    // The streamer, waiting for exactly this, may delete the row before we could count it.
     w.wait_drained(&table).await;
     let records = kafka::read_at_least(&w.topic, 3, 2, ARRIVAL).await;
     assert_eq!(records.len(), 2, "each row once");
