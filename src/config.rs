@@ -31,6 +31,7 @@ use serde::Deserialize;
 
 use crate::names::StreamId;
 use crate::secret::SecretUrl;
+use crate::tls::TlsSettings;
 
 pub const DEFAULT_SHARDS: u32 = 2;
 pub const DEFAULT_PARTITIONS: u32 = 1;
@@ -92,12 +93,18 @@ pub struct KafkaConfig {
     pub sasl_password_env: Option<String>,
     /// librdkafka's `sasl.password` from the first line of this file instead of `properties`.
     pub sasl_password_file: Option<PathBuf>,
+    /// `[kafka.tls]`: TLS to the brokers, translated into librdkafka's `ssl.*` properties.
+    pub tls: Option<TlsSettings>,
 }
 
 impl KafkaConfig {
-    /// `properties` with `sasl.password` filled from `sasl_password_env` or `sasl_password_file`.
+    /// `properties` with `sasl.password` filled from `sasl_password_env` or `sasl_password_file`
+    /// and the `ssl.*` properties of `tls`.
     pub fn producer_properties(&self) -> Result<BTreeMap<String, String>, ConfigError> {
         let mut properties = self.properties.clone();
+        if let Some(tls) = &self.tls {
+            properties.extend(tls.kafka_properties(&self.properties));
+        }
         let secret = match (&self.sasl_password_env, &self.sasl_password_file) {
             (Some(var), _) => {
                 Some(std::env::var(var).map_err(|_| {
@@ -129,6 +136,7 @@ impl Default for KafkaConfig {
             properties: BTreeMap::new(),
             sasl_password_env: None,
             sasl_password_file: None,
+            tls: None,
         }
     }
 }
@@ -170,6 +178,8 @@ pub struct CoordinationConfig {
     /// Give up each owned shard-partition after owning it this long, so ownership spreads
     /// over time (off by default).
     pub yield_interval_s: Option<u64>,
+    /// `[coordination.tls]`: TLS to ZooKeeper's secure client port (plaintext when left out).
+    pub tls: Option<TlsSettings>,
 }
 
 impl CoordinationConfig {
@@ -236,6 +246,8 @@ pub struct SourceConfig {
     /// PostgreSQL: emit a `pg_logical_emit_message` heartbeat this often (off by default;
     /// idle slots are confirmed from the server's keepalives anyway).
     pub heartbeat_interval_ms: Option<u64>,
+    /// `[source.tls]`: encryption to the database (plaintext when left out).
+    pub tls: Option<TlsSettings>,
 }
 
 fn default_table_prefix() -> String {
@@ -464,6 +476,9 @@ impl Config {
             self.kafka.sasl_password_env.is_some(),
             self.kafka.sasl_password_file.is_some(),
         ];
+        if let Some(tls) = &self.kafka.tls {
+            tls.validate_for_kafka("kafka.tls", &self.kafka.properties)?;
+        }
         if password_sources.iter().filter(|set| **set).count() > 1 {
             return Err(invalid(
                 "kafka.sasl_password_env",
@@ -504,6 +519,9 @@ impl Config {
             if c.yield_interval_s == Some(0) {
                 return Err(invalid("coordination.yield_interval_s", "must be at least 1, or left out to never yield"));
             }
+            if let Some(tls) = &c.tls {
+                tls.validate_for_zookeeper("coordination.tls")?;
+            }
         }
         let mut names = HashSet::new();
         let mut prefixes = HashSet::new();
@@ -538,6 +556,9 @@ impl Config {
             }
             if s.password_env.is_some() && s.password_file.is_some() {
                 return Err(invalid(f("password_env"), "set password_env or password_file, not both"));
+            }
+            if let Some(tls) = &s.tls {
+                tls.validate(&f("tls"))?;
             }
             if s.defaults.shard.is_some() || s.defaults.partition.is_some() {
                 return Err(invalid(f("defaults"), "shard and partition belong in [[source.override]]"));

@@ -67,7 +67,9 @@ impl MySource {
     ) -> Result<Self, SourceError> {
         let transient = |what: &str, e: &dyn std::fmt::Display| SourceError::Transient(format!("{what}: {e}"));
         let sql_opts: Opts = OptsBuilder::from_opts(opts.clone()).client_found_rows(true).into();
-        let mut sql = Conn::new(sql_opts).await.map_err(|e| transient("connecting to MySQL/MariaDB", &e))?;
+        let mut sql = Conn::new(sql_opts).await.map_err(|e| {
+            SourceError::transient("connecting to MySQL/MariaDB", crate::connect::mysql_connect_message(&e))
+        })?;
         let version: Option<String> =
             sql.query_first("SELECT @@version").await.map_err(|e| transient("reading the server version", &e))?;
         let flavor = Flavor::from_version(&version.unwrap_or_default());

@@ -218,8 +218,7 @@ fn postgres_jobs(
     stop: &watch::Receiver<bool>,
     tasks: &mut JoinSet<()>,
 ) -> anyhow::Result<Vec<StreamJob>> {
-    let mut target = PgTarget::from_url(source.url.expose(), source.password()?.as_deref())
-        .with_context(|| format!("source {:?}: url", source.name))?;
+    let mut target = crate::connect::pg_target(source, None)?;
     if let Some(instance) = instance {
         target = target.with_instance(instance);
     }
@@ -281,8 +280,7 @@ fn mysql_jobs(
     stop: &watch::Receiver<bool>,
     tasks: &mut JoinSet<()>,
 ) -> anyhow::Result<Vec<StreamJob>> {
-    let opts = crate::cli::setup::mysql_opts(source.url.expose(), source.password()?.as_deref())
-        .with_context(|| format!("source {:?}: url", source.name))?;
+    let opts = crate::connect::mysql_opts(source, None)?;
     let opts: MyOpts = OptsBuilder::from_opts(opts).init(vec![IDLE_TXN_LIMIT]).into();
     let checkpoint = checkpoint_table(&source.table_prefix);
     tasks.spawn(binlog_lag_poller(source.name.clone(), opts.clone(), checkpoint.clone(), stop.clone()));

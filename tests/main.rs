@@ -16,3 +16,4 @@ mod polling_mysql;
 mod postgres_cdc;
 mod postgres_faults;
 mod smoke;
+mod tls;

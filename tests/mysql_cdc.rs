@@ -261,6 +261,7 @@ async fn sigkill(name: &str, extra: &str) {
     let mut streamer = Some(w.start("run-0.log"));
     let mut seed = 0x9e37_79b9_u64;
     for kill in 1..=3 {
+        streamer.as_ref().unwrap().wait_for_log("streaming", ARRIVAL).await;
         let before = deleted().await;
         wait_until("progress by the current instance", ARRIVAL, || async {
             (deleted().await >= before + 2 * ROWS_PER_TXN).then_some(())

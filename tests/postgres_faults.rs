@@ -100,13 +100,15 @@ async fn sigkill_at_random_moments_loses_nothing() {
 
     let mut streamer = Some(w.start("run-0.log"));
     let mut seed = 0x2545_f491_4f6c_dd1d_u64;
+    // Commits counted before the rows left, so a commit in between can only make this smaller.
     let deleted = || async {
-        let left = w.db.count(&table).await as usize;
         let written = commits.lock().unwrap().len() * ROWS_PER_TXN;
+        let left = w.db.count(&table).await as usize;
         written.saturating_sub(left)
     };
     for kill in 1..=3 {
         // Let this instance make progress of its own, then kill it at a seed-dependent moment.
+        streamer.as_ref().unwrap().wait_for_log("streaming", ARRIVAL).await;
         let before = deleted().await;
         wait_until("progress by the current instance before the kill", ARRIVAL, || async {
             (deleted().await >= before + 2 * ROWS_PER_TXN).then_some(())

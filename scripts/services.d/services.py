@@ -94,7 +94,11 @@ KAFKA_CONTROLLER_PORT = port("OUTBOX_KAFKA_CONTROLLER_PORT", 29093)
 # A second listener that requires SASL (SCRAM-SHA-256 or PLAIN) as user KAFKA_SASL_USER.
 KAFKA_SASL_PORT = port("OUTBOX_KAFKA_SASL_PORT", 29094)
 KAFKA_SASL_USER = "outbox"
+# A third listener with TLS (the private CA's server certificate; client certificates optional).
+KAFKA_TLS_PORT = port("OUTBOX_KAFKA_TLS_PORT", 29095)
 ZK_PORT = port("OUTBOX_ZK_PORT", 22181)
+# ZooKeeper's TLS client port (Netty), with the private CA's server certificate.
+ZK_TLS_PORT = port("OUTBOX_ZK_TLS_PORT", 22182)
 
 
 class ServiceError(Exception):
@@ -192,6 +196,8 @@ def install() -> None:
         missing.append("openjdk-17-jre-headless")
     if not shutil.which("mvn"):
         missing.append("maven")
+    if not shutil.which("openssl"):
+        missing.append("openssl")
     if missing:
         apt_install(sorted(set(missing)))
     for name in ("kafka", "zookeeper"):
@@ -368,6 +374,59 @@ def stop(svc: Service) -> None:
     svc.pidfile.unlink(missing_ok=True)
 
 
+# ---------------------------------------------------------------- TLS
+
+def tls_dir() -> Path:
+    return STATE / "tls"
+
+
+def openssl(args: list[str]) -> None:
+    r = run(["openssl", *args])
+    if r.returncode != 0:
+        raise ServiceError(f"openssl {args[0]} failed:\n{r.stdout[-2000:]}{r.stderr[-2000:]}")
+
+
+def tls_material() -> None:
+    """A private CA and the certificates the TLS listeners and the tests use, made once under
+    tls_dir(): server.pem/.key for 127.0.0.1 and localhost, client.pem/.key with CN
+    outbox_cert_client (PostgreSQL `cert` authentication), and other-ca.pem, a CA that signed
+    nothing here (the tests' wrong CA). Keys are unencrypted PKCS#8 P-256."""
+    d = tls_dir()
+    if (d / "complete").exists():
+        return
+    d.mkdir(parents=True, exist_ok=True)
+    os.chmod(d, 0o755)
+    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes"]
+    for ca in ("ca", "other-ca"):
+        openssl(["req", "-x509", *ec, "-days", "3650", "-subj", f"/CN=outbox-streamer test {ca}",
+                 "-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign,cRLSign",
+                 "-keyout", str(d / f"{ca}.key"), "-out", str(d / f"{ca}.pem")])
+    for name, cn, san in (("server", "localhost", "IP:127.0.0.1,DNS:localhost"),
+                          ("client", "outbox_cert_client", "DNS:outbox_cert_client")):
+        ext = d / f"{name}.ext"
+        ext.write_text(f"subjectAltName={san}\nbasicConstraints=critical,CA:FALSE\n"
+                       "keyUsage=critical,digitalSignature\nextendedKeyUsage=serverAuth,clientAuth\n")
+        openssl(["req", "-new", *ec, "-subj", f"/CN={cn}", "-keyout", str(d / f"{name}.key"),
+                 "-out", str(d / f"{name}.csr")])
+        openssl(["x509", "-req", "-in", str(d / f"{name}.csr"), "-CA", str(d / "ca.pem"), "-CAkey", str(d / "ca.key"),
+                 "-CAcreateserial", "-days", "3650", "-extfile", str(ext), "-out", str(d / f"{name}.pem")])
+    # Kafka and ZooKeeper read the key and its certificate from one PEM file.
+    (d / "server-bundle.pem").write_text((d / "server.key").read_text() + (d / "server.pem").read_text())
+    for f in d.iterdir():
+        os.chmod(f, 0o600 if f.suffix == ".key" or f.name == "server-bundle.pem" else 0o644)
+    (d / "complete").write_text("")
+
+
+def tls_copy(service_dir: Path, names: list[str]) -> Path:
+    """Copies TLS files into a service's own directory (servers insist on owning their key)."""
+    target = service_dir / "tls"
+    target.mkdir(parents=True, exist_ok=True)
+    for name in names:
+        shutil.copyfile(tls_dir() / name, target / name)
+        os.chmod(target / name, 0o600)
+    return target
+
+
 # ---------------------------------------------------------------- PostgreSQL
 
 PG_USER = "outbox_admin"
@@ -375,8 +434,23 @@ PG_USER = "outbox_admin"
 
 def pg_prepare() -> None:
     data = STATE / "postgres" / "data"
-    if (data / "PG_VERSION").exists():
-        return
+    tls_copy(STATE / "postgres", ["server.pem", "server.key", "ca.pem"])
+    if not (data / "PG_VERSION").exists():
+        pg_init(data)
+    # Rewritten at every start: role groups whose members must use TLS, or a client certificate.
+    with open(data / "pg_hba.conf", "w") as hba:
+        hba.write("# outbox-streamer: TCP on loopback only, SCRAM passwords (scripts/services)\n")
+        hba.write("# members of outbox_tls_required must connect with TLS\n")
+        hba.write("hostnossl all +outbox_tls_required 127.0.0.1/32 reject\n")
+        hba.write("hostnossl replication +outbox_tls_required 127.0.0.1/32 reject\n")
+        hba.write("# members of outbox_cert_auth log in with a client certificate whose CN is their name\n")
+        hba.write("hostssl all +outbox_cert_auth 127.0.0.1/32 cert\n")
+        hba.write("hostssl replication +outbox_cert_auth 127.0.0.1/32 cert\n")
+        hba.write("host all all 127.0.0.1/32 scram-sha-256\n")
+        hba.write("host replication all 127.0.0.1/32 scram-sha-256\n")
+
+
+def pg_init(data: Path) -> None:
     pwfile = STATE / "postgres" / "initdb.pw"
     pwfile.write_text(password("postgres") + "\n")
     chown_tree(STATE / "postgres", "postgres")
@@ -404,14 +478,13 @@ def pg_prepare() -> None:
             "log_line_prefix = '%m [%p] %q%u@%d '",
         ]:
             conf.write(line + "\n")
-    with open(data / "pg_hba.conf", "w") as hba:
-        hba.write("# outbox-streamer: TCP on loopback only, SCRAM passwords\n")
-        hba.write("host all all 127.0.0.1/32 scram-sha-256\n")
-        hba.write("host replication all 127.0.0.1/32 scram-sha-256\n")
 
 
 def pg_command() -> list[str]:
-    return [str(PG_BIN / "postgres"), "-D", str(STATE / "postgres" / "data"), "-p", str(PG_PORT)]
+    tls = STATE / "postgres" / "tls"
+    return [str(PG_BIN / "postgres"), "-D", str(STATE / "postgres" / "data"), "-p", str(PG_PORT),
+            "-c", "ssl=on", "-c", f"ssl_cert_file={tls / 'server.pem'}", "-c", f"ssl_key_file={tls / 'server.key'}",
+            "-c", f"ssl_ca_file={tls / 'ca.pem'}"]
 
 
 def psql(sql: str, db: str = "postgres") -> subprocess.CompletedProcess:
@@ -440,6 +513,7 @@ def mysql_sock() -> Path:
 def mysql_prepare() -> None:
     data = STATE / "mariadb" / "data"
     (STATE / "mariadb" / "binlog").mkdir(parents=True, exist_ok=True)
+    tls_copy(STATE / "mariadb", ["server.pem", "server.key", "ca.pem"])
     if (data / "mysql").exists():
         return
     data.mkdir(parents=True, exist_ok=True)
@@ -463,7 +537,9 @@ def mysql_command() -> list[str]:
            "--innodb-flush-log-at-trx-commit=1", "--gtid-strict-mode=ON", "--log-bin-compress=OFF",
            "--binlog-expire-logs-seconds=86400",
            "--max-connections=300", "--innodb-buffer-pool-size=256M", "--max-allowed-packet=64M",
-           "--skip-name-resolve", "--character-set-server=utf8mb4", "--collation-server=utf8mb4_bin"]
+           "--skip-name-resolve", "--character-set-server=utf8mb4", "--collation-server=utf8mb4_bin",
+           f"--ssl-cert={base / 'tls' / 'server.pem'}", f"--ssl-key={base / 'tls' / 'server.key'}",
+           f"--ssl-ca={base / 'tls' / 'ca.pem'}"]
     if IS_ROOT:
         cmd.append("--user=mysql")
     return cmd
@@ -508,6 +584,7 @@ def mysql_create_admin() -> None:
 def zk_prepare() -> None:
     d = STATE / "zookeeper"
     (d / "data").mkdir(parents=True, exist_ok=True)
+    tls = tls_copy(d, ["server-bundle.pem", "ca.pem"])
     (d / "zoo.cfg").write_text("\n".join([
         "# outbox-streamer test/demo ZooKeeper (scripts/services)",
         "tickTime=500",
@@ -519,6 +596,14 @@ def zk_prepare() -> None:
         "maxClientCnxns=200",
         "admin.enableServer=false",
         "4lw.commands.whitelist=ruok,srvr,stat,mntr",
+        "serverCnxnFactory=org.apache.zookeeper.server.NettyServerCnxnFactory",
+        f"secureClientPort={ZK_TLS_PORT}",
+        "secureClientPortAddress=127.0.0.1",
+        f"ssl.keyStore.location={tls / 'server-bundle.pem'}",
+        "ssl.keyStore.type=PEM",
+        f"ssl.trustStore.location={tls / 'ca.pem'}",
+        "ssl.trustStore.type=PEM",
+        "ssl.clientAuth=want",
         "",
     ]))
 
@@ -546,6 +631,8 @@ def zk_check() -> str | None:
     reply = four_letter(ZK_PORT, b"srvr")
     if b"Mode: standalone" not in reply:
         return f"srvr answered {reply[:80]!r}"
+    if port_free(ZK_TLS_PORT):
+        return f"the TLS client port {ZK_TLS_PORT} is not listening"
     return None
 
 
@@ -558,17 +645,24 @@ def kafka_props() -> Path:
 def kafka_prepare() -> None:
     d = STATE / "kafka"
     (d / "data").mkdir(parents=True, exist_ok=True)
+    tls = tls_copy(d, ["server-bundle.pem", "ca.pem"])
     kafka_props().write_text("\n".join([
         "# outbox-streamer test/demo Kafka: one combined broker+controller (KRaft), scripts/services",
         "process.roles=broker,controller",
         "node.id=1",
         f"controller.quorum.voters=1@127.0.0.1:{KAFKA_CONTROLLER_PORT}",
         f"listeners=PLAINTEXT://127.0.0.1:{KAFKA_PORT},CONTROLLER://127.0.0.1:{KAFKA_CONTROLLER_PORT},"
-        f"SASL_PLAINTEXT://127.0.0.1:{KAFKA_SASL_PORT}",
-        f"advertised.listeners=PLAINTEXT://127.0.0.1:{KAFKA_PORT},SASL_PLAINTEXT://127.0.0.1:{KAFKA_SASL_PORT}",
+        f"SASL_PLAINTEXT://127.0.0.1:{KAFKA_SASL_PORT},SSL://127.0.0.1:{KAFKA_TLS_PORT}",
+        f"advertised.listeners=PLAINTEXT://127.0.0.1:{KAFKA_PORT},SASL_PLAINTEXT://127.0.0.1:{KAFKA_SASL_PORT},"
+        f"SSL://127.0.0.1:{KAFKA_TLS_PORT}",
         "controller.listener.names=CONTROLLER",
         "inter.broker.listener.name=PLAINTEXT",
-        "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT,SASL_PLAINTEXT:SASL_PLAINTEXT",
+        "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT,SASL_PLAINTEXT:SASL_PLAINTEXT,SSL:SSL",
+        "listener.name.ssl.ssl.keystore.type=PEM",
+        f"listener.name.ssl.ssl.keystore.location={tls / 'server-bundle.pem'}",
+        "listener.name.ssl.ssl.truststore.type=PEM",
+        f"listener.name.ssl.ssl.truststore.location={tls / 'ca.pem'}",
+        "listener.name.ssl.ssl.client.auth=requested",
         "sasl.enabled.mechanisms=SCRAM-SHA-256,PLAIN",
         "listener.name.sasl_plaintext.scram-sha-256.sasl.jaas.config="
         "org.apache.kafka.common.security.scram.ScramLoginModule required;",
@@ -659,6 +753,8 @@ def kafka_check() -> str | None:
         (controller,) = struct.unpack(">i", meta[pos:pos + 4])
         if brokers < 1 or controller < 0:
             return f"metadata lists {brokers} broker(s), controller {controller}"
+    if port_free(KAFKA_TLS_PORT):
+        return f"the TLS listener on port {KAFKA_TLS_PORT} is not listening"
     return None
 
 
@@ -682,9 +778,12 @@ def env_lines() -> list[str]:
         f"export OUTBOX_KAFKA_BROKERS=127.0.0.1:{KAFKA_PORT}",
         f"export OUTBOX_KAFKA_SASL_BROKERS=127.0.0.1:{KAFKA_SASL_PORT}",
         f"export OUTBOX_KAFKA_SASL_USER={KAFKA_SASL_USER}",
+        f"export OUTBOX_KAFKA_TLS_BROKERS=127.0.0.1:{KAFKA_TLS_PORT}",
         f"export OUTBOX_KAFKA_SASL_PASSWORD={password('kafka-sasl')}",
         f"export OUTBOX_ZK_CONNECT=127.0.0.1:{ZK_PORT}",
+        f"export OUTBOX_ZK_TLS_CONNECT=127.0.0.1:{ZK_TLS_PORT}",
         f"export OUTBOX_SERVICES_DIR={STATE}",
+        f"export OUTBOX_TLS_DIR={tls_dir()}",
     ]
 
 
@@ -705,6 +804,10 @@ def cmd_up(names: list[str]) -> None:
     install()
     STATE = resolve_state()
     STATE.mkdir(parents=True, exist_ok=True)
+    try:
+        tls_material()
+    except ServiceError as e:
+        fail(str(e))
     errors: list[str] = []
     deadline = time.monotonic() + START_DEADLINE_S
     lock = threading.Lock()

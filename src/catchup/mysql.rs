@@ -117,8 +117,9 @@ pub async fn run(
             None => return Ok(None),
         },
     };
-    let mut conn =
-        Conn::new(opts.clone()).await.map_err(|e| SourceError::transient("connecting to MySQL/MariaDB", e))?;
+    let mut conn = Conn::new(opts.clone()).await.map_err(|e| {
+        SourceError::transient("connecting to MySQL/MariaDB", crate::connect::mysql_connect_message(&e))
+    })?;
     conn.exec_drop(
         format!(
             "UPDATE {} SET catchup_pending = 0, last_catchup_at = NOW(6), last_catchup_rows = ?

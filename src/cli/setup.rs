@@ -2,13 +2,13 @@
 
 use std::process::ExitCode;
 
-use anyhow::{Context, bail};
-use outbox_mysql::mysql_async::{self, Opts, OptsBuilder};
+use anyhow::Context;
 use outbox_mysql::setup as my;
 use outbox_postgres::connect::PgTarget;
 use outbox_postgres::setup::{self as pg, SetupPlan, StreamObjects};
 
 use crate::config::{Config, SourceConfig, SourceKind};
+use crate::connect::{mysql_opts, pg_target};
 use crate::names::{all_streams, checkpoint_table, stream_names};
 
 pub async fn setup(config: &Config, dry_run: bool, admin_url: Option<&str>) -> anyhow::Result<ExitCode> {
@@ -39,8 +39,7 @@ pub fn postgres_plan(source: &SourceConfig, streamer: &PgTarget) -> SetupPlan {
 }
 
 async fn setup_postgres(source: &SourceConfig, dry_run: bool, admin_url: Option<&str>) -> anyhow::Result<bool> {
-    let streamer = PgTarget::from_url(source.url.expose(), source.password()?.as_deref())
-        .with_context(|| format!("source {:?}: url", source.name))?;
+    let streamer = pg_target(source, None)?;
     let plan = postgres_plan(source, &streamer);
     if dry_run {
         println!("-- source {:?}: run in database {:?}", source.name, streamer.database());
@@ -54,7 +53,7 @@ async fn setup_postgres(source: &SourceConfig, dry_run: bool, admin_url: Option<
         return Ok(true);
     }
     let admin = match admin_url {
-        Some(url) => PgTarget::from_url(url, None).context("--admin-url")?,
+        Some(url) => pg_target(source, Some(url)).context("--admin-url")?,
         None => streamer.clone(),
     };
     let mut client = admin
@@ -87,27 +86,8 @@ async fn setup_postgres(source: &SourceConfig, dry_run: bool, admin_url: Option<
     Ok(failures.is_empty())
 }
 
-/// Connection options of a MySQL/MariaDB URL, with the password from the config if given.
-pub fn mysql_opts(url: &str, password: Option<&str>) -> anyhow::Result<Opts> {
-    let opts = Opts::from_url(url).map_err(|e| {
-        anyhow::anyhow!(
-            "invalid MySQL URL ({}): expected mysql://user:password@host:port/database",
-            e.to_string().replace(url, "<url>")
-        )
-    })?;
-    if opts.db_name().is_none() {
-        bail!("the MySQL URL names no database: add /database to it");
-    }
-    let mut builder = OptsBuilder::from_opts(opts);
-    if let Some(pw) = password {
-        builder = builder.pass(Some(pw));
-    }
-    Ok(builder.into())
-}
-
 async fn setup_mysql(source: &SourceConfig, dry_run: bool, admin_url: Option<&str>) -> anyhow::Result<bool> {
-    let streamer = mysql_opts(source.url.expose(), source.password()?.as_deref())
-        .with_context(|| format!("source {:?}: url", source.name))?;
+    let streamer = mysql_opts(source, None)?;
     let database = streamer.db_name().unwrap_or_default().to_string();
     let plan = my::SetupPlan {
         database: database.clone(),
@@ -130,18 +110,10 @@ async fn setup_mysql(source: &SourceConfig, dry_run: bool, admin_url: Option<&st
         return Ok(true);
     }
     let admin = match admin_url {
-        Some(url) => mysql_opts(url, None).context("--admin-url")?,
+        Some(url) => mysql_opts(source, Some(url)).context("--admin-url")?,
         None => streamer.clone(),
     };
-    let mut conn = mysql_async::Conn::new(admin.clone()).await.with_context(|| {
-        format!(
-            "source {:?}: connecting to {}:{} as {}",
-            source.name,
-            admin.ip_or_hostname(),
-            admin.tcp_port(),
-            admin.user().unwrap_or("?")
-        )
-    })?;
+    let mut conn = crate::connect::mysql_connect(&admin).await.with_context(|| format!("source {:?}", source.name))?;
     let (settings, failures) = my::check_server(&mut conn, &plan).await?;
     if !failures.is_empty() {
         eprintln!("source {:?}: the server ({}) is not ready for outbox-streamer:", source.name, settings.version);

@@ -7,9 +7,8 @@
 use std::process::ExitCode;
 
 use anyhow::Context;
+use outbox_mysql::mysql_async::Row as MyRow;
 use outbox_mysql::mysql_async::prelude::Queryable;
-use outbox_mysql::mysql_async::{Conn, Row as MyRow};
-use outbox_postgres::connect::PgTarget;
 use outbox_postgres::setup::ident;
 use outbox_postgres::slot;
 use serde::Serialize;
@@ -111,8 +110,7 @@ pub async fn status(config: &Config, json: bool, limits: Limits) -> anyhow::Resu
 /// Returns a line naming the cluster and its live instances.
 async fn owners(c: &crate::config::CoordinationConfig, rows: &mut [Row]) -> anyhow::Result<String> {
     use outbox_zookeeper::paths::ClusterPaths;
-    let mut settings = outbox_zookeeper::SessionSettings::new(c.connect.clone());
-    settings.session_timeout = std::time::Duration::from_millis(c.session_timeout_ms);
+    let settings = crate::coordination::session_settings(c);
     let client = outbox_zookeeper::connect(&settings).await.context("coordination.connect")?;
     let paths = ClusterPaths::new(&c.root, &c.cluster_name);
     let members = outbox_zookeeper::members::list(&client, &paths).await.context("reading the members")?;
@@ -134,7 +132,7 @@ fn count_sql(quoted_table: &str) -> String {
 }
 
 async fn postgres_rows(source: &SourceConfig, rows: &mut Vec<Row>) -> anyhow::Result<()> {
-    let target = PgTarget::from_url(source.url.expose(), source.password()?.as_deref())?;
+    let target = crate::connect::pg_target(source, None)?;
     let client = target.connect().await.with_context(|| format!("connecting to {}", target.display()))?;
     let checkpoint = checkpoint_table(&source.table_prefix);
     for id in all_streams(source.shards, source.partitions) {
@@ -176,8 +174,8 @@ async fn postgres_rows(source: &SourceConfig, rows: &mut Vec<Row>) -> anyhow::Re
 type CheckpointRow = (Option<String>, Option<String>, Option<u64>, bool, Option<String>, Option<i64>);
 
 async fn mysql_rows(source: &SourceConfig, rows: &mut Vec<Row>) -> anyhow::Result<()> {
-    let opts = crate::cli::setup::mysql_opts(source.url.expose(), source.password()?.as_deref())?;
-    let mut conn = Conn::new(opts).await.with_context(|| format!("connecting to source {:?}", source.name))?;
+    let opts = crate::connect::mysql_opts(source, None)?;
+    let mut conn = crate::connect::mysql_connect(&opts).await.with_context(|| format!("source {:?}", source.name))?;
     let checkpoint = checkpoint_table(&source.table_prefix);
     // MySQL 8 adds an Encrypted column: take name and size by position.
     let logs: Vec<(String, u64)> = conn

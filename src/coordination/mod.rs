@@ -41,12 +41,19 @@ const ACQUIRE_WAIT: Duration = Duration::from_secs(1);
 /// How long a released shard-partition's task gets to drain before it is aborted.
 const RELEASE_WAIT: Duration = Duration::from_secs(45);
 
+/// The ZooKeeper session settings of `config`: ensemble, session timeout, TLS.
+pub fn session_settings(config: &CoordinationConfig) -> SessionSettings {
+    let mut settings = SessionSettings::new(config.connect.clone());
+    settings.session_timeout = Duration::from_millis(config.session_timeout_ms);
+    settings.tls = config.tls.as_ref().and_then(|t| t.zookeeper());
+    settings
+}
+
 /// Runs ownership until `stop` turns true; then stops every owned task and gives its lease up.
 pub async fn run(config: &CoordinationConfig, jobs: Vec<StreamJob>, mut stop: watch::Receiver<bool>) {
     let paths = ClusterPaths::new(&config.root, &config.cluster_name);
     let instance = config.instance_name();
-    let mut settings = SessionSettings::new(config.connect.clone());
-    settings.session_timeout = Duration::from_millis(config.session_timeout_ms);
+    let settings = session_settings(config);
     let yield_after = config.yield_interval_s.map(Duration::from_secs);
     tracing::info!(%instance, cluster = %paths.base(), streams = jobs.len(), "joining the cluster through ZooKeeper");
     let mut failing_since: Option<Instant> = None;

@@ -30,8 +30,9 @@ pub struct MyPollTable {
 
 impl MyPollTable {
     pub async fn connect(opts: &Opts, table: &str) -> Result<Self, SourceError> {
-        let mut conn =
-            Conn::new(opts.clone()).await.map_err(|e| SourceError::transient("connecting to MySQL/MariaDB", e))?;
+        let mut conn = Conn::new(opts.clone()).await.map_err(|e| {
+            SourceError::transient("connecting to MySQL/MariaDB", crate::connect::mysql_connect_message(&e))
+        })?;
         for setting in ["SET SESSION time_zone = '+00:00'", "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED"] {
             conn.query_drop(setting).await.map_err(|e| SourceError::transient("setting up the polling session", e))?;
         }

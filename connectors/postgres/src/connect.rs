@@ -1,11 +1,14 @@
 //! Connection settings from a `postgres://` URL, for both the SQL and the replication session.
 
+use std::future::Future;
 use std::str::FromStr;
 use std::time::Duration;
 
 use pgwire_replication::{Lsn, ReplicationConfig, TlsConfig};
-use tokio_postgres::config::Host;
+use tokio_postgres::config::{Host, SslMode};
 use tokio_postgres::{Client, Config, NoTls};
+
+use crate::tls::{PgTls, RustlsConnect, TlsError};
 
 /// Where and as whom to connect. `Debug` never shows the password.
 #[derive(Clone)]
@@ -19,6 +22,8 @@ pub struct PgTarget {
     /// The instance name under ZooKeeper coordination, shown in the replication session's
     /// `application_name` so another instance can tell whose session holds a slot.
     instance: Option<String>,
+    /// TLS for both sessions; `None` connects in plaintext.
+    tls: Option<(PgTls, RustlsConnect)>,
 }
 
 /// The `application_name` prefix of a coordinated instance's replication sessions.
@@ -60,13 +65,22 @@ impl PgTarget {
         config.dbname(&database);
         config.connect_timeout(Duration::from_secs(10));
         config.application_name("outbox-streamer");
-        Ok(Self { config, host, port, user, password, database, instance: None })
+        Ok(Self { config, host, port, user, password, database, instance: None, tls: None })
     }
 
     /// Names this instance in its replication sessions (see [`instance_of`]).
     pub fn with_instance(mut self, instance: &str) -> Self {
         self.instance = Some(instance.into());
         self
+    }
+
+    /// Encrypts both sessions as `tls` says; reads its certificate files now, so a bad file
+    /// is reported before anything connects. The server must accept TLS.
+    pub fn with_tls(mut self, tls: PgTls) -> Result<Self, TlsError> {
+        let connector = RustlsConnect::new(tls.client_config()?, tls.server_name.clone());
+        self.config.ssl_mode(SslMode::Require);
+        self.tls = Some((tls, connector));
+        Ok(self)
     }
 
     pub fn user(&self) -> &str {
@@ -84,12 +98,18 @@ impl PgTarget {
 
     /// A SQL session; its connection task runs on the current runtime until the client drops.
     pub async fn connect(&self) -> Result<Client, ConnectError> {
-        let (client, connection) = self.config.connect(NoTls).await.map_err(ConnectError)?;
-        tokio::spawn(async move {
-            if let Err(e) = connection.await {
-                tracing::debug!(error = %e, "postgres connection closed");
+        let client = match &self.tls {
+            Some((_, connector)) => {
+                let (client, connection) = self.config.connect(connector.clone()).await.map_err(ConnectError)?;
+                tokio::spawn(drive(connection));
+                client
             }
-        });
+            None => {
+                let (client, connection) = self.config.connect(NoTls).await.map_err(ConnectError)?;
+                tokio::spawn(drive(connection));
+                client
+            }
+        };
         Ok(client)
     }
 
@@ -97,7 +117,10 @@ impl PgTarget {
     pub fn replication(&self, slot: &str, publication: &str, status_interval: Duration) -> ReplicationConfig {
         ReplicationConfig::new(&self.host, &self.user, &self.password, &self.database, slot, publication)
             .with_port(self.port)
-            .with_tls(TlsConfig::disabled())
+            .with_tls(match &self.tls {
+                Some((tls, _)) => tls.replication(&self.host),
+                None => TlsConfig::disabled(),
+            })
             .with_start_lsn(Lsn::from_u64(0))
             .with_status_interval(status_interval)
             .with_wakeup_interval(status_interval)
@@ -108,6 +131,13 @@ impl PgTarget {
     }
 }
 
+/// Runs a SQL session's connection until its client drops.
+async fn drive<F: Future<Output = Result<(), tokio_postgres::Error>>>(connection: F) {
+    if let Err(e) = connection.await {
+        tracing::debug!(error = %e, "postgres connection closed");
+    }
+}
+
 /// A failed connection, shown with the server's own message ("password authentication failed
 /// for user …") where `tokio_postgres` alone would say "db error".
 #[derive(Debug)]
@@ -115,21 +145,34 @@ pub struct ConnectError(pub tokio_postgres::Error);
 
 impl std::fmt::Display for ConnectError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self.0.as_db_error() {
-            Some(db) => write!(f, "{}: {} (SQLSTATE {})", db.severity(), db.message(), db.code().code()),
+        let text = match self.0.as_db_error() {
+            Some(db) => format!("{}: {} (SQLSTATE {})", db.severity(), db.message(), db.code().code()),
             None => match std::error::Error::source(&self.0) {
-                Some(cause) => write!(f, "{}: {cause}", self.0),
-                None => write!(f, "{}", self.0),
+                Some(cause) => format!("{}: {cause}", self.0),
+                None => self.0.to_string(),
             },
+        };
+        f.write_str(&text)?;
+        match connect_hint(&text) {
+            Some(hint) => write!(f, " ({hint})"),
+            None => Ok(()),
         }
     }
 }
 
-impl std::error::Error for ConnectError {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        std::error::Error::source(&self.0)
+/// What to change for the failures whose message alone does not say it.
+fn connect_hint(message: &str) -> Option<&'static str> {
+    if let Some(hint) = crate::tls::certificate_hint(message) {
+        Some(hint)
+    } else if message.contains("no encryption") {
+        Some("the server requires TLS for this login: add a [source.tls] table")
+    } else {
+        None
     }
 }
+
+/// The cause is already part of the message.
+impl std::error::Error for ConnectError {}
 
 /// Removes anything that looks like a password from a URL parse error.
 fn strip_secret(msg: &str) -> String {

@@ -31,6 +31,7 @@ pub mod pgoutput;
 pub mod setup;
 pub mod slot;
 pub mod stream;
+pub mod tls;
 pub mod values;
 
 pub use pgwire_replication::Lsn;

@@ -19,6 +19,7 @@ pub mod paths;
 
 pub use zookeeper_client as zk;
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 /// Settings of one ZooKeeper session.
@@ -28,6 +29,33 @@ pub struct SessionSettings {
     pub connect: String,
     pub session_timeout: Duration,
     pub connection_timeout: Duration,
+    /// TLS to every server of the ensemble (their secure client port), or plaintext.
+    pub tls: Option<ZkTls>,
+}
+
+/// TLS to ZooKeeper: the server's certificate must be signed by `ca_file` and name the host
+/// as written in the connect string. A client certificate is optional (PEM files).
+#[derive(Debug, Clone)]
+pub struct ZkTls {
+    pub ca_file: PathBuf,
+    pub cert_file: Option<PathBuf>,
+    pub key_file: Option<PathBuf>,
+}
+
+impl ZkTls {
+    fn options(&self) -> Result<zk::TlsOptions, String> {
+        let read =
+            |path: &PathBuf| std::fs::read_to_string(path).map_err(|e| format!("cannot read {}: {e}", path.display()));
+        let mut options = zk::TlsOptions::new()
+            .with_pem_ca(&read(&self.ca_file)?)
+            .map_err(|e| format!("CA file {}: {e}", self.ca_file.display()))?;
+        if let (Some(cert), Some(key)) = (&self.cert_file, &self.key_file) {
+            options = options
+                .with_pem_identity(&read(cert)?, &read(key)?)
+                .map_err(|e| format!("client certificate {} and key {}: {e}", cert.display(), key.display()))?;
+        }
+        Ok(options)
+    }
 }
 
 impl SessionSettings {
@@ -36,27 +64,52 @@ impl SessionSettings {
             connect: connect.into(),
             session_timeout: Duration::from_secs(10),
             connection_timeout: Duration::from_secs(5),
+            tls: None,
         }
     }
 }
 
 /// Why a session could not be opened; names the ensemble.
 #[derive(Debug, thiserror::Error)]
-#[error("cannot open a ZooKeeper session with {connect}: {source}")]
-pub struct ConnectError {
-    pub connect: String,
-    #[source]
-    pub source: zk::Error,
+pub enum ConnectError {
+    #[error("cannot open a ZooKeeper session with {connect}: {cause}{hint}")]
+    Session {
+        connect: String,
+        /// Shown in the message, so not also offered as the error's source.
+        cause: zk::Error,
+        /// What to check, when the message alone does not say it.
+        hint: &'static str,
+    },
+    #[error("coordination.tls: {0}")]
+    Tls(String),
 }
 
 /// Opens a session.
 pub async fn connect(settings: &SessionSettings) -> Result<zk::Client, ConnectError> {
-    zk::Client::connector()
+    let connector = zk::Client::connector()
         .with_session_timeout(settings.session_timeout)
-        .with_connection_timeout(settings.connection_timeout)
-        .connect(&settings.connect)
-        .await
-        .map_err(|source| ConnectError { connect: settings.connect.clone(), source })
+        .with_connection_timeout(settings.connection_timeout);
+    let connected = match &settings.tls {
+        Some(tls) => {
+            // zookeeper-client builds its rustls config on the process's default provider.
+            let _ = rustls::crypto::ring::default_provider().install_default();
+            connector.with_tls(tls.options().map_err(ConnectError::Tls)?).secure_connect(&settings.connect).await
+        }
+        None => connector.connect(&settings.connect).await,
+    };
+    connected.map_err(|cause| ConnectError::Session {
+        connect: settings.connect.clone(),
+        cause,
+        hint: match settings.tls {
+            // A failed handshake is retried until the timeout; the client does not say why.
+            Some(_) => {
+                " (with TLS: check that connect names the servers' secure client port, \
+                        that coordination.tls.ca_file signed their certificates and that the certificates name \
+                        the hosts as written in connect)"
+            }
+            None => "",
+        },
+    })
 }
 
 /// Persistent nodes open to everyone: the tree holds names and epochs, no secrets.

@@ -1,0 +1,82 @@
+//! A source's connection settings — URL, password from the environment or a file, TLS — turned
+//! into each driver's target. Every connection the streamer, `setup` and `status` open goes
+//! through here, so none of them can forget the password source or the TLS settings.
+
+use anyhow::{Context, bail};
+use outbox_mysql::mysql_async::{Conn, Error as MyError, Opts, OptsBuilder};
+use outbox_postgres::connect::PgTarget;
+
+use crate::config::SourceConfig;
+
+/// The PostgreSQL target of `source`, or of `url` (an admin URL given on the command line,
+/// with its own password) on the same server with the source's TLS settings.
+pub fn pg_target(source: &SourceConfig, url: Option<&str>) -> anyhow::Result<PgTarget> {
+    let target = match url {
+        Some(url) => PgTarget::from_url(url, None)?,
+        None => PgTarget::from_url(source.url.expose(), source.password()?.as_deref())
+            .with_context(|| format!("source {:?}: url", source.name))?,
+    };
+    match source.tls.as_ref().and_then(|t| t.postgres()) {
+        Some(tls) => target.with_tls(tls).with_context(|| format!("source {:?}: tls", source.name)),
+        None => Ok(target),
+    }
+}
+
+/// The MySQL/MariaDB options of `source`, or of `url` as in [`pg_target`].
+pub fn mysql_opts(source: &SourceConfig, url: Option<&str>) -> anyhow::Result<Opts> {
+    let opts = match url {
+        Some(url) => mysql_url(url, None)?,
+        None => mysql_url(source.url.expose(), source.password()?.as_deref())
+            .with_context(|| format!("source {:?}: url", source.name))?,
+    };
+    Ok(OptsBuilder::from_opts(opts).ssl_opts(source.tls.as_ref().and_then(|t| t.mysql())).into())
+}
+
+/// Connection options of a MySQL/MariaDB URL, with the password from the config if given.
+pub fn mysql_url(url: &str, password: Option<&str>) -> anyhow::Result<Opts> {
+    let opts = Opts::from_url(url).map_err(|e| {
+        anyhow::anyhow!(
+            "invalid MySQL URL ({}): expected mysql://user:password@host:port/database",
+            e.to_string().replace(url, "<url>")
+        )
+    })?;
+    if opts.db_name().is_none() {
+        bail!("the MySQL URL names no database: add /database to it");
+    }
+    let mut builder = OptsBuilder::from_opts(opts);
+    if let Some(pw) = password {
+        builder = builder.pass(Some(pw));
+    }
+    Ok(builder.into())
+}
+
+/// Opens a MySQL/MariaDB session; a failure is one line naming the server and login, with
+/// what to change where the server's own message does not say it.
+pub async fn mysql_connect(opts: &Opts) -> anyhow::Result<Conn> {
+    Conn::new(opts.clone()).await.map_err(|e| {
+        anyhow::anyhow!(
+            "connecting to {}:{} as {}: {}",
+            opts.ip_or_hostname(),
+            opts.tcp_port(),
+            opts.user().unwrap_or("?"),
+            mysql_connect_message(&e)
+        )
+    })
+}
+
+/// `e` in one line (mysql_async repeats its cause in both message and source) with a hint.
+pub fn mysql_connect_message(e: &MyError) -> String {
+    let mut innermost: &dyn std::error::Error = e;
+    while let Some(cause) = innermost.source() {
+        innermost = cause;
+    }
+    let text = innermost.to_string();
+    let hint = outbox_postgres::tls::certificate_hint(&text).or_else(|| {
+        text.contains("Access denied")
+            .then_some("check the user and password; a user created REQUIRE SSL also needs a [source.tls] table")
+    });
+    match hint {
+        Some(hint) => format!("{text} ({hint})"),
+        None => text,
+    }
+}
