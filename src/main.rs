@@ -6,6 +6,7 @@ use clap::Parser;
 use outbox_streamer::cli::{Cli, execute};
 
 fn main() -> ExitCode {
+    quiet_on_closed_stdout();
     let cli = Cli::parse();
     outbox_streamer::cli::init_logging(cli.log_format);
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
@@ -22,4 +23,22 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// `outbox-streamer setup --dry-run | head` closes stdout early; `println!` then panics. End
+/// quietly instead, as a filter would on SIGPIPE (Rust ignores that signal).
+fn quiet_on_closed_stdout() {
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let message = info
+            .payload()
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| info.payload().downcast_ref::<&str>().copied())
+            .unwrap_or_default();
+        if message.starts_with("failed printing to stdout") && message.contains("Broken pipe") {
+            std::process::exit(141);
+        }
+        default(info);
+    }));
 }
