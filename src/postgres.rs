@@ -115,6 +115,7 @@ pub struct PgSource {
     last_heard: tokio::time::Instant,
     /// Transactions read and not yet confirmed: (xid, commit LSN). See [`visibility`].
     xids: std::collections::VecDeque<(u32, Lsn)>,
+    deleter: cleanup::RowDeleter,
 }
 
 impl PgSource {
@@ -167,6 +168,7 @@ impl PgSource {
             silence_limit,
             last_heard: tokio::time::Instant::now(),
             xids: std::collections::VecDeque::new(),
+            deleter: cleanup::RowDeleter::new(&names.table),
         })
     }
 }
@@ -299,7 +301,7 @@ impl Source for PgSource {
         let what = format!("deleting published rows from {}", self.names.table);
         let mut deleted = 0;
         for chunk in ids.chunks(DELETE_CHUNK) {
-            deleted += within(&what, cleanup::delete_rows(&self.sql, &self.names.table, chunk)).await?;
+            deleted += within(&what, self.deleter.delete(&self.sql, chunk)).await?;
         }
         let covered: Vec<u32> = self.xids.iter().take_while(|(_, lsn)| *lsn < upto).map(|(x, _)| *x).collect();
         if (deleted as usize) < ids.len() {
@@ -307,7 +309,7 @@ impl Source for PgSource {
             // it is, then delete again (rows already gone are simply not counted).
             visibility::wait(&self.sql, &covered).await?;
             for chunk in ids.chunks(DELETE_CHUNK) {
-                deleted += within(&what, cleanup::delete_rows(&self.sql, &self.names.table, chunk)).await?;
+                deleted += within(&what, self.deleter.delete(&self.sql, chunk)).await?;
             }
             if (deleted as usize) < ids.len() {
                 tracing::debug!(

@@ -24,6 +24,7 @@ pub struct PgPollTable {
     client: Client,
     table: String,
     select: Statement,
+    deleter: cleanup::RowDeleter,
 }
 
 /// The polling session's planner settings: the primary-key index scan is the only plan left.
@@ -59,7 +60,7 @@ impl PgPollTable {
             },
             None => SourceError::transient("preparing the polling query", e),
         })?;
-        Ok(Self { client, table: table.to_string(), select })
+        Ok(Self { client, table: table.to_string(), select, deleter: cleanup::RowDeleter::new(table) })
     }
 
     /// The highest id in the table now (`None` when it is empty).
@@ -111,7 +112,7 @@ impl PollTable for PgPollTable {
         let mut deleted = 0;
         for chunk in ids.chunks(DELETE_CHUNK) {
             let what = format!("deleting published rows from {}", self.table);
-            deleted += within(&what, cleanup::delete_rows(&self.client, &self.table, chunk)).await?;
+            deleted += within(&what, self.deleter.delete(&self.client, chunk)).await?;
         }
         Ok(deleted)
     }
