@@ -43,12 +43,15 @@ const COLUMNS: [(&str, &[u32]); 7] = [
 pub struct ColumnMap {
     relation_id: u32,
     index: [usize; 7],
+    /// Each required column's type, which decides how a binary value is read.
+    types: [u32; 7],
 }
 
 impl ColumnMap {
     /// Checks a Relation message against the required columns.
     pub fn new(rel: &Relation) -> Result<Self, SourceError> {
         let mut index = [0; 7];
+        let mut found = [0; 7];
         for (slot, (name, types)) in COLUMNS.iter().enumerate() {
             let Some(pos) = rel.columns.iter().position(|c| c.name == *name) else {
                 return Err(SourceError::Definite {
@@ -72,30 +75,53 @@ impl ColumnMap {
                 });
             }
             index[slot] = pos;
+            found[slot] = type_oid;
         }
-        Ok(Self { relation_id: rel.id, index })
+        Ok(Self { relation_id: rel.id, index, types: found })
     }
 
-    /// Builds the record of one inserted tuple; a bad value names the row and column.
+    /// Builds the record of one inserted tuple; a bad value names the row and column. Values
+    /// come in text or binary format (see [`PgSource::connect`]); both read the same.
     pub fn record(&self, values: &[Value]) -> Result<OutboxRecord, InvalidRow> {
-        let text = |slot: usize| -> Option<&[u8]> {
-            match values.get(self.index[slot]) {
-                Some(Value::Text(b) | Value::Binary(b)) => Some(b),
-                _ => None,
+        let value = |slot: usize| values.get(self.index[slot]);
+        let bad =
+            |id: Option<i64>, column: &'static str, reason: &str| InvalidRow { id, column, reason: reason.into() };
+        let int = |slot: usize| -> Result<Option<i64>, &'static str> {
+            match value(slot) {
+                Some(Value::Text(t)) => values::int(t).map(Some),
+                Some(Value::Binary(b)) => values::binary_int(b).map(Some),
+                _ => Ok(None),
             }
         };
-        let bad = |id: Option<i64>, column: &'static str, reason: String| InvalidRow { id, column, reason };
-        let id = text(0)
-            .ok_or_else(|| bad(None, "id", "is NULL".into()))
-            .and_then(|t| values::int(t).map_err(|e| bad(None, "id", e.into())))?;
+        let bytea = |slot: usize| -> Result<Option<Vec<u8>>, &'static str> {
+            match value(slot) {
+                Some(Value::Text(t)) => values::bytea(t).map(Some),
+                Some(Value::Binary(b)) => Ok(Some(b.to_vec())),
+                _ => Ok(None),
+            }
+        };
+        // text, varchar and json are their own binary format; jsonb has a version byte.
+        let text = |slot: usize| -> Result<Option<&[u8]>, &'static str> {
+            match value(slot) {
+                Some(Value::Text(t)) => Ok(Some(t)),
+                Some(Value::Binary(b)) if self.types[slot] == oid::JSONB => values::binary_jsonb(b).map(Some),
+                Some(Value::Binary(b)) => Ok(Some(b)),
+                _ => Ok(None),
+            }
+        };
+        let id = int(0).map_err(|e| bad(None, "id", e))?.ok_or_else(|| bad(None, "id", "is NULL"))?;
         let id_some = Some(id);
-        let topic = topic_value(id, text(1))?;
-        let key = text(2).map(values::bytea).transpose().map_err(|e| bad(id_some, "msg_key", e.into()))?;
-        let payload = text(3).map(values::bytea).transpose().map_err(|e| bad(id_some, "payload", e.into()))?;
-        let headers = headers_value(id, text(4))?;
-        let partition = text(5).map(values::int).transpose().map_err(|e| bad(id_some, "kafka_partition", e.into()))?;
+        let topic = topic_value(id, text(1).map_err(|e| bad(id_some, "topic", e))?)?;
+        let key = bytea(2).map_err(|e| bad(id_some, "msg_key", e))?;
+        let payload = bytea(3).map_err(|e| bad(id_some, "payload", e))?;
+        let headers = headers_value(id, text(4).map_err(|e| bad(id_some, "headers", e))?)?;
+        let partition = int(5).map_err(|e| bad(id_some, "kafka_partition", e))?;
         let kafka_partition = partition_value(id, partition)?;
-        let created_at_micros = text(6).and_then(|t| values::timestamptz_micros(t).ok());
+        let created_at_micros = match value(6) {
+            Some(Value::Text(t)) => values::timestamptz_micros(t).ok(),
+            Some(Value::Binary(b)) => values::binary_timestamptz_micros(b).ok(),
+            _ => None,
+        };
         Ok(OutboxRecord { id, topic, key, payload, headers, kafka_partition, created_at_micros })
     }
 }
@@ -158,7 +184,13 @@ impl PgSource {
         if state.active_pid.is_some() {
             take_slot_from_dead_owner(&sql, &names.slot, lease).await?;
         }
-        let cfg = target.replication(&names.slot, &names.publication, status_interval);
+        // pgoutput's binary option exists from PostgreSQL 14 on.
+        let binary = sql
+            .query_one("SELECT current_setting('server_version_num')::int >= 140000", &[])
+            .await
+            .map_err(|e| SourceError::Transient(format!("reading the server version: {e}")))?
+            .get::<_, bool>(0);
+        let cfg = target.replication(&names.slot, &names.publication, status_interval, binary);
         let stream = ReplicationStream::start(cfg).await.map_err(|e| stream_error(&names.slot, e))?;
         Ok(Self {
             stream,
@@ -405,6 +437,39 @@ mod tests {
         assert_eq!(rec.headers, vec![("h".to_string(), b"v".to_vec())]);
         assert_eq!(rec.kafka_partition, None);
         assert_eq!(rec.created_at_micros, Some(1_000_000));
+    }
+
+    fn b(bytes: &[u8]) -> Value {
+        Value::Binary(Bytes::copy_from_slice(bytes))
+    }
+
+    #[test]
+    fn maps_a_binary_row_as_its_text_twin() {
+        let map = ColumnMap::new(&relation()).unwrap();
+        let mut jsonb = vec![1u8];
+        jsonb.extend_from_slice(br#"{"h": "v"}"#);
+        let one_second_after_unix_epoch = 1_000_000i64 - 946_684_800_000_000;
+        let rec = map
+            .record(&[
+                b(&7i64.to_be_bytes()),
+                b(b"orders"),
+                b(b"k"),
+                b(b"{}"),
+                b(&jsonb),
+                b(&2i32.to_be_bytes()),
+                b(&one_second_after_unix_epoch.to_be_bytes()),
+                b(b"ignored"),
+            ])
+            .unwrap();
+        assert_eq!(rec.id, 7);
+        assert_eq!(rec.topic, "orders");
+        assert_eq!(rec.key.as_deref(), Some(&b"k"[..]));
+        assert_eq!(rec.payload.as_deref(), Some(&b"{}"[..]));
+        assert_eq!(rec.headers, vec![("h".to_string(), b"v".to_vec())]);
+        assert_eq!(rec.kafka_partition, Some(2));
+        assert_eq!(rec.created_at_micros, Some(1_000_000));
+        let e = map.record(&[b(&[0, 1, 2]), b(b"x"), Value::Null, Value::Null, Value::Null, Value::Null, Value::Null]);
+        assert_eq!(e.unwrap_err().column, "id");
     }
 
     #[test]

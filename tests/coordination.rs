@@ -307,7 +307,7 @@ fn check(records: &[Record], sent: &BTreeMap<String, u64>) -> usize {
 }
 
 async fn read_all(topic: &str, sent: &BTreeMap<String, u64>) -> Vec<Record> {
-    kafka::read_at_least(topic, 3, sent.values().sum::<u64>() as usize, ARRIVAL).await
+    kafka::read_distinct(topic, 3, sent.values().sum::<u64>() as usize, ARRIVAL).await
 }
 
 fn free_port() -> SocketAddr {

@@ -124,7 +124,7 @@ async fn sigkill_at_random_moments_loses_nothing() {
         streamer = Some(w.start(&format!("run-{kill}.log")));
     }
     writer.await.unwrap();
-    let records = kafka::read_at_least(&w.topic, 4, total, ARRIVAL).await;
+    let records = kafka::read_distinct(&w.topic, 4, total, ARRIVAL).await;
     w.wait_drained(&table).await;
     let (stop, handle) = sampler;
     stop.store(true, std::sync::atomic::Ordering::SeqCst);

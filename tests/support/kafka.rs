@@ -109,6 +109,31 @@ pub async fn read_at_least(topic: &str, partitions: i32, count: usize, timeout: 
         .expect("reader thread")
 }
 
+/// Reads `topic` from the beginning until `expected` distinct rows arrived — a row is its
+/// `outbox-shard`, `outbox-partition` and `outbox-id` headers — then a little longer for
+/// duplicates. Where duplicates are possible, [`read_at_least`] could stop at `expected`
+/// records with some rows still on their way.
+pub async fn read_distinct(topic: &str, partitions: i32, expected: usize, timeout: Duration) -> Vec<Record> {
+    let topic = topic.to_string();
+    tokio::task::spawn_blocking(move || {
+        let mut out = Vec::new();
+        let mut seen = std::collections::HashSet::with_capacity(expected);
+        scan(&topic, partitions, timeout, Duration::from_millis(500), |msg| {
+            let record = record_of(msg);
+            seen.insert((
+                record.header("outbox-shard").to_string(),
+                record.header("outbox-partition").to_string(),
+                record.header("outbox-id").to_string(),
+            ));
+            out.push(record);
+            seen.len() >= expected
+        });
+        out
+    })
+    .await
+    .expect("reader thread")
+}
+
 /// Counts records and distinct `outbox-id` headers until `expected` distinct ids arrived,
 /// keeping no records in memory (for runs of a million records). Returns (records, distinct).
 pub async fn count_distinct_ids(topic: &str, partitions: i32, expected: usize, timeout: Duration) -> (usize, usize) {
@@ -135,23 +160,27 @@ pub async fn count_distinct_ids(topic: &str, partitions: i32, expected: usize, t
 fn read_blocking(topic: &str, partitions: i32, count: usize, timeout: Duration, settle: Duration) -> Vec<Record> {
     let mut out = Vec::new();
     scan(topic, partitions, timeout, settle, |msg| {
-        let mut headers = HashMap::new();
-        if let Some(h) = msg.headers() {
-            for i in 0..h.count() {
-                let hd = h.get(i);
-                headers.insert(hd.key.to_string(), String::from_utf8_lossy(hd.value.unwrap_or_default()).into_owned());
-            }
-        }
-        out.push(Record {
-            partition: msg.partition(),
-            offset: msg.offset(),
-            key: msg.key().map(<[u8]>::to_vec),
-            payload: msg.payload().map(<[u8]>::to_vec),
-            headers,
-        });
+        out.push(record_of(msg));
         out.len() >= count
     });
     out
+}
+
+fn record_of(msg: &rdkafka::message::BorrowedMessage<'_>) -> Record {
+    let mut headers = HashMap::new();
+    if let Some(h) = msg.headers() {
+        for i in 0..h.count() {
+            let hd = h.get(i);
+            headers.insert(hd.key.to_string(), String::from_utf8_lossy(hd.value.unwrap_or_default()).into_owned());
+        }
+    }
+    Record {
+        partition: msg.partition(),
+        offset: msg.offset(),
+        key: msg.key().map(<[u8]>::to_vec),
+        payload: msg.payload().map(<[u8]>::to_vec),
+        headers,
+    }
 }
 
 /// Reads `topic` from the beginning, handing each record to `on_record` until it returns

@@ -113,10 +113,19 @@ impl PgTarget {
         Ok(client)
     }
 
-    /// The replication session settings for one slot and publication.
-    pub fn replication(&self, slot: &str, publication: &str, status_interval: Duration) -> ReplicationConfig {
+    /// The replication session settings for one slot and publication. `binary` asks pgoutput
+    /// for values in each type's binary format (PostgreSQL 14+): no hex or date formatting on
+    /// the server, about half the bytes for `bytea`.
+    pub fn replication(
+        &self,
+        slot: &str,
+        publication: &str,
+        status_interval: Duration,
+        binary: bool,
+    ) -> ReplicationConfig {
         ReplicationConfig::new(&self.host, &self.user, &self.password, &self.database, slot, publication)
             .with_port(self.port)
+            .with_binary(binary)
             .with_tls(match &self.tls {
                 Some((tls, _)) => tls.replication(&self.host),
                 None => TlsConfig::disabled(),

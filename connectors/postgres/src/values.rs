@@ -1,5 +1,6 @@
-//! Text-format column values (as pgoutput and the simple query protocol send them) turned into
-//! bytes and numbers. Each function says what it accepts; the caller names the column on error.
+//! Column values as pgoutput sends them — text format, or binary (each type's `send` format)
+//! when the stream asks for `binary` — turned into bytes and numbers. Each function says what
+//! it accepts; the caller names the column on error.
 
 /// Decodes `bytea` in the `hex` output format (`\x0a1b…`), the server default since 9.0.
 pub fn bytea(text: &[u8]) -> Result<Vec<u8>, &'static str> {
@@ -59,6 +60,35 @@ pub fn timestamptz_micros(text: &[u8]) -> Result<i64, &'static str> {
     Ok(secs * 1_000_000 + micros)
 }
 
+/// A big-endian binary integer of 2, 4 or 8 bytes (`int2send`, `int4send`, `int8send`).
+pub fn binary_int(bytes: &[u8]) -> Result<i64, &'static str> {
+    match bytes.len() {
+        2 => Ok(i16::from_be_bytes([bytes[0], bytes[1]]).into()),
+        4 => Ok(i32::from_be_bytes(bytes.try_into().map_err(|_| "not an integer")?).into()),
+        8 => Ok(i64::from_be_bytes(bytes.try_into().map_err(|_| "not an integer")?)),
+        _ => Err("a binary integer is not 2, 4 or 8 bytes long"),
+    }
+}
+
+/// Microseconds from the Unix epoch to PostgreSQL's (2000-01-01 00:00:00 UTC).
+const PG_EPOCH_UNIX_MICROS: i64 = 946_684_800_000_000;
+
+/// Binary `timestamptz` (`timestamptz_send`: microseconds since 2000-01-01 UTC) in
+/// microseconds since the Unix epoch.
+pub fn binary_timestamptz_micros(bytes: &[u8]) -> Result<i64, &'static str> {
+    let micros = i64::from_be_bytes(bytes.try_into().map_err(|_| "a binary timestamptz is not 8 bytes long")?);
+    micros.checked_add(PG_EPOCH_UNIX_MICROS).ok_or("timestamptz out of range")
+}
+
+/// The JSON text of a binary `jsonb` value (`jsonb_send`: a version byte, 1, then the text).
+pub fn binary_jsonb(bytes: &[u8]) -> Result<&[u8], &'static str> {
+    match bytes.split_first() {
+        Some((1, text)) => Ok(text),
+        Some(_) => Err("unknown binary jsonb version"),
+        None => Err("empty binary jsonb"),
+    }
+}
+
 /// Days since 1970-01-01 of a proleptic Gregorian date (Howard Hinnant's algorithm).
 fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
     let y = if m <= 2 { y - 1 } else { y };
@@ -81,6 +111,20 @@ mod tests {
         assert!(bytea(b"abc").is_err());
         assert!(bytea(b"\\x0").is_err());
         assert!(bytea(b"\\xzz").is_err());
+    }
+
+    #[test]
+    fn binary_values() {
+        assert_eq!(binary_int(&7i16.to_be_bytes()).unwrap(), 7);
+        assert_eq!(binary_int(&(-3i32).to_be_bytes()).unwrap(), -3);
+        assert_eq!(binary_int(&(1i64 << 40).to_be_bytes()).unwrap(), 1 << 40);
+        assert!(binary_int(&[1, 2, 3]).is_err());
+        assert_eq!(binary_timestamptz_micros(&0i64.to_be_bytes()).unwrap(), 946_684_800_000_000);
+        assert_eq!(binary_timestamptz_micros(&(-946_684_800_000_000i64).to_be_bytes()).unwrap(), 0);
+        assert!(binary_timestamptz_micros(&[0; 4]).is_err());
+        assert_eq!(binary_jsonb(b"\x01{\"a\": 1}").unwrap(), b"{\"a\": 1}");
+        assert!(binary_jsonb(b"\x02{}").is_err());
+        assert!(binary_jsonb(b"").is_err());
     }
 
     #[test]
