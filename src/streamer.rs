@@ -107,8 +107,19 @@ struct Delivered {
     created_at_micros: Option<i64>,
     dead_letter: bool,
     result: Result<(), KafkaError>,
+    /// The record's topic when its delivery failed (see [`definite_unknown_topic`]).
+    failed_topic: Option<String>,
     /// The record, kept only for a possible dead-letter copy.
     record: Option<Box<OutboxRecord>>,
+}
+
+/// librdkafka reports a missing topic either as its own `UnknownTopic` (definite) or, once the
+/// broker answered, as the broker's `UnknownTopicOrPartition`, which is also what a topic being
+/// created or a moving partition looks like. The cluster's metadata decides: a topic it does
+/// not know is definite, anything else is retried.
+async fn definite_unknown_topic(producer: &Producer, e: &KafkaError, topic: &str) -> bool {
+    e.rdkafka_error_code() == Some(outbox_kafka::ErrorCode::UnknownTopicOrPartition)
+        && producer.topic_missing(topic).await
 }
 
 /// Runs one session until `shutdown` turns true (returns `Ok`) or an error ends it.
@@ -338,12 +349,12 @@ impl Session<'_> {
                     (self.settings.on_bad_row == BadRowPolicy::DeadLetter && !dead_letter).then(|| Box::new(record));
                 self.in_flight_bytes += weight;
                 self.deliveries.push(Box::pin(async move {
-                    let result = match fut.await {
-                        Ok(Ok(_)) => Ok(()),
-                        Ok(Err((e, _))) => Err(e),
-                        Err(_) => Err(KafkaError::Canceled),
+                    let (result, failed_topic) = match fut.await {
+                        Ok(Ok(_)) => (Ok(()), None),
+                        Ok(Err((e, message))) => (Err(e), Some(outbox_kafka::producer::topic_of(&message))),
+                        Err(_) => (Err(KafkaError::Canceled), None),
                     };
-                    Delivered { seq, id, weight, created_at_micros, dead_letter, result, record: keep }
+                    Delivered { seq, id, weight, created_at_micros, dead_letter, result, failed_topic, record: keep }
                 }));
                 self.update_gauges();
                 Ok(())
@@ -361,6 +372,7 @@ impl Session<'_> {
                     created_at_micros,
                     dead_letter,
                     result: Err(e),
+                    failed_topic: Some(record.topic.clone()),
                     record: Some(Box::new(record)),
                 };
                 Box::pin(self.on_delivery(d)).await
@@ -368,9 +380,14 @@ impl Session<'_> {
         }
     }
 
-    async fn on_delivery(&mut self, d: Delivered) -> Result<(), SessionError> {
+    async fn on_delivery(&mut self, mut d: Delivered) -> Result<(), SessionError> {
         self.in_flight_bytes -= d.weight;
         self.update_gauges();
+        if let (Err(e), Some(topic)) = (&d.result, &d.failed_topic)
+            && definite_unknown_topic(self.producer, e, topic).await
+        {
+            d.result = Err(KafkaError::MessageProduction(outbox_kafka::ErrorCode::UnknownTopic));
+        }
         match d.result {
             Ok(()) => {
                 self.tracker.acked(d.seq);

@@ -69,3 +69,23 @@ async fn zookeeper_creates_and_reads_an_ephemeral_node() {
     assert_eq!(data, b"alive");
     assert_eq!(stat.ephemeral_owner, client.session_id().0);
 }
+
+/// A delivery refused with the broker's `UnknownTopicOrPartition` is definite only if the
+/// cluster's metadata does not know the topic; this is that lookup against the real broker.
+#[tokio::test]
+async fn kafka_metadata_tells_a_missing_topic_from_an_existing_one() {
+    let _services = crate::support::shared_services().await;
+    let producer = outbox_kafka::Producer::new(&outbox_kafka::ProducerSettings {
+        brokers: kafka::brokers(),
+        client_id: "smoke-metadata".into(),
+        compression: "none".into(),
+        linger_ms: 0,
+        message_timeout_ms: 10_000,
+        properties: Default::default(),
+    })
+    .unwrap();
+    let existing = kafka::fresh_topic("smoke-meta", 1).await;
+    assert!(!producer.topic_missing(&existing).await, "{existing} exists");
+    let missing = crate::support::unique("never-created");
+    assert!(producer.topic_missing(&missing).await, "{missing} does not exist");
+}

@@ -34,6 +34,12 @@ pub struct Outgoing<'a> {
     pub headers: &'a [(String, Vec<u8>)],
 }
 
+/// The topic of a record whose delivery failed.
+pub fn topic_of(message: &rdkafka::message::OwnedMessage) -> String {
+    use rdkafka::message::Message as _;
+    message.topic().to_string()
+}
+
 /// Routes librdkafka's own log lines and client errors to tracing. They are connection
 /// trouble that librdkafka retries by itself, so WARN at most: a record that cannot be
 /// delivered reaches the streamer as a delivery error, which decides what is worth an ERROR.
@@ -138,6 +144,26 @@ impl Producer {
     /// Waits up to `timeout` for everything enqueued to be acknowledged or failed.
     pub fn flush(&self, timeout: Duration) -> Result<(), KafkaError> {
         self.inner.flush(timeout)
+    }
+
+    /// Whether the cluster says `topic` does not exist. A broker's `UnknownTopicOrPartition`
+    /// is also what a topic being created or a partition moving looks like, so a delivery that
+    /// failed with it asks the cluster's metadata before calling the record undeliverable.
+    /// `false` when the metadata cannot be read (the caller then retries).
+    pub async fn topic_missing(&self, topic: &str) -> bool {
+        let (producer, topic) = (self.inner.clone(), topic.to_string());
+        let lookup = tokio::task::spawn_blocking(move || {
+            let metadata = producer.client().fetch_metadata(Some(&topic), Duration::from_secs(5)).ok()?;
+            let entry = metadata.topics().iter().find(|t| t.name() == topic).map(|t| t.error());
+            Some(match entry {
+                None => true,
+                Some(error) => error.is_some_and(|e| {
+                    RDKafkaErrorCode::from(e) == RDKafkaErrorCode::UnknownTopicOrPartition
+                        || RDKafkaErrorCode::from(e) == RDKafkaErrorCode::UnknownTopic
+                }),
+            })
+        });
+        matches!(lookup.await, Ok(Some(true)))
     }
 
     /// Records enqueued and not yet acknowledged or failed.
