@@ -182,13 +182,16 @@ async fn mariadb_sql_and_binlog_sessions_are_encrypted_and_verified() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn zookeeper_ownership_runs_over_tls_and_a_wrong_ca_is_refused() {
+async fn zookeeper_ownership_runs_over_tls_with_a_client_certificate_and_a_wrong_ca_is_refused() {
     let cluster = crate::support::unique("ztls");
+    // The server demands a client certificate (`ssl.clientAuth=need`).
     let coordination = format!(
         "\n[coordination]\nkind = \"zookeeper\"\nconnect = \"{}\"\ncluster_name = \"{cluster}\"\ninstance = \"tls-one\"\n\
-         [coordination.tls]\nca_file = \"{}\"\n",
+         [coordination.tls]\nca_file = \"{}\"\ncert_file = \"{}\"\nkey_file = \"{}\"\n",
         env("OUTBOX_ZK_TLS_CONNECT"),
-        tls_file("ca.pem")
+        tls_file("ca.pem"),
+        tls_file("client.pem"),
+        tls_file("client.key")
     );
     let w = World::new("ztls", 1, 1, 1, &coordination).await;
     let table = w.table(0, 0);
@@ -215,6 +218,19 @@ async fn zookeeper_ownership_runs_over_tls_and_a_wrong_ca_is_refused() {
     std::fs::write(&wrong, text).unwrap();
     let (ok, out, err) = run_cli(&wrong, &["status"]);
     assert!(!ok, "status with the wrong ZooKeeper CA succeeded:\n{out}");
+    assert!(err.contains("coordination"), "the error does not name the coordination settings:\n{err}");
+
+    // The right CA but no client certificate: the server refuses the handshake.
+    let text = std::fs::read_to_string(&w.config).unwrap();
+    let without_cert: String = text
+        .lines()
+        .filter(|l| !l.starts_with("cert_file") && !l.starts_with("key_file"))
+        .collect::<Vec<_>>()
+        .join("\n");
+    let no_cert = w.dir.join("zk-no-cert.toml");
+    std::fs::write(&no_cert, without_cert).unwrap();
+    let (ok, out, err) = run_cli(&no_cert, &["status"]);
+    assert!(!ok, "status without a client certificate succeeded:\n{out}");
     assert!(err.contains("coordination"), "the error does not name the coordination settings:\n{err}");
     assert!(streamer.stop());
 }

@@ -603,7 +603,7 @@ def zk_prepare() -> None:
         "ssl.keyStore.type=PEM",
         f"ssl.trustStore.location={tls / 'ca.pem'}",
         "ssl.trustStore.type=PEM",
-        "ssl.clientAuth=want",
+        "ssl.clientAuth=need",
         "",
     ]))
 

@@ -104,8 +104,9 @@ pub async fn connect(settings: &SessionSettings) -> Result<zk::Client, ConnectEr
             // A failed handshake is retried until the timeout; the client does not say why.
             Some(_) => {
                 " (with TLS: check that connect names the servers' secure client port, \
-                        that coordination.tls.ca_file signed their certificates and that the certificates name \
-                        the hosts as written in connect)"
+                        that coordination.tls.ca_file signed their certificates, that the certificates name \
+                        the hosts as written in connect, and that cert_file/key_file are set if the servers \
+                        demand a client certificate)"
             }
             None => "",
         },
