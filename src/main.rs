@@ -7,6 +7,7 @@ use outbox_streamer::cli::{Cli, execute};
 
 fn main() -> ExitCode {
     quiet_on_closed_stdout();
+    outbox_streamer::tls::install_crypto_provider();
     let cli = Cli::parse();
     outbox_streamer::cli::init_logging(cli.log_format);
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {

@@ -180,12 +180,12 @@ impl TlsSettings {
     }
 
     /// The MySQL/MariaDB form, or `None` for plaintext. mysql_async requires TLS once these
-    /// are set, so a server without TLS fails the connection.
+    /// are set, so a server without TLS fails the connection. Needs
+    /// [`install_crypto_provider`] to have run.
     pub fn mysql(&self) -> Option<SslOpts> {
         if self.mode == TlsMode::Disable {
             return None;
         }
-        outbox_postgres::tls::install_default_provider();
         let mut opts = SslOpts::default()
             .with_danger_accept_invalid_certs(self.mode == TlsMode::Require)
             .with_danger_skip_domain_validation(self.mode != TlsMode::VerifyFull);
@@ -200,6 +200,14 @@ impl TlsSettings {
         }
         Some(opts)
     }
+}
+
+/// Makes ring the process's default rustls crypto provider, for the libraries that build
+/// their TLS configs on the default (mysql_async, zookeeper-client): both rustls backends are
+/// compiled in through dependencies, and with two and no default those would panic. Called
+/// once at start; idempotent.
+pub fn install_crypto_provider() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
 }
 
 fn readable(path: &Path) -> std::io::Result<()> {

@@ -208,7 +208,10 @@ fn overlap_sampler(cluster: Arc<tokio::sync::RwLock<Cluster>>, stop: Arc<AtomicB
     tokio::spawn(async move {
         let mut previous: HashSet<(usize, String, i64)> = HashSet::new();
         let mut overlaps = Vec::new();
+        // A sampling period, not a wait for anything.
+        let mut every = tokio::time::interval(Duration::from_millis(100));
         while !stop.load(Ordering::SeqCst) {
+            every.tick().await;
             let now: HashSet<(usize, String, i64)> = cluster.read().await.reported().await.into_iter().collect();
             let both: Vec<&(usize, String, i64)> = now.intersection(&previous).collect();
             let mut by_stream: HashMap<&str, HashSet<usize>> = HashMap::new();
@@ -221,7 +224,6 @@ fn overlap_sampler(cluster: Arc<tokio::sync::RwLock<Cluster>>, stop: Arc<AtomicB
                 }
             }
             previous = now;
-            tokio::time::sleep(Duration::from_millis(100)).await;
         }
         overlaps
     })
@@ -451,9 +453,13 @@ async fn a_delayed_reset_or_cut_zookeeper_link_never_makes_two_owners() {
     let stop = Arc::new(AtomicBool::new(false));
     let sampler = overlap_sampler(c.clone(), stop.clone());
 
-    // Delay: a silence shorter than the session keeps the lease.
+    // Delay: a silence shorter than the session keeps the lease. The link stays frozen until
+    // the proxy held a message from one end (a ping comes at least every third of a session).
     proxy.freeze();
-    tokio::time::sleep(Duration::from_millis(SESSION_MS / 4)).await;
+    wait_until("a message held by the frozen link", Duration::from_millis(SESSION_MS / 2), || async {
+        (proxy.held_bytes() > 0).then_some(())
+    })
+    .await;
     proxy.thaw();
     // Reset: the connection drops; the client reconnects within the same session.
     proxy.reset();

@@ -2,9 +2,11 @@
 //!
 //! `freeze` stops forwarding in both directions while keeping every connection open — what a
 //! dead network path looks like to both ends (no FIN, no RST, just silence); `thaw` resumes.
-//! Dropping the proxy closes everything.
+//! `held_bytes` says how much a freeze has kept from the other side, so a test can wait until
+//! an end has really met the silence. Dropping the proxy closes everything.
 
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -15,6 +17,8 @@ use tokio::task::JoinHandle;
 pub struct Proxy {
     pub addr: SocketAddr,
     frozen: watch::Sender<bool>,
+    /// Bytes read since the last freeze and not forwarded.
+    held: Arc<AtomicUsize>,
     acceptor: JoinHandle<()>,
     pumps: Arc<Mutex<Vec<JoinHandle<()>>>>,
 }
@@ -27,17 +31,19 @@ impl Proxy {
         let (frozen, watcher) = watch::channel(false);
         let pumps: Arc<Mutex<Vec<JoinHandle<()>>>> = Arc::default();
         let registry = pumps.clone();
+        let held: Arc<AtomicUsize> = Arc::default();
+        let counter = held.clone();
         let acceptor = tokio::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
                 let Ok(server) = TcpStream::connect(upstream).await else { continue };
                 let (cr, cw) = client.into_split();
                 let (sr, sw) = server.into_split();
                 let mut pumps = registry.lock().unwrap();
-                pumps.push(tokio::spawn(pump(cr, sw, watcher.clone())));
-                pumps.push(tokio::spawn(pump(sr, cw, watcher.clone())));
+                pumps.push(tokio::spawn(pump(cr, sw, watcher.clone(), counter.clone())));
+                pumps.push(tokio::spawn(pump(sr, cw, watcher.clone(), counter.clone())));
             }
         });
-        Self { addr, frozen, acceptor, pumps }
+        Self { addr, frozen, held, acceptor, pumps }
     }
 
     /// Closes every connection open now (new ones are accepted as before).
@@ -49,7 +55,13 @@ impl Proxy {
 
     /// Stops forwarding; connections stay open and silent.
     pub fn freeze(&self) {
+        self.held.store(0, Ordering::SeqCst);
         self.frozen.send_replace(true);
+    }
+
+    /// Bytes read from either end since the last `freeze` and held back.
+    pub fn held_bytes(&self) -> usize {
+        self.held.load(Ordering::SeqCst)
     }
 
     pub fn thaw(&self) {
@@ -64,28 +76,25 @@ impl Drop for Proxy {
     }
 }
 
-/// Copies `from` to `to` whenever not frozen; ends when either side closes.
+/// Copies `from` to `to`; while frozen, what was read is held (and counted) until the thaw.
+/// Ends when either side closes.
 async fn pump(
     mut from: tokio::net::tcp::OwnedReadHalf,
     mut to: tokio::net::tcp::OwnedWriteHalf,
     mut frozen: watch::Receiver<bool>,
+    held: Arc<AtomicUsize>,
 ) {
     let mut buf = vec![0u8; 64 * 1024];
     loop {
-        if frozen.wait_for(|f| !*f).await.is_err() {
-            return;
+        let n = match from.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => n,
+        };
+        if *frozen.borrow() {
+            held.fetch_add(n, Ordering::SeqCst);
         }
-        tokio::select! {
-            read = from.read(&mut buf) => match read {
-                Ok(0) | Err(_) => return,
-                Ok(n) => {
-                    // Bytes read just before a freeze are held until the thaw.
-                    if frozen.wait_for(|f| !*f).await.is_err() || to.write_all(&buf[..n]).await.is_err() {
-                        return;
-                    }
-                }
-            },
-            _ = frozen.changed() => {}
+        if frozen.wait_for(|f| !*f).await.is_err() || to.write_all(&buf[..n]).await.is_err() {
+            return;
         }
     }
 }

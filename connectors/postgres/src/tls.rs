@@ -52,16 +52,10 @@ pub struct PgTls {
 #[error("TLS: {0}")]
 pub struct TlsError(String);
 
-/// The crypto provider of every TLS session this process opens (ring; both rustls backends are
+/// The crypto provider of this connector's TLS sessions (ring; both rustls backends are
 /// compiled in through dependencies, so the choice is made explicitly).
 pub fn provider() -> Arc<CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
-}
-
-/// Installs [`provider`] as the process default, for libraries that build their rustls
-/// configs with `ClientConfig::builder()` (mysql_async). Idempotent.
-pub fn install_default_provider() {
-    let _ = rustls::crypto::ring::default_provider().install_default();
 }
 
 impl PgTls {

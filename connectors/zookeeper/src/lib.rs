@@ -90,9 +90,9 @@ pub async fn connect(settings: &SessionSettings) -> Result<zk::Client, ConnectEr
         .with_session_timeout(settings.session_timeout)
         .with_connection_timeout(settings.connection_timeout);
     let connected = match &settings.tls {
+        // zookeeper-client builds its rustls config on the process's default crypto provider,
+        // which the binary installs at start.
         Some(tls) => {
-            // zookeeper-client builds its rustls config on the process's default provider.
-            let _ = rustls::crypto::ring::default_provider().install_default();
             connector.with_tls(tls.options().map_err(ConnectError::Tls)?).secure_connect(&settings.connect).await
         }
         None => connector.connect(&settings.connect).await,
