@@ -46,6 +46,7 @@ pub const DEFAULT_CLEANUP_MAX_ROWS: usize = 10_000;
 pub const DEFAULT_STATUS_INTERVAL_MS: u64 = 1_000;
 pub const DEFAULT_POLL_BATCH: u32 = 1024;
 pub const DEFAULT_POLL_INTERVAL_MS: u64 = 25;
+pub const DEFAULT_SWEEP_INTERVAL_MS: u64 = 30_000;
 pub const MAX_SHARDS: u32 = 1024;
 pub const MAX_PARTITIONS: u32 = 1024;
 
@@ -321,6 +322,8 @@ pub struct StreamOverrides {
     pub status_interval_ms: Option<u64>,
     pub poll_batch: Option<u32>,
     pub poll_interval_ms: Option<u64>,
+    /// How often a CDC stream looks for rows the log never carried (see `docs/architecture.md`).
+    pub sweep_interval_ms: Option<u64>,
 }
 
 /// The resolved settings of one shard-partition.
@@ -337,6 +340,7 @@ pub struct StreamSettings {
     pub status_interval_ms: u64,
     pub poll_batch: u32,
     pub poll_interval_ms: u64,
+    pub sweep_interval_ms: u64,
 }
 
 impl Default for StreamSettings {
@@ -353,6 +357,7 @@ impl Default for StreamSettings {
             status_interval_ms: DEFAULT_STATUS_INTERVAL_MS,
             poll_batch: DEFAULT_POLL_BATCH,
             poll_interval_ms: DEFAULT_POLL_INTERVAL_MS,
+            sweep_interval_ms: DEFAULT_SWEEP_INTERVAL_MS,
         }
     }
 }
@@ -391,6 +396,9 @@ impl StreamSettings {
         }
         if let Some(v) = o.poll_interval_ms {
             self.poll_interval_ms = v;
+        }
+        if let Some(v) = o.sweep_interval_ms {
+            self.sweep_interval_ms = v;
         }
     }
 }
@@ -623,6 +631,9 @@ fn check_overrides(field: &str, o: &StreamOverrides) -> Result<(), ConfigError> 
     }
     if o.poll_interval_ms.is_some_and(|v| !(1..=60_000).contains(&v)) {
         return Err(invalid(format!("{field}.poll_interval_ms"), "must be between 1 and 60000"));
+    }
+    if o.sweep_interval_ms.is_some_and(|v| !(100..=3_600_000).contains(&v)) {
+        return Err(invalid(format!("{field}.sweep_interval_ms"), "must be between 100 and 3600000"));
     }
     if o.dead_letter_topic.as_deref().is_some_and(str::is_empty) {
         return Err(invalid(format!("{field}.dead_letter_topic"), "must not be empty"));

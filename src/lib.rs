@@ -36,6 +36,8 @@ pub mod postgres;
 pub mod record;
 pub mod run;
 pub mod secret;
+pub mod skip;
 pub mod source;
 pub mod streamer;
+pub mod sweep;
 pub mod tls;

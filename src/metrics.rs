@@ -11,6 +11,9 @@ pub const PUBLISHED_RECORDS: &str = "outbox_published_records_total";
 pub const DELETED_ROWS: &str = "outbox_deleted_rows_total";
 pub const DEAD_LETTERED_RECORDS: &str = "outbox_dead_lettered_records_total";
 pub const SKIPPED_REPLAYED_ROWS: &str = "outbox_replayed_rows_skipped_total";
+pub const SKIPPED_ROWS: &str = "outbox_skipped_rows_total";
+pub const SWEPT_ROWS: &str = "outbox_swept_rows_total";
+pub const STATEMENT_WRITES: &str = "outbox_statement_logged_writes_total";
 pub const ERRORS: &str = "outbox_errors_total";
 pub const IN_FLIGHT_RECORDS: &str = "outbox_in_flight_records";
 pub const IN_FLIGHT_BYTES: &str = "outbox_in_flight_bytes";
@@ -45,7 +48,22 @@ pub fn describe() {
     describe_counter!(
         SKIPPED_REPLAYED_ROWS,
         Unit::Count,
-        "replayed rows not published again because they were already deleted"
+        "rows of replayed transactions this stream had already published, not sent again"
+    );
+    describe_counter!(
+        SKIPPED_ROWS,
+        Unit::Count,
+        "rows not published, by kind: operator (outbox-streamer skip), deleted_bad_row (a bad row deleted from the table)"
+    );
+    describe_counter!(
+        SWEPT_ROWS,
+        Unit::Count,
+        "rows the log never carried, found in the table by the sweep and published"
+    );
+    describe_counter!(
+        STATEMENT_WRITES,
+        Unit::Count,
+        "statement-logged writes to the outbox table seen in the binlog (their rows reach Kafka through the sweep)"
     );
     describe_counter!(ERRORS, Unit::Count, "errors by kind: source, kafka_transient, kafka_definite, bad_row");
     describe_gauge!(IN_FLIGHT_RECORDS, Unit::Count, "records handed to Kafka and not yet acknowledged");
@@ -114,6 +132,9 @@ mod tests {
         super::DELETED_ROWS,
         super::DEAD_LETTERED_RECORDS,
         super::SKIPPED_REPLAYED_ROWS,
+        super::SKIPPED_ROWS,
+        super::SWEPT_ROWS,
+        super::STATEMENT_WRITES,
         super::ERRORS,
         super::IN_FLIGHT_RECORDS,
         super::IN_FLIGHT_BYTES,

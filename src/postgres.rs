@@ -12,6 +12,7 @@
 //! running keeps working; a required column dropped or retyped halts this shard-partition
 //! with an error naming the column.
 
+mod checkpoint;
 mod visibility;
 
 use std::time::Duration;
@@ -24,10 +25,12 @@ use tokio_postgres::Client;
 
 use crate::lease::OwnerLease;
 use crate::names::StreamNames;
-use crate::record::{InvalidRow, OutboxRecord, headers_value, partition_value, topic_value};
-use crate::source::{DELETE_CHUNK, Source, SourceError, SourceEvent, within};
+use crate::record::{InvalidRow, OutboxRecord, RawRow};
+use crate::skip::SkipList;
+use crate::source::{DELETE_CHUNK, Probe, Source, SourceError, SourceEvent, within};
 
-/// A required column and the types it may have.
+/// The columns a record is built from and the types each may have. `created_at` only feeds
+/// the latency metric: without it (or with another type) a row is still published.
 const COLUMNS: [(&str, &[u32]); 7] = [
     ("id", &[oid::INT8]),
     ("topic", &[oid::TEXT, oid::VARCHAR]),
@@ -37,92 +40,86 @@ const COLUMNS: [(&str, &[u32]); 7] = [
     ("kafka_partition", &[oid::INT4, oid::INT2]),
     ("created_at", &[oid::TIMESTAMPTZ]),
 ];
+const CREATED_AT: usize = 6;
 
-/// Where each required column sits in the relation's tuples.
+/// Where each column sits in the relation's tuples, or why it cannot be read.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ColumnMap {
     relation_id: u32,
-    index: [usize; 7],
-    /// Each required column's type, which decides how a binary value is read.
-    types: [u32; 7],
+    /// Per column: its position and type, or what is wrong with it.
+    columns: [Result<(usize, u32), String>; 7],
 }
 
 impl ColumnMap {
-    /// Checks a Relation message against the required columns.
-    pub fn new(rel: &Relation) -> Result<Self, SourceError> {
-        let mut index = [0; 7];
-        let mut found = [0; 7];
-        for (slot, (name, types)) in COLUMNS.iter().enumerate() {
-            let Some(pos) = rel.columns.iter().position(|c| c.name == *name) else {
-                return Err(SourceError::Definite {
-                    message: format!("table {} has no column {name:?} (dropped or renamed?)", rel.name),
-                    fix: format!(
-                        "restore the column as created by `outbox-streamer setup` (ALTER TABLE {} ADD COLUMN {name} …), then restart",
-                        rel.name
-                    ),
-                });
-            };
-            let type_oid = rel.columns[pos].type_oid;
-            if !types.contains(&type_oid) {
-                return Err(SourceError::Definite {
-                    message: format!(
-                        "column {}.{name} has type oid {type_oid}, which the streamer cannot read",
-                        rel.name
-                    ),
-                    fix: format!(
-                        "change {name} back to the type `outbox-streamer setup --dry-run` shows, then restart"
-                    ),
-                });
-            }
-            index[slot] = pos;
-            found[slot] = type_oid;
-        }
-        Ok(Self { relation_id: rel.id, index, types: found })
+    /// Maps a Relation message. A missing or retyped column does not stop the stream here:
+    /// each row of the relation is then a bad row naming the column (see [`Self::record`]), so
+    /// the bad-row policy — and the table, where the operator restores the column — decide.
+    pub fn new(rel: &Relation) -> Self {
+        let columns = COLUMNS.map(|(name, types)| match rel.columns.iter().position(|c| c.name == name) {
+            None => Err(format!("the table {} has no column {name:?} (dropped or renamed?)", rel.name)),
+            Some(pos) if types.contains(&rel.columns[pos].type_oid) => Ok((pos, rel.columns[pos].type_oid)),
+            Some(pos) => Err(format!(
+                "column {}.{name} has type oid {}, which the streamer cannot read",
+                rel.name, rel.columns[pos].type_oid
+            )),
+        });
+        Self { relation_id: rel.id, columns }
     }
 
-    /// Builds the record of one inserted tuple; a bad value names the row and column. Values
-    /// come in text or binary format (see [`PgSource::connect`]); both read the same.
+    /// What is wrong with the relation's columns, if anything (for one warning per Relation).
+    pub fn problems(&self) -> Vec<&str> {
+        self.columns[..CREATED_AT].iter().filter_map(|c| c.as_ref().err().map(String::as_str)).collect()
+    }
+
+    /// Builds the record of one inserted tuple; a bad value or column names the row and column.
+    /// Values come in text or binary format (see [`PgSource::connect`]); both read the same.
     pub fn record(&self, values: &[Value]) -> Result<OutboxRecord, InvalidRow> {
-        let value = |slot: usize| values.get(self.index[slot]);
-        let bad =
-            |id: Option<i64>, column: &'static str, reason: &str| InvalidRow { id, column, reason: reason.into() };
-        let int = |slot: usize| -> Result<Option<i64>, &'static str> {
-            match value(slot) {
-                Some(Value::Text(t)) => values::int(t).map(Some),
-                Some(Value::Binary(b)) => values::binary_int(b).map(Some),
+        let value = |slot: usize| -> Result<Option<(&Value, u32)>, &str> {
+            match &self.columns[slot] {
+                Ok((pos, type_oid)) => Ok(values.get(*pos).map(|v| (v, *type_oid))),
+                Err(problem) => Err(problem.as_str()),
+            }
+        };
+        let int = |slot: usize| -> Result<Option<i64>, &str> {
+            match value(slot)? {
+                Some((Value::Text(t), _)) => values::int(t).map(Some),
+                Some((Value::Binary(b), _)) => values::binary_int(b).map(Some),
                 _ => Ok(None),
             }
         };
-        let bytea = |slot: usize| -> Result<Option<Vec<u8>>, &'static str> {
-            match value(slot) {
-                Some(Value::Text(t)) => values::bytea(t).map(Some),
-                Some(Value::Binary(b)) => Ok(Some(b.to_vec())),
+        let bytea = |slot: usize| -> Result<Option<Vec<u8>>, &str> {
+            match value(slot)? {
+                Some((Value::Text(t), _)) => values::bytea(t).map(Some),
+                Some((Value::Binary(b), _)) => Ok(Some(b.to_vec())),
                 _ => Ok(None),
             }
         };
         // text, varchar and json are their own binary format; jsonb has a version byte.
-        let text = |slot: usize| -> Result<Option<&[u8]>, &'static str> {
-            match value(slot) {
-                Some(Value::Text(t)) => Ok(Some(t)),
-                Some(Value::Binary(b)) if self.types[slot] == oid::JSONB => values::binary_jsonb(b).map(Some),
-                Some(Value::Binary(b)) => Ok(Some(b)),
+        let text = |slot: usize| -> Result<Option<Vec<u8>>, &str> {
+            match value(slot)? {
+                Some((Value::Text(t), _)) => Ok(Some(t.to_vec())),
+                Some((Value::Binary(b), oid::JSONB)) => values::binary_jsonb(b).map(|j| Some(j.to_vec())),
+                Some((Value::Binary(b), _)) => Ok(Some(b.to_vec())),
                 _ => Ok(None),
             }
         };
-        let id = int(0).map_err(|e| bad(None, "id", e))?.ok_or_else(|| bad(None, "id", "is NULL"))?;
-        let id_some = Some(id);
-        let topic = topic_value(id, text(1).map_err(|e| bad(id_some, "topic", e))?)?;
-        let key = bytea(2).map_err(|e| bad(id_some, "msg_key", e))?;
-        let payload = bytea(3).map_err(|e| bad(id_some, "payload", e))?;
-        let headers = headers_value(id, text(4).map_err(|e| bad(id_some, "headers", e))?)?;
-        let partition = int(5).map_err(|e| bad(id_some, "kafka_partition", e))?;
-        let kafka_partition = partition_value(id, partition)?;
-        let created_at_micros = match value(6) {
-            Some(Value::Text(t)) => values::timestamptz_micros(t).ok(),
-            Some(Value::Binary(b)) => values::binary_timestamptz_micros(b).ok(),
-            _ => None,
+        let id = int(0)
+            .map_err(|e| InvalidRow::new(None, "id", e))?
+            .ok_or_else(|| InvalidRow::new(None, "id", "is NULL"))?;
+        let bad = |column: &'static str| move |e: &str| InvalidRow::new(Some(id), column, e);
+        let raw = RawRow {
+            topic: text(1).map_err(bad("topic"))?,
+            key: bytea(2).map_err(bad("msg_key"))?,
+            payload: bytea(3).map_err(bad("payload"))?,
+            headers: text(4).map_err(bad("headers"))?,
+            kafka_partition: int(5).map_err(bad("kafka_partition"))?,
+            created_at_micros: match value(CREATED_AT) {
+                Ok(Some((Value::Text(t), _))) => values::timestamptz_micros(t).ok(),
+                Ok(Some((Value::Binary(b), _))) => values::binary_timestamptz_micros(b).ok(),
+                _ => None,
+            },
         };
-        Ok(OutboxRecord { id, topic, key, payload, headers, kafka_partition, created_at_micros })
+        raw.into_record(id)
     }
 }
 
@@ -132,6 +129,7 @@ pub struct PgSource {
     stream: ReplicationStream,
     sql: Client,
     names: StreamNames,
+    checkpoint_table: String,
     columns: Option<ColumnMap>,
     /// With a heartbeat configured the server speaks at least that often, so a replication
     /// link silent for this long is presumed dead. Without one, an idle server may rightly be
@@ -142,6 +140,14 @@ pub struct PgSource {
     /// Transactions read and not yet confirmed: (xid, commit LSN). See [`visibility`].
     xids: std::collections::VecDeque<(u32, Lsn)>,
     deleter: cleanup::RowDeleter,
+    /// Every transaction whose commit starts below this was published and deleted by this
+    /// stream (stored with its delete); a replay skips their rows.
+    published: Option<Lsn>,
+    /// The transaction being read is one of those.
+    replaying: bool,
+    replay_skipped: u64,
+    skips: SkipList,
+    metric_labels: [(&'static str, String); 3],
 }
 
 impl PgSource {
@@ -153,13 +159,14 @@ impl PgSource {
         status_interval: Duration,
         silence_limit: Option<Duration>,
         lease: &OwnerLease,
+        metric_labels: [(&'static str, String); 3],
     ) -> Result<Self, SourceError> {
         let sql = target
             .connect()
             .await
             .map_err(|e| SourceError::Transient(format!("connecting to {}: {e}", target.display())))?;
-        let pending = crate::catchup::postgres::pending(&sql, checkpoint_table, &names.table).await?;
-        if pending {
+        let stored = checkpoint::read(&sql, checkpoint_table, &names.table).await?;
+        if stored.catchup_pending {
             return Err(SourceError::PositionLost(format!(
                 "a catch-up of {} is pending (interrupted, or the stream ran in polling mode)",
                 names.table
@@ -196,12 +203,40 @@ impl PgSource {
             stream,
             sql,
             names: names.clone(),
+            checkpoint_table: checkpoint_table.to_string(),
             columns: None,
             silence_limit,
             last_heard: tokio::time::Instant::now(),
             xids: std::collections::VecDeque::new(),
-            deleter: cleanup::RowDeleter::new(&names.table),
+            deleter: cleanup::RowDeleter::new(&names.table).recording_in(checkpoint_table, &names.table),
+            published: stored.published,
+            replaying: false,
+            replay_skipped: 0,
+            skips: stored.skips,
+            metric_labels,
         })
+    }
+
+    /// Deletes `ids` in chunks; the last one also stores `upto` as the published-up-to mark —
+    /// with `require_all`, only if every row was deleted. Returns (deleted, mark stored).
+    async fn delete(&mut self, ids: &[i64], upto: Lsn, require_all: bool) -> Result<(u64, bool), SourceError> {
+        let what = format!("deleting published rows from {}", self.names.table);
+        let (earlier, last) = ids.split_at(ids.len() - ids.len().min(DELETE_CHUNK));
+        let mut deleted = 0;
+        for chunk in earlier.chunks(DELETE_CHUNK) {
+            deleted += within(&what, self.deleter.delete(&self.sql, chunk)).await?;
+        }
+        let record = !require_all || deleted as usize == earlier.len();
+        let lsn = upto.to_pg_string();
+        let (n, stored) =
+            within(&what, self.deleter.delete_and_record(&self.sql, last, &lsn, record, require_all)).await?;
+        if record && !stored && (!require_all || n as usize == last.len()) {
+            return Err(SourceError::Definite {
+                message: format!("{} has no row for {}", self.checkpoint_table, self.names.table),
+                fix: "run `outbox-streamer setup`".into(),
+            });
+        }
+        Ok((deleted + n, stored))
     }
 }
 
@@ -280,11 +315,26 @@ impl Source for PgSource {
             let event = match change {
                 Change::Begin { final_lsn, xid } => {
                     self.xids.push_back((xid, final_lsn));
+                    let replaying = self.published.is_some_and(|p| final_lsn < p);
+                    if self.replaying && !replaying && self.replay_skipped > 0 {
+                        tracing::info!(
+                            skipped = self.replay_skipped,
+                            "replay done: rows of transactions this stream had already published were not sent again"
+                        );
+                    }
+                    self.replaying = replaying;
                     SourceEvent::Begin { label: final_lsn.to_string() }
                 }
                 Change::Relation(rel) => {
                     if rel.name == self.names.table {
-                        self.columns = Some(ColumnMap::new(&rel)?);
+                        let map = ColumnMap::new(&rel);
+                        for problem in map.problems() {
+                            tracing::warn!(
+                                table = %self.names.table,
+                                "{problem}: rows logged this way cannot be published as logged; each one is checked against the table"
+                            );
+                        }
+                        self.columns = Some(map);
                     }
                     continue;
                 }
@@ -296,6 +346,11 @@ impl Source for PgSource {
                             continue;
                         }
                     };
+                    if self.replaying {
+                        self.replay_skipped += 1;
+                        metrics::counter!(crate::metrics::SKIPPED_REPLAYED_ROWS, &self.metric_labels).increment(1);
+                        continue;
+                    }
                     SourceEvent::Row(map.record(&values))
                 }
                 Change::Commit { end_lsn, .. } => SourceEvent::Commit(end_lsn),
@@ -316,40 +371,28 @@ impl Source for PgSource {
         }
     }
 
-    async fn existing(&mut self, ids: &[i64]) -> Result<Vec<i64>, SourceError> {
-        let found = within("checking replayed rows", cleanup::existing_ids(&self.sql, &self.names.table, ids)).await?;
-        if found.len() == ids.len() {
-            return Ok(found);
-        }
-        // A missing row is usually one published and deleted before the restart, but it may
-        // belong to the transaction being read, committed yet not visible: ask again once
-        // that transaction is visible, or the row would be skipped and never published.
-        let Some(&(xid, _)) = self.xids.back() else { return Ok(found) };
-        visibility::wait(&self.sql, &[xid]).await?;
-        within("checking replayed rows", cleanup::existing_ids(&self.sql, &self.names.table, ids)).await
-    }
-
     async fn finish(&mut self, ids: Vec<i64>, upto: Lsn) -> Result<u64, SourceError> {
-        let what = format!("deleting published rows from {}", self.names.table);
-        let mut deleted = 0;
-        for chunk in ids.chunks(DELETE_CHUNK) {
-            deleted += within(&what, self.deleter.delete(&self.sql, chunk)).await?;
-        }
         let covered: Vec<u32> = self.xids.iter().take_while(|(_, lsn)| *lsn < upto).map(|(x, _)| *x).collect();
-        if (deleted as usize) < ids.len() {
-            // Rows of a transaction committed but not yet visible are not deleted: wait until
-            // it is, then delete again (rows already gone are simply not counted).
-            visibility::wait(&self.sql, &covered).await?;
-            for chunk in ids.chunks(DELETE_CHUNK) {
-                deleted += within(&what, self.deleter.delete(&self.sql, chunk)).await?;
+        let mut deleted = 0;
+        if !ids.is_empty() {
+            // The published-up-to mark is stored with the delete only when every row was
+            // deleted: a row of a transaction committed but not yet visible is not, and a
+            // crash before the second try must not leave it behind a mark.
+            let (n, recorded) = self.delete(&ids, upto, true).await?;
+            deleted = n;
+            if !recorded {
+                visibility::wait(&self.sql, &covered).await?;
+                let (again, _) = self.delete(&ids, upto, false).await?;
+                deleted += again;
+                if (deleted as usize) < ids.len() {
+                    tracing::debug!(
+                        published = ids.len(),
+                        deleted,
+                        "some published rows were already gone (deleted by someone else)"
+                    );
+                }
             }
-            if (deleted as usize) < ids.len() {
-                tracing::debug!(
-                    published = ids.len(),
-                    deleted,
-                    "some published rows were already gone (deleted by someone else)"
-                );
-            }
+            self.published = Some(upto);
         }
         self.xids.drain(..covered.len());
         // Only now, with the delete committed, may the slot forget these transactions.
@@ -381,6 +424,49 @@ impl Source for PgSource {
                     tracing::debug!(error = %e, "could not advance the slot on close; the server replays from its last status");
                     return;
                 }
+            }
+        }
+    }
+
+    async fn current_rows(&mut self, ids: &[i64]) -> Result<Vec<crate::poll::PolledRow>, SourceError> {
+        // A row of the transaction being read may not be visible yet (see `visibility`).
+        if let Some(&(xid, _)) = self.xids.back() {
+            visibility::wait(&self.sql, &[xid]).await?;
+        }
+        crate::poll::postgres::rows_by_id(&self.sql, &self.names.table, ids).await
+    }
+
+    async fn existing(&mut self, ids: &[i64]) -> Result<Vec<i64>, SourceError> {
+        within("checking rows", cleanup::existing_ids(&self.sql, &self.names.table, ids)).await
+    }
+
+    async fn probe(&mut self, below: Option<i64>, limit: usize) -> Result<Probe<Lsn>, SourceError> {
+        // One statement, one snapshot: the WAL insert position is read after the snapshot was
+        // taken, so every commit the reads saw is before it.
+        let sql = format!(
+            "SELECT ARRAY(SELECT id FROM {t} WHERE id <= $1 ORDER BY id LIMIT $2), (SELECT max(id) FROM {t}),
+                    pg_current_wal_insert_lsn()::text",
+            t = outbox_postgres::setup::ident(&self.names.table)
+        );
+        let below = below.unwrap_or(i64::MIN);
+        let row = within("sweeping the table", self.sql.query_one(&sql, &[&below, &(limit as i64)])).await?;
+        let mark: String = row.get(2);
+        let mark = Lsn::parse(&mark).map_err(|e| SourceError::transient("reading the WAL position", e))?;
+        Ok(Probe { candidates: row.get(0), max_id: row.get(1), mark })
+    }
+
+    fn reached(done: &Lsn, mark: &Lsn) -> bool {
+        done >= mark
+    }
+
+    fn skips(&self, id: Option<i64>, label: &str) -> bool {
+        match id {
+            None => self.skips.skips_transaction(label),
+            Some(id) => {
+                let (Some(bound), Some(&(_, commit))) = (self.skips.bound_of(id), self.xids.back()) else {
+                    return false;
+                };
+                Lsn::parse(bound).is_ok_and(|bound| commit < bound)
             }
         }
     }
@@ -417,7 +503,7 @@ mod tests {
 
     #[test]
     fn maps_a_row() {
-        let map = ColumnMap::new(&relation()).unwrap();
+        let map = ColumnMap::new(&relation());
         let rec = map
             .record(&[
                 t("7"),
@@ -445,7 +531,7 @@ mod tests {
 
     #[test]
     fn maps_a_binary_row_as_its_text_twin() {
-        let map = ColumnMap::new(&relation()).unwrap();
+        let map = ColumnMap::new(&relation());
         let mut jsonb = vec![1u8];
         jsonb.extend_from_slice(br#"{"h": "v"}"#);
         let one_second_after_unix_epoch = 1_000_000i64 - 946_684_800_000_000;
@@ -474,7 +560,7 @@ mod tests {
 
     #[test]
     fn bad_values_name_row_and_column() {
-        let map = ColumnMap::new(&relation()).unwrap();
+        let map = ColumnMap::new(&relation());
         let e = map
             .record(&[t("7"), Value::Null, Value::Null, Value::Null, Value::Null, Value::Null, Value::Null])
             .unwrap_err();
@@ -487,12 +573,26 @@ mod tests {
     }
 
     #[test]
-    fn dropped_or_retyped_columns_are_named() {
+    fn dropped_or_retyped_columns_make_bad_rows_naming_them() {
         let mut rel = relation();
         rel.columns.retain(|c| c.name != "payload");
-        assert!(ColumnMap::new(&rel).unwrap_err().to_string().contains("\"payload\""));
+        let map = ColumnMap::new(&rel);
+        assert!(map.problems()[0].contains("\"payload\""));
+        let row = [t("7"), t("orders"), Value::Null, Value::Null, Value::Null, Value::Null, Value::Null];
+        let e = map.record(&row).unwrap_err();
+        assert_eq!((e.id, e.column), (Some(7), "payload"));
+        assert!(e.reason.contains("dropped or renamed"));
         let mut rel = relation();
         rel.columns[1].type_oid = oid::INT4;
-        assert!(ColumnMap::new(&rel).unwrap_err().to_string().contains("topic"));
+        let map = ColumnMap::new(&rel);
+        assert!(map.problems()[0].contains("topic"));
+        assert_eq!(map.record(&row).unwrap_err().column, "topic");
+        // Without created_at a row is still a record (it only feeds the latency metric).
+        let mut rel = relation();
+        rel.columns.retain(|c| c.name != "created_at");
+        let map = ColumnMap::new(&rel);
+        assert!(map.problems().is_empty());
+        let row = [t("7"), t("orders"), Value::Null, Value::Null, Value::Null, Value::Null, Value::Null];
+        assert_eq!(map.record(&row).unwrap().created_at_micros, None);
     }
 }

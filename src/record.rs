@@ -27,22 +27,79 @@ impl OutboxRecord {
     }
 }
 
-/// A row that cannot become a Kafka record. Names the row and the column, and says why.
+/// A row that cannot become a Kafka record. Names the row and the column, and says why — never
+/// with the row's values, which are application data (logs and `/readyz` show this text).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("row id={} column {column}: {reason}", id.map_or_else(|| "?".to_string(), |i| i.to_string()))]
 pub struct InvalidRow {
     pub id: Option<i64>,
     pub column: &'static str,
     pub reason: String,
+    /// The row's values as read, for a dead-letter copy (`None` when they could not be read).
+    pub raw: Option<Box<RawRow>>,
+}
+
+impl InvalidRow {
+    /// A bad value in `column` of row `id` (or of a row whose id cannot be read).
+    pub fn new(id: Option<i64>, column: &'static str, reason: impl Into<String>) -> Self {
+        Self { id, column, reason: reason.into(), raw: None }
+    }
+}
+
+/// Header names starting with this are the streamer's own (`outbox-id`, `outbox-lsn`, …); a row
+/// may not set them, or it could forge them.
+pub const RESERVED_HEADER_PREFIX: &str = "outbox-";
+
+/// A row's values as the database holds them, before they are checked.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RawRow {
+    pub topic: Option<Vec<u8>>,
+    pub key: Option<Vec<u8>>,
+    pub payload: Option<Vec<u8>>,
+    /// The `headers` column's JSON text.
+    pub headers: Option<Vec<u8>>,
+    pub kafka_partition: Option<i64>,
+    pub created_at_micros: Option<i64>,
+}
+
+impl RawRow {
+    /// Checks the values of row `id`; a bad one keeps the raw values for a dead-letter copy.
+    pub fn into_record(self, id: i64) -> Result<OutboxRecord, InvalidRow> {
+        let checked = (|| -> Result<_, InvalidRow> {
+            Ok((
+                topic_value(id, self.topic.as_deref())?,
+                headers_value(id, self.headers.as_deref())?,
+                partition_value(id, self.kafka_partition)?,
+            ))
+        })();
+        match checked {
+            Ok((topic, headers, kafka_partition)) => Ok(OutboxRecord {
+                id,
+                topic,
+                key: self.key,
+                payload: self.payload,
+                headers,
+                kafka_partition,
+                created_at_micros: self.created_at_micros,
+            }),
+            Err(mut invalid) => {
+                invalid.raw = Some(Box::new(self));
+                Err(invalid)
+            }
+        }
+    }
 }
 
 /// Checks the `topic` column of row `id`: present, UTF-8, a legal Kafka topic length.
 pub fn topic_value(id: i64, topic: Option<&[u8]>) -> Result<String, InvalidRow> {
-    let bad = |reason: String| InvalidRow { id: Some(id), column: "topic", reason };
+    let bad = |reason: String| InvalidRow::new(Some(id), "topic", reason);
     let Some(bytes) = topic else { return Err(bad("is NULL; every row needs a Kafka topic".into())) };
     let topic = String::from_utf8(bytes.to_vec()).map_err(|_| bad("is not UTF-8".into()))?;
     if topic.is_empty() || topic.len() > 249 {
-        return Err(bad(format!("{topic:?} is not a valid Kafka topic name (1 to 249 characters)")));
+        return Err(bad(format!(
+            "is not a valid Kafka topic name ({} bytes; 1 to 249 characters are allowed)",
+            topic.len()
+        )));
     }
     Ok(topic)
 }
@@ -51,7 +108,7 @@ pub fn topic_value(id: i64, topic: Option<&[u8]>) -> Result<String, InvalidRow> 
 pub fn headers_value(id: i64, json: Option<&[u8]>) -> Result<Vec<(String, Vec<u8>)>, InvalidRow> {
     match json {
         None => Ok(Vec::new()),
-        Some(json) => parse_headers(json).map_err(|reason| InvalidRow { id: Some(id), column: "headers", reason }),
+        Some(json) => parse_headers(json).map_err(|reason| InvalidRow::new(Some(id), "headers", reason)),
     }
 }
 
@@ -60,27 +117,50 @@ pub fn partition_value(id: i64, partition: Option<i64>) -> Result<Option<i32>, I
     match partition {
         None => Ok(None),
         Some(p) if (0..=i64::from(i32::MAX)).contains(&p) => Ok(Some(p as i32)),
-        Some(p) => Err(InvalidRow {
-            id: Some(id),
-            column: "kafka_partition",
-            reason: format!("{p} is not a partition number (0 or more)"),
-        }),
+        Some(p) => {
+            Err(InvalidRow::new(Some(id), "kafka_partition", format!("{p} is not a partition number (0 or more)")))
+        }
     }
 }
 
+/// A header name for messages: escaped, and cut to a length that cannot flood a log line.
+fn header_name(name: &str) -> String {
+    let cut: String = name.chars().take(64).collect();
+    if cut.len() < name.len() { format!("{cut:?}…") } else { format!("{cut:?}") }
+}
+
 /// Parses the `headers` column: a JSON object whose values are strings (or null, skipped).
+/// Names starting with [`RESERVED_HEADER_PREFIX`] are refused.
 pub fn parse_headers(json: &[u8]) -> Result<Vec<(String, Vec<u8>)>, String> {
-    let value: serde_json::Value = serde_json::from_slice(json).map_err(|e| format!("is not valid JSON ({e})"))?;
+    let value: serde_json::Value = serde_json::from_slice(json)
+        .map_err(|e| format!("is not valid JSON (at line {} column {})", e.line(), e.column()))?;
     let serde_json::Value::Object(map) = value else {
         return Err("must be a JSON object of string values, e.g. {\"trace-id\": \"abc\"}".into());
     };
     let mut headers = Vec::with_capacity(map.len());
     for (k, v) in map {
+        if k.len() >= RESERVED_HEADER_PREFIX.len()
+            && k[..RESERVED_HEADER_PREFIX.len()].eq_ignore_ascii_case(RESERVED_HEADER_PREFIX)
+        {
+            return Err(format!(
+                "header {} starts with \"{RESERVED_HEADER_PREFIX}\", which is reserved for the streamer's own headers; rename it",
+                header_name(&k)
+            ));
+        }
         match v {
             serde_json::Value::String(s) => headers.push((k, s.into_bytes())),
             serde_json::Value::Null => {}
             other => {
-                return Err(format!("value of {k:?} must be a string, found {other}; quote it in the JSON"));
+                let kind = match other {
+                    serde_json::Value::Bool(_) => "a boolean",
+                    serde_json::Value::Number(_) => "a number",
+                    serde_json::Value::Array(_) => "an array",
+                    _ => "an object",
+                };
+                return Err(format!(
+                    "value of header {} must be a string, found {kind}; quote it in the JSON",
+                    header_name(&k)
+                ));
             }
         }
     }
@@ -100,8 +180,41 @@ mod tests {
     }
 
     #[test]
-    fn invalid_row_names_row_and_column() {
-        let e = InvalidRow { id: Some(7), column: "topic", reason: "is NULL".into() };
+    fn reserved_header_names_are_refused() {
+        for name in ["outbox-id", "OUTBOX-Owner-Epoch", "outbox-"] {
+            let json = format!("{{\"{name}\": \"1\"}}");
+            assert!(parse_headers(json.as_bytes()).unwrap_err().contains("reserved"), "{name}");
+        }
+        assert!(parse_headers(br#"{"outboxer": "1"}"#).is_ok());
+    }
+
+    #[test]
+    fn reasons_never_carry_the_row_values() {
+        let secret = "s3cr3t-value";
+        let reasons = [
+            parse_headers(format!(r#"{{"a": {{"x": "{secret}"}}}}"#).as_bytes()).unwrap_err(),
+            parse_headers(format!(r#"{{"a": "{secret}""#).as_bytes()).unwrap_err(),
+            topic_value(1, Some(format!("{secret}{}", "x".repeat(300)).as_bytes())).unwrap_err().to_string(),
+        ];
+        for r in reasons {
+            assert!(!r.contains(secret), "{r}");
+        }
+    }
+
+    #[test]
+    fn invalid_row_names_row_and_column_and_keeps_the_raw_values() {
+        let e = InvalidRow::new(Some(7), "topic", "is NULL");
         assert_eq!(e.to_string(), "row id=7 column topic: is NULL");
+        let raw = RawRow {
+            key: Some(b"k".to_vec()),
+            payload: Some(b"p".to_vec()),
+            headers: Some(b"{\"a\":1}".to_vec()),
+            ..RawRow::default()
+        };
+        let e = RawRow { topic: Some(b"t".to_vec()), ..raw.clone() }.into_record(9).unwrap_err();
+        assert_eq!((e.id, e.column), (Some(9), "headers"));
+        assert_eq!(e.raw.as_deref().and_then(|r| r.payload.as_deref()), Some(&b"p"[..]));
+        let ok = RawRow { topic: Some(b"t".to_vec()), headers: None, ..raw }.into_record(9).unwrap();
+        assert_eq!((ok.topic.as_str(), ok.key.as_deref()), ("t", Some(&b"k"[..])));
     }
 }

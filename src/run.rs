@@ -30,7 +30,7 @@ use crate::poll::postgres::PgPollTable;
 use crate::poll::{PollSettings, PollSource};
 use crate::postgres::PgSource;
 use crate::source::{Source, SourceError};
-use crate::streamer::{SessionError, StreamLabels, run_session};
+use crate::streamer::{SessionError, StreamLabels, StreamMemory, run_session};
 use outbox_mysql::mysql_async::{Conn as MyConn, Error as MyError, Opts as MyOpts, OptsBuilder, Row as MyRow};
 
 const BACKOFF_START: Duration = Duration::from_millis(250);
@@ -258,9 +258,22 @@ fn postgres_jobs(
             let silence_limit =
                 source.heartbeat_interval_ms.map(|ms| Duration::from_millis(ms * 3).max(status_interval * 3));
             let (target, checkpoint, stream_names) = (target.clone(), checkpoint.clone(), names.clone());
+            let metric_labels = labels.metric_labels();
             let connect = move |lease: OwnerLease| {
                 let (target, names, checkpoint) = (target.clone(), stream_names.clone(), checkpoint.clone());
-                async move { PgSource::connect(&target, &names, &checkpoint, status_interval, silence_limit, &lease).await }
+                let metric_labels = metric_labels.clone();
+                async move {
+                    PgSource::connect(
+                        &target,
+                        &names,
+                        &checkpoint,
+                        status_interval,
+                        silence_limit,
+                        &lease,
+                        metric_labels,
+                    )
+                    .await
+                }
             };
             jobs.push(JobParts { labels, settings, names, connect, catch_up, producer, message_timeout_ms }.into_job());
         }
@@ -387,6 +400,7 @@ async fn stream_task<S, F, Fut>(
         }
     };
     let message_timeout = Duration::from_millis(message_timeout_ms);
+    let mut memory = StreamMemory::default();
     let mut backoff = BACKOFF_START;
     let mut busy_since: Option<Instant> = None;
     while !*stop.borrow() {
@@ -406,7 +420,7 @@ async fn stream_task<S, F, Fut>(
             Ok(source) => {
                 set_state(&labels, &metric_labels, state::STREAMING, None);
                 tracing::info!("streaming");
-                run_session(&labels, &settings, source, &producer, message_timeout, &mut stop).await
+                run_session(&labels, &settings, source, &producer, message_timeout, &mut stop, &mut memory).await
             }
             Err(e) => Err(SessionError::from(e)),
         };
@@ -450,6 +464,7 @@ async fn stream_task<S, F, Fut>(
                     producer: &producer,
                     message_timeout,
                     stop: &mut stop,
+                    memory: &mut memory,
                 };
                 match catch_up.run(&mut drain, &reason).await {
                     Ok(Some(_)) => backoff = BACKOFF_START,

@@ -3,20 +3,30 @@
 //! # Contract
 //!
 //! * [`Source::next`] yields the outbox rows of committed transactions in commit order,
-//!   each transaction framed by `Begin` and `Commit`.
+//!   each transaction framed by `Begin` and `Commit`. It yields every row inserted by a
+//!   committed transaction — whether or not the row is still in the table (a `TRUNCATE`, an
+//!   application `DELETE`, an insert and delete in one transaction) — **except** rows of
+//!   transactions this stream already published: after a restart the log replays from the
+//!   stored position, and a source skips what its own published-up-to mark (stored in the same
+//!   database transaction as the delete) says was sent. No existence check decides; timing
+//!   cannot change what is published.
 //! * [`Source::finish`] is called with the rows of a *complete prefix* of transactions — every
 //!   record acknowledged by Kafka — and the position of the last one. It deletes the rows and
-//!   only then moves the stored position (slot or checkpoint) to that position. After a crash
-//!   the source resumes at the last stored position; rows replayed from there that are no
-//!   longer in the table are filtered with [`Source::existing`], so duplicates are possible
-//!   only for rows acknowledged by Kafka whose delete had not committed.
+//!   stores the position (and the published-up-to mark) in one step where the database allows,
+//!   then moves the log position (slot or checkpoint). Duplicates are possible only for rows
+//!   acknowledged by Kafka whose delete had not committed.
+//! * The table is the safety net: [`Source::probe`] and [`Source::existing`] let the loop's
+//!   sweep find rows the log never carried (a statement-logged session, `sql_log_bin=0`, rows
+//!   written before the slot existed) once the stream is past every commit that could hold
+//!   them, and [`Source::current_rows`] reads them — and re-reads a row the log carries in a
+//!   form that cannot be published, so "fix the row, then restart" works.
 //! * `next` must be cancellation-safe: the streamer polls it in a `select!`.
 
 use std::fmt;
 use std::future::Future;
 use std::time::Duration;
 
-use crate::record::{InvalidRow, OutboxRecord};
+use crate::poll::PolledRow;
 
 /// What a source reports, in commit order.
 #[derive(Debug)]
@@ -25,7 +35,7 @@ pub enum SourceEvent<P> {
     Begin {
         label: String,
     },
-    Row(Result<OutboxRecord, InvalidRow>),
+    Row(PolledRow),
     Commit(P),
     /// Nothing of this stream is pending at the source up to `P`; confirming it keeps the
     /// server from retaining log written by other tables.
@@ -33,6 +43,15 @@ pub enum SourceEvent<P> {
     /// A catch-up drain found nothing more to read: the session ends once everything in
     /// flight is acknowledged and deleted.
     Drained,
+}
+
+/// The sweep's look at the table: rows at or below an earlier highest id that are still
+/// there, the highest id now, and a log position that every commit those reads saw is before.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Probe<P> {
+    pub candidates: Vec<i64>,
+    pub max_id: Option<i64>,
+    pub mark: P,
 }
 
 /// Why a source stopped.
@@ -72,10 +91,11 @@ pub trait Source: Send {
     /// The header that carries [`SourceEvent::Begin`]'s label (`outbox-lsn`, `outbox-gtid`).
     const POSITION_HEADER: &'static str;
 
-    fn next(&mut self) -> impl Future<Output = Result<Option<SourceEvent<Self::Position>>, SourceError>> + Send;
+    /// Whether the loop sweeps the table for rows the log never carried. A source that reads
+    /// the table itself (polling) has none to find.
+    const SWEEPS: bool = true;
 
-    /// Which of `ids` are still in the table.
-    fn existing(&mut self, ids: &[i64]) -> impl Future<Output = Result<Vec<i64>, SourceError>> + Send;
+    fn next(&mut self) -> impl Future<Output = Result<Option<SourceEvent<Self::Position>>, SourceError>> + Send;
 
     /// Deletes `ids`, then stores `upto`. Returns the number of rows deleted.
     fn finish(&mut self, ids: Vec<i64>, upto: Self::Position) -> impl Future<Output = Result<u64, SourceError>> + Send;
@@ -85,6 +105,30 @@ pub trait Source: Send {
 
     /// Ends the session, recording the last stored position with the server if it can.
     fn close(self) -> impl Future<Output = ()> + Send;
+
+    /// The rows `ids` as the table holds them now, read once the transaction being read is
+    /// visible to queries; an id missing from the answer is not in the table.
+    fn current_rows(&mut self, ids: &[i64]) -> impl Future<Output = Result<Vec<PolledRow>, SourceError>> + Send;
+
+    /// Which of `ids` are still in the table, ascending.
+    fn existing(&mut self, ids: &[i64]) -> impl Future<Output = Result<Vec<i64>, SourceError>> + Send;
+
+    /// The sweep's probe (see [`Probe`]): up to `limit` ids at or below `below` (none when
+    /// `below` is `None`), then the highest id, then the log's end.
+    fn probe(
+        &mut self,
+        below: Option<i64>,
+        limit: usize,
+    ) -> impl Future<Output = Result<Probe<Self::Position>, SourceError>> + Send;
+
+    /// Whether a session that handled everything up to `done` has passed `mark` (both taken
+    /// in this session).
+    fn reached(done: &Self::Position, mark: &Self::Position) -> bool;
+
+    /// Whether an operator said to skip row `id` (or, when its id cannot be read, the rows of
+    /// the transaction being read, labelled `label`) with `outbox-streamer skip`. A row id
+    /// is skipped only in a transaction that committed before the command ran.
+    fn skips(&self, id: Option<i64>, label: &str) -> bool;
 }
 
 /// The longest one database statement may take before its connection is presumed dead (a

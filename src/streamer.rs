@@ -16,11 +16,13 @@ use std::future::Future;
 use std::pin::Pin;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use std::collections::HashSet;
+
 use futures::StreamExt;
 use futures::stream::FuturesUnordered;
 use metrics::{counter, gauge, histogram};
-use outbox_kafka::classify::hint;
-use outbox_kafka::{Class, KafkaError, Outgoing, Producer, classify};
+use outbox_kafka::classify::{about_the_topic, hint};
+use outbox_kafka::{Class, KafkaError, Outgoing, Producer, Refused, classify};
 use tokio::sync::watch;
 
 use crate::ack::{AckTracker, TxnSeq};
@@ -30,15 +32,13 @@ use crate::metrics as m;
 use crate::names::StreamId;
 use crate::record::{InvalidRow, OutboxRecord};
 use crate::source::{Source, SourceError, SourceEvent};
+use crate::sweep::{Step, Sweep};
 
 /// The header naming the owner epoch under ZooKeeper coordination.
 pub const OWNER_EPOCH_HEADER: &str = "outbox-owner-epoch";
 
 /// How long a stopping session keeps reading to reach the commit of the transaction it is in.
 const FINISH_OPEN_TXN: Duration = Duration::from_secs(2);
-
-/// Rows buffered per existence check while replaying after a reconnect.
-const VERIFY_CHUNK: usize = 1024;
 
 /// Who this loop streams for: labels for logs, metrics and headers.
 #[derive(Debug, Clone)]
@@ -100,12 +100,22 @@ impl From<SourceError> for SessionError {
 
 type Delivery = Pin<Box<dyn Future<Output = Delivered> + Send>>;
 
+/// What a delivery was for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Row,
+    /// The dead-letter copy of a bad row; its acknowledgement completes the row.
+    DeadLetter,
+}
+
 struct Delivered {
     seq: TxnSeq,
     id: i64,
     weight: usize,
     created_at_micros: Option<i64>,
-    dead_letter: bool,
+    kind: Kind,
+    /// Sent with nothing else in flight: a refusal is the record's own.
+    alone: bool,
     result: Result<(), KafkaError>,
     /// The record's topic when its delivery failed (see [`definite_unknown_topic`]).
     failed_topic: Option<String>,
@@ -122,6 +132,17 @@ async fn definite_unknown_topic(producer: &Producer, e: &KafkaError, topic: &str
         && producer.topic_missing(topic).await
 }
 
+/// What a shard-partition's task remembers from one session to the next.
+#[derive(Debug, Default)]
+pub struct StreamMemory {
+    /// Rows Kafka refused while they travelled with others: until they are deleted, each is
+    /// sent on its own, and only a refusal then makes it a bad row (a broker refuses a batch
+    /// whole, and every record of it reports the error).
+    pub suspects: HashSet<i64>,
+    /// The batch-refusal warning was logged.
+    warned_batch_refusal: bool,
+}
+
 /// Runs one session until `shutdown` turns true (returns `Ok`) or an error ends it.
 /// Whatever happens, records already handed to Kafka are awaited and the acknowledged prefix
 /// is deleted and checkpointed before returning.
@@ -132,20 +153,21 @@ pub async fn run_session<S: Source>(
     producer: &Producer,
     message_timeout: Duration,
     shutdown: &mut watch::Receiver<bool>,
+    memory: &mut StreamMemory,
 ) -> Result<(), SessionError> {
     let mut s = Session {
         labels,
         settings,
         producer,
+        memory,
         tracker: AckTracker::new(),
         deliveries: FuturesUnordered::new(),
         in_flight_bytes: 0,
         open: None,
         label: String::new(),
-        verifying: true,
-        verify_buf: Vec::new(),
-        verify_all_present: true,
-        replay_skipped: 0,
+        last_position: None,
+        done: None,
+        sweep: Sweep::default(),
         metric_labels: labels.metric_labels(),
         position_header: S::POSITION_HEADER,
     };
@@ -161,39 +183,53 @@ pub async fn run_session<S: Source>(
     result.and(drained)
 }
 
-struct Session<'a> {
+struct Session<'a, P> {
     labels: &'a StreamLabels,
     settings: &'a StreamSettings,
     producer: &'a Producer,
-    tracker: AckTracker<PositionBox>,
+    memory: &'a mut StreamMemory,
+    tracker: AckTracker<P>,
     deliveries: FuturesUnordered<Delivery>,
     in_flight_bytes: usize,
     /// The transaction being read, if any.
     open: Option<TxnSeq>,
     /// Its position label for the header.
     label: String,
-    /// True until the first replayed transaction whose rows are all still in the table.
-    verifying: bool,
-    verify_buf: Vec<OutboxRecord>,
-    verify_all_present: bool,
-    /// Replayed rows not sent again in this session, logged once when replay ends.
-    replay_skipped: usize,
+    /// The position of the last transaction handed to the tracker.
+    last_position: Option<P>,
+    /// Everything up to here is deleted and stored (or confirmed idle).
+    done: Option<P>,
+    sweep: Sweep<P>,
     metric_labels: [(&'static str, String); 3],
     /// `outbox-lsn` or `outbox-gtid`.
     position_header: &'static str,
 }
 
-/// Positions are stored type-erased in the tracker so `Session` need not be generic.
-type PositionBox = Box<dyn std::any::Any + Send>;
+/// A row to copy to the dead-letter topic: its raw values and why.
+struct DeadLetter {
+    seq: TxnSeq,
+    id: i64,
+    reason: String,
+    topic: Option<Vec<u8>>,
+    key: Option<Vec<u8>>,
+    payload: Option<Vec<u8>>,
+    /// The row's headers when they were valid.
+    headers: Vec<(String, Vec<u8>)>,
+    /// The `headers` column's text when it was not.
+    raw_headers: Option<Vec<u8>>,
+}
 
-impl Session<'_> {
-    async fn main_loop<S: Source>(
+impl<P: Clone + std::fmt::Display + Send + Sync + 'static> Session<'_, P> {
+    async fn main_loop<S: Source<Position = P>>(
         &mut self,
         source: &mut S,
         shutdown: &mut watch::Receiver<bool>,
     ) -> Result<(), SessionError> {
         let mut cleanup = tokio::time::interval(Duration::from_millis(self.settings.cleanup_interval_ms));
         cleanup.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let sweep_every = Duration::from_millis(self.settings.sweep_interval_ms);
+        let mut sweep = tokio::time::interval_at(tokio::time::Instant::now() + sweep_every, sweep_every);
+        sweep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let budget = self.settings.max_in_flight_bytes as usize;
         // After a shutdown request, a transaction already being read is read to its commit
         // (for a short while), so its rows can be deleted rather than sent again by the next
@@ -206,7 +242,8 @@ impl Session<'_> {
                     return Ok(());
                 }
             }
-            // Priorities: 1 shutdown, 2 Kafka acknowledgements, 3 cleanup, 4 new changes.
+            // Priorities: 1 shutdown, 2 Kafka acknowledgements, 3 cleanup, 4 the sweep (between
+            // transactions only), 5 new changes.
             tokio::select! {
                 biased;
                 changed = shutdown.changed(), if finish_by.is_none() => {
@@ -218,10 +255,13 @@ impl Session<'_> {
                 }
                 _ = tokio::time::sleep_until(finish_by.unwrap_or_else(tokio::time::Instant::now)), if finish_by.is_some() => continue,
                 Some(d) = self.deliveries.next(), if !self.deliveries.is_empty() => {
-                    self.on_delivery(d).await?;
+                    self.settle_one(d).await?;
                 }
                 _ = cleanup.tick() => {
                     self.cleanup(source).await?;
+                }
+                _ = sweep.tick(), if S::SWEEPS && self.open.is_none() && finish_by.is_none() => {
+                    self.sweep(source).await?;
                 }
                 event = source.next(), if self.in_flight_bytes < budget => {
                     match event? {
@@ -237,57 +277,47 @@ impl Session<'_> {
         }
     }
 
-    async fn on_event<S: Source>(
+    async fn on_event<S: Source<Position = P>>(
         &mut self,
         source: &mut S,
-        event: SourceEvent<S::Position>,
+        event: SourceEvent<P>,
     ) -> Result<(), SessionError> {
         match event {
             SourceEvent::Begin { label } => {
                 self.open = Some(self.tracker.begin());
                 self.label = label;
-                self.verify_all_present = true;
             }
             SourceEvent::Row(row) => {
                 let seq =
                     self.open.ok_or_else(|| SessionError::Transient("a row arrived outside a transaction".into()))?;
+                let id = match &row {
+                    Ok(record) => Some(record.id),
+                    Err(invalid) => invalid.id,
+                };
+                if source.skips(id, &self.label) {
+                    counter!(m::SKIPPED_ROWS, &kind_labels(&self.metric_labels, "operator")).increment(1);
+                    tracing::warn!(
+                        row_id = id,
+                        transaction = %self.label,
+                        "row skipped as `outbox-streamer skip` asked; it is not published"
+                    );
+                    self.tracker.skipped(seq);
+                    return Ok(());
+                }
                 match row {
-                    Ok(record) if self.verifying => {
-                        self.verify_buf.push(record);
-                        if self.verify_buf.len() >= VERIFY_CHUNK {
-                            self.flush_verified(source, seq).await?;
-                        }
-                    }
-                    Ok(record) => self.publish(seq, record, false).await?,
-                    Err(invalid) => {
-                        // Rows before it (buffered while replaying) go first: order within the
-                        // transaction holds for bad rows too.
-                        if self.verifying {
-                            self.flush_verified(source, seq).await?;
-                        }
-                        self.on_invalid_row(seq, invalid).await?
-                    }
+                    Ok(record) => self.publish(seq, record).await?,
+                    Err(invalid) => self.on_invalid_row(source, seq, invalid).await?,
                 }
             }
             SourceEvent::Commit(position) => {
                 let seq = self.open.take().ok_or_else(|| SessionError::Transient("a commit without a begin".into()))?;
-                if self.verifying {
-                    self.flush_verified(source, seq).await?;
-                    if self.verify_all_present {
-                        self.verifying = false;
-                        if self.replay_skipped > 0 {
-                            tracing::info!(
-                                skipped = self.replay_skipped,
-                                "replay after reconnect done: rows already published and deleted were not sent again"
-                            );
-                        }
-                    }
-                }
-                self.tracker.commit(seq, Box::new(position));
+                self.last_position = Some(position.clone());
+                self.tracker.commit(seq, position);
             }
             SourceEvent::Idle(position) => {
                 if self.tracker.is_idle() && self.open.is_none() && self.deliveries.is_empty() {
-                    source.confirm_idle(position);
+                    source.confirm_idle(position.clone());
+                    self.done = Some(position);
                 }
             }
             SourceEvent::Drained => {}
@@ -295,41 +325,20 @@ impl Session<'_> {
         Ok(())
     }
 
-    /// Publishes the buffered replayed rows that are still in the table; the others were
-    /// published and deleted before the restart.
-    async fn flush_verified<S: Source>(&mut self, source: &mut S, seq: TxnSeq) -> Result<(), SessionError> {
-        if self.verify_buf.is_empty() {
-            return Ok(());
-        }
-        let rows = std::mem::take(&mut self.verify_buf);
-        let ids: Vec<i64> = rows.iter().map(|r| r.id).collect();
-        let existing = source.existing(&ids).await?;
-        let skipped = rows.len() - existing.len();
-        if skipped > 0 {
-            self.verify_all_present = false;
-            counter!(m::SKIPPED_REPLAYED_ROWS, &self.metric_labels).increment(skipped as u64);
-            self.replay_skipped += skipped;
-        }
-        for record in rows {
-            if existing.binary_search(&record.id).is_ok() {
-                self.publish(seq, record, false).await?;
-            } else {
-                self.tracker.skipped(seq);
-            }
-        }
-        Ok(())
-    }
-
-    async fn publish(&mut self, seq: TxnSeq, record: OutboxRecord, dead_letter: bool) -> Result<(), SessionError> {
+    /// Hands a record to Kafka. A record Kafka refused earlier while it travelled with others
+    /// (a suspect) goes alone: everything in flight settles first, then it is sent and its
+    /// verdict awaited before anything else.
+    async fn publish(&mut self, seq: TxnSeq, record: OutboxRecord) -> Result<(), SessionError> {
         self.labels.lease.check().map_err(SessionError::Revoked)?;
-        let mut headers = record.headers.clone();
-        headers.push(("outbox-id".into(), record.id.to_string().into_bytes()));
-        headers.push(("outbox-shard".into(), self.labels.id.shard.to_string().into_bytes()));
-        headers.push(("outbox-partition".into(), self.labels.id.partition.to_string().into_bytes()));
-        headers.push((self.position_header.into(), self.label.clone().into_bytes()));
-        if let Some(epoch) = self.labels.lease.epoch() {
-            headers.push((OWNER_EPOCH_HEADER.into(), epoch.to_string().into_bytes()));
+        let suspect = self.memory.suspects.contains(&record.id);
+        if suspect {
+            self.settle_all().await?;
         }
+        // Only a record nothing else is sent with until its verdict travels alone: records
+        // enqueued after one can still join its batch.
+        let alone = suspect;
+        let mut headers = record.headers.clone();
+        self.stamp(&mut headers, record.id);
         let out = Outgoing {
             topic: &record.topic,
             key: record.key.as_deref(),
@@ -338,49 +347,87 @@ impl Session<'_> {
             headers: &headers,
         };
         let weight = record.weight();
-        let id = record.id;
-        let created_at_micros = record.created_at_micros;
-        match self.producer.enqueue(&out).await {
+        let (id, created_at_micros) = (record.id, record.created_at_micros);
+        let lease = &self.labels.lease;
+        let sent = self.producer.enqueue(&out, || lease.check()).await;
+        self.tracker.sent(seq, id);
+        self.in_flight_bytes += weight;
+        // The record itself is kept only for a possible dead-letter copy.
+        let keep = (self.settings.on_bad_row == BadRowPolicy::DeadLetter).then(|| Box::new(record));
+        match sent {
             Ok(fut) => {
-                if !dead_letter {
-                    self.tracker.sent(seq, id);
-                }
-                let keep =
-                    (self.settings.on_bad_row == BadRowPolicy::DeadLetter && !dead_letter).then(|| Box::new(record));
-                self.in_flight_bytes += weight;
                 self.deliveries.push(Box::pin(async move {
                     let (result, failed_topic) = match fut.await {
                         Ok(Ok(_)) => (Ok(()), None),
                         Ok(Err((e, message))) => (Err(e), Some(outbox_kafka::producer::topic_of(&message))),
                         Err(_) => (Err(KafkaError::Canceled), None),
                     };
-                    Delivered { seq, id, weight, created_at_micros, dead_letter, result, failed_topic, record: keep }
+                    Delivered {
+                        seq,
+                        id,
+                        weight,
+                        created_at_micros,
+                        kind: Kind::Row,
+                        alone,
+                        result,
+                        failed_topic,
+                        record: keep,
+                    }
                 }));
                 self.update_gauges();
+                if suspect {
+                    self.settle_all().await?;
+                }
                 Ok(())
             }
-            Err(e) => {
-                // Refused before it was queued (for example larger than message.max.bytes).
-                if !dead_letter {
-                    self.tracker.sent(seq, id);
-                }
-                self.in_flight_bytes += weight;
+            Err(Refused::NotAllowed(reason)) => Err(SessionError::Revoked(reason)),
+            // Refused before it was queued (for example larger than message.max.bytes): it was
+            // alone, so the verdict is final.
+            Err(Refused::Kafka(e)) => {
                 let d = Delivered {
                     seq,
                     id,
                     weight,
                     created_at_micros,
-                    dead_letter,
+                    kind: Kind::Row,
+                    alone: true,
+                    failed_topic: keep.as_ref().map(|r| r.topic.clone()),
                     result: Err(e),
-                    failed_topic: Some(record.topic.clone()),
-                    record: Some(Box::new(record)),
+                    record: keep,
                 };
-                Box::pin(self.on_delivery(d)).await
+                self.settle_one(d).await
             }
         }
     }
 
-    async fn on_delivery(&mut self, mut d: Delivered) -> Result<(), SessionError> {
+    /// The streamer's own headers, after the row's: id, shard-partition, position, epoch.
+    fn stamp(&self, headers: &mut Vec<(String, Vec<u8>)>, id: i64) {
+        headers.push(("outbox-id".into(), id.to_string().into_bytes()));
+        headers.push(("outbox-shard".into(), self.labels.id.shard.to_string().into_bytes()));
+        headers.push(("outbox-partition".into(), self.labels.id.partition.to_string().into_bytes()));
+        headers.push((self.position_header.into(), self.label.clone().into_bytes()));
+        if let Some(epoch) = self.labels.lease.epoch() {
+            headers.push((OWNER_EPOCH_HEADER.into(), epoch.to_string().into_bytes()));
+        }
+    }
+
+    /// Handles one settled delivery, and the dead-letter copy it may call for.
+    async fn settle_one(&mut self, d: Delivered) -> Result<(), SessionError> {
+        if let Some(copy) = self.on_delivery(d).await? {
+            self.dead_letter(copy).await?;
+        }
+        Ok(())
+    }
+
+    /// Waits until nothing is in flight (dead-letter copies included).
+    async fn settle_all(&mut self) -> Result<(), SessionError> {
+        while let Some(d) = self.deliveries.next().await {
+            self.settle_one(d).await?;
+        }
+        Ok(())
+    }
+
+    async fn on_delivery(&mut self, mut d: Delivered) -> Result<Option<DeadLetter>, SessionError> {
         self.in_flight_bytes -= d.weight;
         self.update_gauges();
         if let (Err(e), Some(topic)) = (&d.result, &d.failed_topic)
@@ -388,102 +435,193 @@ impl Session<'_> {
         {
             d.result = Err(KafkaError::MessageProduction(outbox_kafka::ErrorCode::UnknownTopic));
         }
-        match d.result {
+        let e = match d.result {
             Ok(()) => {
                 self.tracker.acked(d.seq);
-                if d.dead_letter {
+                if d.kind == Kind::DeadLetter {
                     counter!(m::DEAD_LETTERED_RECORDS, &self.metric_labels).increment(1);
                 } else {
                     counter!(m::PUBLISHED_RECORDS, &self.metric_labels).increment(1);
+                }
+                if d.alone && self.memory.suspects.contains(&d.id) && !self.memory.warned_batch_refusal {
+                    self.memory.warned_batch_refusal = true;
+                    tracing::warn!(
+                        row_id = d.id,
+                        "Kafka accepted alone a row it had refused in a batch: the topic's (or broker's) max.message.bytes is below the producer's batch size; set kafka.properties.\"batch.size\" at or below it"
+                    );
                 }
                 if let Some(created) = d.created_at_micros {
                     let now = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |t| t.as_micros() as i64);
                     histogram!(m::END_TO_END_LATENCY, &self.metric_labels).record((now - created).max(0) as f64 / 1e6);
                 }
-                Ok(())
+                return Ok(None);
             }
-            Err(e) if classify(&e) == Class::Definite && !d.dead_letter => {
-                counter!(m::ERRORS, &kind_labels(&self.metric_labels, "kafka_definite")).increment(1);
-                let reason = format!("Kafka refused it: {e}");
-                match (self.settings.on_bad_row, d.record) {
-                    (BadRowPolicy::DeadLetter, Some(record)) => {
-                        let size_error = matches!(
-                            e.rdkafka_error_code(),
-                            Some(
-                                outbox_kafka::ErrorCode::MessageSizeTooLarge
-                                    | outbox_kafka::ErrorCode::InvalidMessageSize
-                            )
-                        );
-                        self.dead_letter(d.seq, *record, &reason, size_error).await
-                    }
-                    _ => Err(self.halt(Some(d.id), &reason, hint(&e))),
-                }
-            }
-            Err(e) if classify(&e) == Class::Definite => Err(self.halt(
+            Err(e) => e,
+        };
+        if classify(&e) != Class::Definite {
+            counter!(m::ERRORS, &kind_labels(&self.metric_labels, "kafka_transient")).increment(1);
+            return Err(SessionError::Transient(format!(
+                "delivery of row id={} failed: {e}; resending from the last confirmed position",
+                d.id
+            )));
+        }
+        if d.kind == Kind::DeadLetter {
+            return Err(self.halt(
                 Some(d.id),
-                &format!("its dead-letter record was refused too: {e}"),
-                "check the dead-letter topic exists and accepts records",
-            )),
-            Err(e) => {
-                counter!(m::ERRORS, &kind_labels(&self.metric_labels, "kafka_transient")).increment(1);
-                Err(SessionError::Transient(format!(
-                    "delivery of row id={} failed: {e}; resending from the last confirmed position",
-                    d.id
-                )))
-            }
+                &format!("its dead-letter record was refused too: {e}; the row stays in the table"),
+                "make sure the dead-letter topic exists and accepts records this large (max.message.bytes), then restart",
+            ));
+        }
+        if !d.alone && !about_the_topic(&e) {
+            self.memory.suspects.insert(d.id);
+            return Err(SessionError::Transient(format!(
+                "Kafka refused row id={} ({e}) in a batch; it is sent again on its own to tell a bad record from a refused batch",
+                d.id
+            )));
+        }
+        counter!(m::ERRORS, &kind_labels(&self.metric_labels, "kafka_definite")).increment(1);
+        self.memory.suspects.remove(&d.id);
+        let reason = format!("Kafka refused it: {e}");
+        match (self.settings.on_bad_row, d.record) {
+            (BadRowPolicy::DeadLetter, Some(record)) => Ok(Some(DeadLetter {
+                seq: d.seq,
+                id: d.id,
+                reason,
+                topic: Some(record.topic.into_bytes()),
+                key: record.key,
+                payload: record.payload,
+                headers: record.headers,
+                raw_headers: None,
+            })),
+            _ => Err(self.halt(Some(d.id), &reason, hint(&e))),
         }
     }
 
-    async fn on_invalid_row(&mut self, seq: TxnSeq, invalid: InvalidRow) -> Result<(), SessionError> {
+    /// A row the log holds in a form that cannot be published. Under `halt` the table decides
+    /// first — the operator's fix is made there: a row deleted since is skipped, a row fixed
+    /// since is published with its current values, a row still bad halts the stream.
+    async fn on_invalid_row<S: Source<Position = P>>(
+        &mut self,
+        source: &mut S,
+        seq: TxnSeq,
+        invalid: InvalidRow,
+    ) -> Result<(), SessionError> {
         counter!(m::ERRORS, &kind_labels(&self.metric_labels, "bad_row")).increment(1);
         let Some(id) = invalid.id else {
-            return Err(self.halt(None, &invalid.to_string(), "the row has no usable id; inspect the table"));
+            return Err(self.halt(
+                None,
+                &format!("in transaction {}: {invalid}", self.label),
+                &format!(
+                    "restore the table's columns as `outbox-streamer setup --dry-run` shows; rows logged without a readable id cannot be published: discard them with `outbox-streamer skip --stream {}/{} --transaction {}`",
+                    self.labels.source, self.labels.id, self.label
+                ),
+            ));
         };
         match self.settings.on_bad_row {
-            BadRowPolicy::Halt => Err(self.halt(
-                Some(id),
-                &invalid.to_string(),
-                "fix or delete the row, then restart; or set on_bad_row = \"dead-letter\"",
-            )),
+            BadRowPolicy::Halt => match source.current_rows(&[id]).await?.pop() {
+                None => {
+                    counter!(m::SKIPPED_ROWS, &kind_labels(&self.metric_labels, "deleted_bad_row")).increment(1);
+                    tracing::warn!(
+                        row_id = id,
+                        column = invalid.column,
+                        "a row the log holds in a form that cannot be published is no longer in the table; skipped"
+                    );
+                    self.tracker.skipped(seq);
+                    Ok(())
+                }
+                Some(Ok(current)) => {
+                    tracing::warn!(
+                        row_id = id,
+                        column = invalid.column,
+                        "a row the log holds in a form that cannot be published was fixed in the table; publishing its current values"
+                    );
+                    self.publish(seq, current).await
+                }
+                Some(Err(still)) => Err(self.halt(
+                    Some(id),
+                    &still.to_string(),
+                    &format!(
+                        "fix the row (UPDATE {table} SET … WHERE id = {id}) or delete it, then restart; or discard it with `outbox-streamer skip --stream {}/{} --id {id}`; or set on_bad_row = \"dead-letter\"",
+                        self.labels.source,
+                        self.labels.id,
+                        table = self.labels.table
+                    ),
+                )),
+            },
             BadRowPolicy::DeadLetter => {
                 self.tracker.sent(seq, id);
-                let record = OutboxRecord {
+                let raw = invalid.raw.as_deref().cloned().unwrap_or_default();
+                let copy = DeadLetter {
+                    seq,
                     id,
-                    topic: String::new(),
-                    key: None,
-                    payload: None,
+                    reason: invalid.to_string(),
+                    topic: raw.topic,
+                    key: raw.key,
+                    payload: raw.payload,
                     headers: Vec::new(),
-                    kafka_partition: None,
-                    created_at_micros: None,
+                    raw_headers: raw.headers,
                 };
-                self.dead_letter(seq, record, &invalid.to_string(), false).await
+                self.dead_letter(copy).await
             }
         }
     }
 
-    /// Sends a bad row to the dead-letter topic; its acknowledgement completes the row.
-    async fn dead_letter(
-        &mut self,
-        seq: TxnSeq,
-        record: OutboxRecord,
-        reason: &str,
-        drop_payload: bool,
-    ) -> Result<(), SessionError> {
+    /// Sends a bad row to the dead-letter topic with its raw key and payload, its original
+    /// topic and the reason; the copy's acknowledgement completes the row. A copy Kafka
+    /// refuses halts the stream with the row left in the table.
+    async fn dead_letter(&mut self, copy: DeadLetter) -> Result<(), SessionError> {
         let topic = self.settings.dead_letter_topic.clone().expect("validated: dead-letter policy names a topic");
-        tracing::warn!(row_id = record.id, reason, dead_letter_topic = %topic, "bad row sent to the dead-letter topic");
-        let mut headers = record.headers.clone();
-        headers.push(("outbox-dead-letter-reason".into(), reason.as_bytes().to_vec()));
-        headers.push(("outbox-original-topic".into(), record.topic.clone().into_bytes()));
-        let payload = if drop_payload {
-            let size = record.payload.as_ref().map_or(0, Vec::len);
-            headers.push(("outbox-dead-letter-payload-bytes".into(), size.to_string().into_bytes()));
-            None
-        } else {
-            record.payload
+        tracing::warn!(row_id = copy.id, dead_letter_topic = %topic, "bad row sent to the dead-letter topic");
+        let mut headers = copy.headers;
+        headers.push(("outbox-dead-letter-reason".into(), copy.reason.into_bytes()));
+        if let Some(original) = copy.topic {
+            headers.push(("outbox-original-topic".into(), original));
+        }
+        if let Some(raw) = copy.raw_headers {
+            headers.push(("outbox-original-headers".into(), raw));
+        }
+        self.stamp(&mut headers, copy.id);
+        let out = Outgoing {
+            topic: &topic,
+            key: copy.key.as_deref(),
+            payload: copy.payload.as_deref(),
+            partition: None,
+            headers: &headers,
         };
-        let dl = OutboxRecord { topic, headers, payload, kafka_partition: None, ..record };
-        // The row already counts as sent in the tracker; the dead-letter ack settles it.
-        Box::pin(self.publish(seq, dl, true)).await
+        let weight = 64 + copy.key.as_ref().map_or(0, Vec::len) + copy.payload.as_ref().map_or(0, Vec::len);
+        let lease = &self.labels.lease;
+        match self.producer.enqueue(&out, || lease.check()).await {
+            Ok(fut) => {
+                let (seq, id) = (copy.seq, copy.id);
+                self.in_flight_bytes += weight;
+                self.deliveries.push(Box::pin(async move {
+                    let result = match fut.await {
+                        Ok(Ok(_)) => Ok(()),
+                        Ok(Err((e, _))) => Err(e),
+                        Err(_) => Err(KafkaError::Canceled),
+                    };
+                    Delivered {
+                        seq,
+                        id,
+                        weight,
+                        created_at_micros: None,
+                        kind: Kind::DeadLetter,
+                        alone: true,
+                        result,
+                        failed_topic: None,
+                        record: None,
+                    }
+                }));
+                self.update_gauges();
+                Ok(())
+            }
+            Err(Refused::NotAllowed(reason)) => Err(SessionError::Revoked(reason)),
+            Err(Refused::Kafka(e)) => Err(self.halt(
+                Some(copy.id),
+                &format!("its dead-letter record was refused: {e}; the row stays in the table"),
+                "raise kafka.properties.\"message.max.bytes\" (and the dead-letter topic's max.message.bytes) to fit it, or delete the row, then restart",
+            )),
+        }
     }
 
     fn halt(&self, id: Option<i64>, reason: &str, fix: &str) -> SessionError {
@@ -491,21 +629,80 @@ impl Session<'_> {
         SessionError::Halt(format!("{row}{reason}; fix: {fix}"))
     }
 
-    async fn cleanup<S: Source>(&mut self, source: &mut S) -> Result<(), SessionError> {
+    async fn cleanup<S: Source<Position = P>>(&mut self, source: &mut S) -> Result<(), SessionError> {
         self.labels.lease.check().map_err(SessionError::Revoked)?;
-        if !self.tracker.has_ready() {
+        let Some((ids, position)) = self.tracker.take_ready() else { return Ok(()) };
+        // A suspect is sent alone until its row is deleted (a replay sends it again).
+        let suspects_done = (!self.memory.suspects.is_empty()).then(|| ids.clone());
+        let deleted = source.finish(ids, position.clone()).await?;
+        for id in suspects_done.unwrap_or_default() {
+            self.memory.suspects.remove(&id);
+        }
+        self.done = Some(position);
+        counter!(m::DELETED_ROWS, &self.metric_labels).increment(deleted);
+        Ok(())
+    }
+
+    /// One step of the sweep (see [`crate::sweep`]); runs between transactions.
+    async fn sweep<S: Source<Position = P>>(&mut self, source: &mut S) -> Result<(), SessionError> {
+        match self.sweep.step(self.done.as_ref(), S::reached) {
+            Step::Wait => Ok(()),
+            Step::Probe { below } => {
+                let probe = source.probe(below, crate::sweep::CANDIDATE_LIMIT).await?;
+                self.sweep.probed(probe);
+                Ok(())
+            }
+            Step::Check(candidates) => {
+                let stranded = source.existing(&candidates).await?;
+                self.sweep.checked();
+                if stranded.is_empty() {
+                    return Ok(());
+                }
+                self.publish_stranded(source, stranded).await
+            }
+        }
+    }
+
+    /// Publishes rows the log never carried as one more transaction at the stream's current
+    /// position, so their delete is stored like any other.
+    async fn publish_stranded<S: Source<Position = P>>(
+        &mut self,
+        source: &mut S,
+        ids: Vec<i64>,
+    ) -> Result<(), SessionError> {
+        let Some(position) = self.last_position.clone() else { return Ok(()) };
+        let rows = source.current_rows(&ids).await?;
+        if rows.is_empty() {
             return Ok(());
         }
-        let Some((ids, position)) = self.tracker.take_ready() else { return Ok(()) };
-        let position = *position.downcast::<S::Position>().expect("positions come from this source");
-        let deleted = source.finish(ids, position).await?;
-        counter!(m::DELETED_ROWS, &self.metric_labels).increment(deleted);
+        let first: Vec<i64> = ids.iter().take(10).copied().collect();
+        tracing::warn!(
+            rows = rows.len(),
+            first_ids = ?first,
+            "rows stayed in the table after the stream passed every commit that could hold them (a statement-logged session, sql_log_bin=0, rows written before the slot existed); publishing them now, after rows committed later"
+        );
+        counter!(m::SWEPT_ROWS, &self.metric_labels).increment(rows.len() as u64);
+        let seq = self.tracker.begin();
+        self.open = Some(seq);
+        self.label = position.to_string();
+        for row in rows {
+            match row {
+                Ok(record) => self.publish(seq, record).await?,
+                Err(invalid) => self.on_invalid_row(source, seq, invalid).await?,
+            }
+        }
+        self.open = None;
+        self.tracker.commit(seq, position);
         Ok(())
     }
 
     /// After the main loop: wait for records already handed to Kafka (bounded by the message
     /// timeout), then delete and checkpoint the acknowledged prefix.
-    async fn drain<S: Source>(&mut self, source: &mut S, message_timeout: Duration) -> Result<(), SessionError> {
+    async fn drain<S: Source<Position = P>>(
+        &mut self,
+        source: &mut S,
+        message_timeout: Duration,
+    ) -> Result<(), SessionError> {
         let deadline = Instant::now() + message_timeout + Duration::from_secs(5);
         let mut first_error = None;
         while !self.deliveries.is_empty() {
@@ -535,10 +732,18 @@ impl Session<'_> {
 
     async fn on_delivery_draining(&mut self, d: Delivered) -> Result<(), SessionError> {
         if d.result.is_ok() {
-            return self.on_delivery(d).await;
+            return self.on_delivery(d).await.map(|_| ());
         }
-        // A failure while draining only ends intake; its row stays in the table and is resent.
+        // A failure while draining only ends intake; its row stays in the table and is resent
+        // (alone, if Kafka refused it in a batch).
         self.in_flight_bytes -= d.weight;
+        if let Err(e) = &d.result
+            && d.kind == Kind::Row
+            && classify(e) == Class::Definite
+            && !d.alone
+        {
+            self.memory.suspects.insert(d.id);
+        }
         Err(SessionError::Transient(format!("delivery of row id={} failed while draining", d.id)))
     }
 

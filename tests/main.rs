@@ -5,15 +5,20 @@
 
 mod support;
 
+mod bad_rows;
 mod coordination;
 mod examples;
 mod health;
 mod kafka_sasl;
+mod log_rule;
 mod mysql_cdc;
 mod mysql_setup;
+mod mysql_xa;
 mod polling;
 mod polling_mysql;
 mod postgres_cdc;
 mod postgres_faults;
 mod smoke;
+mod sweep;
 mod tls;
+mod workload;

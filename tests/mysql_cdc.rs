@@ -384,24 +384,38 @@ async fn mariadb_add_column_while_streaming_keeps_working() {
     admin.disconnect().await.unwrap();
 }
 
+/// A bad row's dead-letter record carries the row's raw key and payload, its original topic
+/// and raw headers, and the reason; a row carrying one of the streamer's own header names is
+/// a bad row. Before, the dead-letter record of an invalid row had no key and no payload.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn mariadb_bad_rows_go_to_the_dead_letter_topic() {
+async fn mariadb_bad_rows_go_to_the_dead_letter_topic_whole() {
     let dlq = kafka::fresh_topic("mdlq", 1).await;
     let w = World::with_extra("md", 1, &format!("on_bad_row = \"dead-letter\"\ndead_letter_topic = \"{dlq}\"")).await;
     let mut admin = w.admin().await;
     admin.query_drop(format!("ALTER TABLE {} MODIFY topic VARCHAR(249) NULL", w.table())).await.unwrap();
     let streamer = w.start("streamer.log");
-    let insert = format!("INSERT INTO {} (topic, payload) VALUES (?, ?)", w.table());
-    admin.exec_drop(&insert, (&w.topic, b"first".as_slice())).await.unwrap();
-    admin.query_drop(format!("INSERT INTO {} (topic, payload) VALUES (NULL, 'no topic')", w.table())).await.unwrap();
-    admin.exec_drop(&insert, (&w.topic, vec![b'x'; 2 * 1024 * 1024])).await.unwrap();
-    admin.exec_drop(&insert, (&w.topic, b"last".as_slice())).await.unwrap();
+    let insert = format!("INSERT INTO {} (topic, msg_key, payload, headers) VALUES (?, ?, ?, ?)", w.table());
+    let row = |topic: Option<&str>, payload: &str, headers: &str| {
+        (topic.map(str::to_string), b"the-key".to_vec(), payload.as_bytes().to_vec(), headers.to_string())
+    };
+    admin.exec_drop(&insert, row(Some(&w.topic), "first", "{}")).await.unwrap();
+    admin.exec_drop(&insert, row(None, "no topic", "{}")).await.unwrap();
+    admin.exec_drop(&insert, row(Some(&w.topic), "number header", r#"{"a": 1}"#)).await.unwrap();
+    admin.exec_drop(&insert, row(Some(&w.topic), "forged", r#"{"outbox-id": "1"}"#)).await.unwrap();
+    admin.exec_drop(&insert, row(Some(&w.topic), "last", "{}")).await.unwrap();
     let good = kafka::read_at_least(&w.topic, 1, 2, ARRIVAL).await;
     assert_eq!(good.iter().map(|r| r.payload_str()).collect::<Vec<_>>(), ["first", "last"]);
-    let dead = kafka::read_at_least(&dlq, 1, 2, ARRIVAL).await;
-    assert_eq!(dead.len(), 2);
+    let dead = kafka::read_at_least(&dlq, 1, 3, ARRIVAL).await;
+    assert_eq!(dead.iter().map(|r| r.payload_str()).collect::<Vec<_>>(), ["no topic", "number header", "forged"]);
+    for d in &dead {
+        assert_eq!(d.key_str(), "the-key", "the raw key: {d:?}");
+    }
     assert!(dead[0].header("outbox-dead-letter-reason").contains("column topic"), "{:?}", dead[0].headers);
-    assert_eq!(dead[1].header("outbox-dead-letter-payload-bytes"), (2 * 1024 * 1024).to_string());
+    assert!(!dead[0].headers.contains_key("outbox-original-topic"), "a NULL topic has none");
+    assert_eq!(dead[1].header("outbox-original-topic"), w.topic);
+    assert_eq!(dead[1].header("outbox-original-headers"), r#"{"a": 1}"#);
+    assert!(dead[2].header("outbox-dead-letter-reason").contains("reserved"), "{:?}", dead[2].headers);
+    assert_ne!(dead[2].header("outbox-id"), "1", "the forged header is not passed on as ours");
     w.wait_drained().await;
     assert!(streamer.stop());
     admin.disconnect().await.unwrap();

@@ -195,33 +195,6 @@ async fn a_bad_row_halts_only_its_shard_partition() {
     assert!(streamer.stop());
 }
 
-/// Under `on_bad_row = "dead-letter"`, a NULL topic and a payload above Kafka's limit go to
-/// the dead-letter topic with the reason, and the stream goes on.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn bad_rows_go_to_the_dead_letter_topic() {
-    let dlq = kafka::fresh_topic("dlq", 1).await;
-    let w = World::new("od", 1, 1, 1, &format!("on_bad_row = \"dead-letter\"\ndead_letter_topic = \"{dlq}\"")).await;
-    let t0 = w.table(0, 0);
-    w.db.admin.batch_execute(&format!("ALTER TABLE {t0} ALTER COLUMN topic DROP NOT NULL")).await.unwrap();
-    let streamer = w.start("streamer.log");
-    let insert = format!("INSERT INTO {t0} (topic, payload) VALUES ($1, $2)");
-    w.db.admin.execute(&insert, &[&w.topic as &(dyn ToSql + Sync), &b"first".as_slice()]).await.unwrap();
-    w.db.admin.execute(&format!("INSERT INTO {t0} (topic, payload) VALUES (NULL, 'no topic')"), &[]).await.unwrap();
-    let big = vec![b'x'; 2 * 1024 * 1024];
-    w.db.admin.execute(&insert, &[&w.topic as &(dyn ToSql + Sync), &big.as_slice()]).await.unwrap();
-    w.db.admin.execute(&insert, &[&w.topic as &(dyn ToSql + Sync), &b"last".as_slice()]).await.unwrap();
-    let good = kafka::read_at_least(&w.topic, 1, 2, ARRIVAL).await;
-    assert_eq!(good.iter().map(|r| r.payload_str()).collect::<Vec<_>>(), ["first", "last"]);
-    let dead = kafka::read_at_least(&dlq, 1, 2, ARRIVAL).await;
-    assert_eq!(dead.len(), 2);
-    assert!(dead[0].header("outbox-dead-letter-reason").contains("column topic"), "{:?}", dead[0].headers);
-    assert!(dead[1].header("outbox-dead-letter-reason").to_lowercase().contains("size"), "{:?}", dead[1].headers);
-    assert_eq!(dead[1].header("outbox-original-topic"), w.topic);
-    assert_eq!(dead[1].header("outbox-dead-letter-payload-bytes"), (2 * 1024 * 1024).to_string());
-    w.wait_drained(&t0).await;
-    assert!(streamer.stop());
-}
-
 /// Kafka stopped for longer than the delivery timeout while rows keep coming, then started:
 /// nothing is lost and, counting each row's first delivery, per-key order holds.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

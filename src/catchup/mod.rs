@@ -6,15 +6,15 @@
 //!                                  stored in the checkpoint with catchup_pending = 1
 //!  (b) drain by polling            every row still in the table up to the highest id that
 //!                                  could have committed before (a)
-//!  (c) stream from (a)             rows (b) already sent and deleted are filtered by the
-//!                                  replay check, as after any restart
+//!  (c) stream from (a)             every transaction committed after (a)
 //! ```
 //!
 //! `catchup_pending` in the checkpoint table is set before (a) and cleared after (b), so a
 //! crash anywhere in between repeats the catch-up; nothing committed before (a) can be missed.
-//! A transaction that commits while (b) runs can be sent by both (b) and (c) (a duplicate),
-//! and relative to the transactions (c) sends it may arrive out of commit order: the catch-up
-//! is an incident path, and `docs/polling.md` names this window.
+//! A transaction that commits after (a) while (b) runs can be sent by both (b) and (c) (a
+//! duplicate: the log, not the table, decides what (c) publishes), and relative to the
+//! transactions (c) sends it may arrive out of commit order: the catch-up is an incident
+//! path, and `docs/polling.md` names this window.
 
 pub mod mysql;
 pub mod postgres;
@@ -29,7 +29,7 @@ use tokio::sync::watch;
 use crate::config::StreamSettings;
 use crate::metrics as m;
 use crate::poll::{PollSettings, PollSource, PollTable};
-use crate::streamer::{SessionError, StreamLabels, run_session};
+use crate::streamer::{SessionError, StreamLabels, StreamMemory, run_session};
 
 /// What a finished catch-up did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -47,6 +47,7 @@ pub struct Drain<'a> {
     pub producer: &'a Producer,
     pub message_timeout: Duration,
     pub stop: &'a mut watch::Receiver<bool>,
+    pub memory: &'a mut StreamMemory,
 }
 
 impl Drain<'_> {
@@ -62,7 +63,8 @@ impl Drain<'_> {
             metric_labels: self.labels.metric_labels(),
         };
         let source = PollSource::new(reader, cleaner, settings);
-        run_session(self.labels, self.settings, source, self.producer, self.message_timeout, self.stop).await?;
+        run_session(self.labels, self.settings, source, self.producer, self.message_timeout, self.stop, self.memory)
+            .await?;
         if *self.stop.borrow() {
             return Ok(None);
         }

@@ -93,7 +93,8 @@ pub async fn run(
     let conn = reader.conn();
     conn.exec_drop(
         format!(
-            "UPDATE {} SET gtid = ?, binlog_file = ?, binlog_pos = ?, catchup_pending = 1, catchup_started_at = NOW(6)
+            "UPDATE {} SET gtid = ?, binlog_file = ?, binlog_pos = ?, done_gtid = NULL, catchup_pending = 1,
+                 catchup_started_at = NOW(6)
              WHERE stream = ? AND owner_epoch <= ?",
             ident(checkpoint_table)
         ),

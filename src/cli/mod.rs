@@ -1,6 +1,7 @@
 //! Command-line parsing and dispatch: `setup`, `run`, `status`, `bench`.
 
 pub(crate) mod setup;
+mod skip;
 mod status;
 
 use std::path::PathBuf;
@@ -58,6 +59,24 @@ pub enum Command {
     },
     /// Measure throughput and latency against the running services (`scripts/services env`).
     Bench(crate::bench::BenchArgs),
+    /// Tell a stopped or halted shard-partition not to publish a row, a transaction's
+    /// unidentifiable rows, or its whole backlog (refused while the stream runs).
+    Skip {
+        /// The shard-partition: <source>/<shard>/<partition>, as the halt message names it.
+        #[arg(long)]
+        stream: String,
+        /// The row id to skip (it is also deleted from the table).
+        #[arg(long, conflicts_with_all = ["transaction", "backlog"])]
+        id: Option<i64>,
+        /// The transaction (its outbox-lsn or outbox-gtid) whose rows without a readable id
+        /// are to be skipped.
+        #[arg(long, conflicts_with = "backlog")]
+        transaction: Option<String>,
+        /// Discard everything committed so far: delete the table's rows and move the stored
+        /// position to the end of the log.
+        #[arg(long)]
+        backlog: bool,
+    },
 }
 
 /// Installs the tracing subscriber (`RUST_LOG` filters, default `info`).
@@ -85,6 +104,15 @@ pub async fn execute(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Status { json, max_lag_bytes, max_pending_rows } => {
             let limits = status::Limits { max_lag_bytes, max_pending_rows };
             status::status(&load()?, json, limits).await
+        }
+        Command::Skip { stream, id, transaction, backlog } => {
+            let what = match (id, transaction, backlog) {
+                (Some(id), None, false) => skip::What::Id(id),
+                (None, Some(label), false) => skip::What::Transaction(label),
+                (None, None, true) => skip::What::Backlog,
+                _ => anyhow::bail!("skip: give exactly one of --id, --transaction or --backlog"),
+            };
+            skip::skip(&load()?, &stream, what).await
         }
         Command::Bench(args) => {
             let mut failed = false;

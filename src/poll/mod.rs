@@ -54,7 +54,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 
 use crate::record::{InvalidRow, OutboxRecord};
-use crate::source::{Source, SourceError, SourceEvent};
+use crate::source::{self, Source, SourceError, SourceEvent};
 
 /// The longest a run of pipelined reads may go on before a rescan from the low-water mark.
 pub const RESCAN_EVERY: Duration = Duration::from_secs(1);
@@ -77,6 +77,9 @@ pub trait PollTable: Send + 'static {
 
     /// Which of `ids` are still in the table, ascending.
     fn existing(&mut self, ids: &[i64]) -> impl Future<Output = Result<Vec<i64>, SourceError>> + Send;
+
+    /// The rows `ids` as they are now (ids not in the table are left out), ascending.
+    fn rows(&mut self, ids: &[i64]) -> impl Future<Output = Result<Vec<PolledRow>, SourceError>> + Send;
 
     /// Opaque ids of the transactions that may still commit rows into the table, or `None` when
     /// the database does not show them to this role.
@@ -326,6 +329,8 @@ async fn serve<T: PollTable>(
 impl<T: PollTable> Source for PollSource<T> {
     type Position = PollPosition;
     const POSITION_HEADER: &'static str = "outbox-poll-batch";
+    /// Polling reads the table itself: nothing can be in it that polling does not see.
+    const SWEEPS: bool = false;
 
     async fn next(&mut self) -> Result<Option<SourceEvent<PollPosition>>, SourceError> {
         loop {
@@ -348,13 +353,6 @@ impl<T: PollTable> Source for PollSource<T> {
         }
     }
 
-    async fn existing(&mut self, ids: &[i64]) -> Result<Vec<i64>, SourceError> {
-        if ids.is_empty() {
-            return Ok(Vec::new());
-        }
-        self.cleaner.existing(ids).await
-    }
-
     async fn finish(&mut self, ids: Vec<i64>, upto: PollPosition) -> Result<u64, SourceError> {
         let deleted = if ids.is_empty() { 0 } else { self.cleaner.delete(&ids).await? };
         self.finished = self.finished.max(upto.rows_through);
@@ -366,6 +364,30 @@ impl<T: PollTable> Source for PollSource<T> {
 
     async fn close(self) {
         self.worker.abort();
+    }
+
+    async fn current_rows(&mut self, ids: &[i64]) -> Result<Vec<PolledRow>, SourceError> {
+        self.cleaner.rows(ids).await
+    }
+
+    async fn existing(&mut self, ids: &[i64]) -> Result<Vec<i64>, SourceError> {
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        self.cleaner.existing(ids).await
+    }
+
+    async fn probe(&mut self, _below: Option<i64>, _limit: usize) -> Result<source::Probe<PollPosition>, SourceError> {
+        Ok(source::Probe { candidates: Vec::new(), max_id: None, mark: PollPosition { batch: 0, rows_through: 0 } })
+    }
+
+    fn reached(_done: &PollPosition, _mark: &PollPosition) -> bool {
+        false
+    }
+
+    fn skips(&self, _id: Option<i64>, _label: &str) -> bool {
+        // A row to skip in polling mode is simply deleted by `outbox-streamer skip`.
+        false
     }
 }
 

@@ -10,7 +10,7 @@
 use outbox_mysql::binlog::Cell;
 use outbox_mysql::decode::cell_of;
 use outbox_mysql::mysql_async::prelude::Queryable;
-use outbox_mysql::mysql_async::{Conn, Error as MyError, Opts, Row};
+use outbox_mysql::mysql_async::{Conn, Error as MyError, IsolationLevel, Opts, Row, TxOpts};
 use outbox_mysql::setup::ident;
 
 use super::{PollTable, PolledRow};
@@ -64,7 +64,40 @@ fn polled(row: Row) -> Result<PolledRow, SourceError> {
     let names: Vec<String> = row.columns_ref().iter().map(|c| c.name_str().into_owned()).collect();
     let values: Vec<(String, Cell)> =
         names.into_iter().zip(row.unwrap()).map(|(name, value)| (name, cell_of(&value))).collect();
-    crate::mysql::record(&values)
+    Ok(crate::mysql::record(&values))
+}
+
+/// The rows `ids` of `table` as they are now (ids not in the table are left out). With
+/// `locking`, the read waits for a transaction still inserting one of them (READ COMMITTED,
+/// so no gap is locked).
+pub async fn rows_by_id(
+    conn: &mut Conn,
+    table: &str,
+    ids: &[i64],
+    locking: bool,
+) -> Result<Vec<PolledRow>, SourceError> {
+    if ids.is_empty() {
+        return Ok(Vec::new());
+    }
+    let sql = format!(
+        "SELECT id, topic, msg_key, payload, headers, kafka_partition, created_at FROM {} WHERE id IN ({}) ORDER BY id{}",
+        ident(table),
+        id_list(ids),
+        if locking { " LOCK IN SHARE MODE" } else { "" }
+    );
+    let what = format!("reading rows of {table}");
+    let rows: Vec<Row> = if locking {
+        let mut opts = TxOpts::default();
+        opts.with_isolation_level(IsolationLevel::ReadCommitted);
+        let mut tx = within(&what, conn.start_transaction(opts)).await?;
+        // Prepared (binary protocol), so values arrive typed as the polling reads get them.
+        let rows = within(&what, tx.exec(sql, ())).await?;
+        within(&what, tx.commit()).await?;
+        rows
+    } else {
+        within(&what, conn.exec(sql, ())).await?
+    };
+    rows.into_iter().map(polled).collect()
 }
 
 impl PollTable for MyPollTable {
@@ -100,6 +133,10 @@ impl PollTable for MyPollTable {
     async fn existing(&mut self, ids: &[i64]) -> Result<Vec<i64>, SourceError> {
         let sql = format!("SELECT id FROM {} WHERE id IN ({}) ORDER BY id", ident(&self.table), id_list(ids));
         within("checking rows", self.conn.query(sql)).await
+    }
+
+    async fn rows(&mut self, ids: &[i64]) -> Result<Vec<PolledRow>, SourceError> {
+        rows_by_id(&mut self.conn, &self.table, ids, false).await
     }
 
     async fn writers(&mut self) -> Result<Option<Vec<String>>, SourceError> {

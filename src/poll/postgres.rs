@@ -15,7 +15,7 @@ use outbox_postgres::setup::ident;
 use tokio_postgres::{Client, Row, Statement};
 
 use super::{PollTable, PolledRow};
-use crate::record::{self, InvalidRow, OutboxRecord};
+use crate::record::RawRow;
 use crate::source::{DELETE_CHUNK, SourceError, within};
 
 /// One connection polling one table.
@@ -32,12 +32,7 @@ pub const PLANNER_SETTINGS: &str = "SET enable_seqscan = off; SET enable_bitmaps
 
 /// The oldest-rows query: `$1 < id <= $2`, `$3` rows.
 pub fn oldest_sql(table: &str) -> String {
-    format!(
-        "SELECT id, topic, msg_key, payload, headers::text, kafka_partition,
-                (extract(epoch FROM created_at) * 1000000)::int8
-         FROM {} WHERE id > $1 AND id <= $2 ORDER BY id LIMIT $3",
-        ident(table)
-    )
+    format!("SELECT {COLUMNS} FROM {} WHERE id > $1 AND id <= $2 ORDER BY id LIMIT $3", ident(table))
 }
 
 impl PgPollTable {
@@ -87,18 +82,43 @@ fn polled(row: &Row) -> Result<PolledRow, SourceError> {
     let headers: Option<String> = row.try_get(4).map_err(|e| column_error("headers", e))?;
     let partition: Option<i32> = row.try_get(5).map_err(|e| column_error("kafka_partition", e))?;
     let created_at_micros: Option<i64> = row.try_get(6).map_err(|e| column_error("created_at", e))?;
-    let build = || -> Result<OutboxRecord, InvalidRow> {
-        Ok(OutboxRecord {
-            id,
-            topic: record::topic_value(id, topic.as_deref().map(str::as_bytes))?,
-            key,
-            payload,
-            headers: record::headers_value(id, headers.as_deref().map(str::as_bytes))?,
-            kafka_partition: record::partition_value(id, partition.map(i64::from))?,
-            created_at_micros,
-        })
+    let raw = RawRow {
+        topic: topic.map(String::into_bytes),
+        key,
+        payload,
+        headers: headers.map(String::into_bytes),
+        kafka_partition: partition.map(i64::from),
+        created_at_micros,
     };
-    Ok(build())
+    Ok(raw.into_record(id))
+}
+
+/// The columns of [`oldest_sql`], for reading rows by id.
+const COLUMNS: &str = "id, topic, msg_key, payload, headers::text, kafka_partition,
+                       (extract(epoch FROM created_at) * 1000000)::int8";
+
+/// The rows `ids` of `table` as they are now (ids not in the table are left out).
+pub async fn rows_by_id(client: &Client, table: &str, ids: &[i64]) -> Result<Vec<PolledRow>, SourceError> {
+    if ids.is_empty() {
+        return Ok(Vec::new());
+    }
+    let sql = format!("SELECT {COLUMNS} FROM {} WHERE id = ANY($1) ORDER BY id", ident(table));
+    let rows = match client.query(&sql, &[&ids]).await {
+        Ok(rows) => rows,
+        Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::UNDEFINED_COLUMN) => {
+            return Err(SourceError::Definite {
+                message: format!(
+                    "cannot read {table}: {}",
+                    e.as_db_error().map_or_else(|| e.to_string(), |d| d.message().to_string())
+                ),
+                fix: format!(
+                    "restore the column as `outbox-streamer setup --dry-run` shows (ALTER TABLE {table} ADD COLUMN …), then restart"
+                ),
+            });
+        }
+        Err(e) => return Err(SourceError::transient(&format!("reading rows of {table}"), e)),
+    };
+    rows.iter().map(polled).collect()
 }
 
 impl PollTable for PgPollTable {
@@ -119,6 +139,10 @@ impl PollTable for PgPollTable {
 
     async fn existing(&mut self, ids: &[i64]) -> Result<Vec<i64>, SourceError> {
         within("checking rows", cleanup::existing_ids(&self.client, &self.table, ids)).await
+    }
+
+    async fn rows(&mut self, ids: &[i64]) -> Result<Vec<PolledRow>, SourceError> {
+        rows_by_id(&self.client, &self.table, ids).await
     }
 
     async fn writers(&mut self) -> Result<Option<Vec<String>>, SourceError> {

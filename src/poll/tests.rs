@@ -74,6 +74,10 @@ impl PollTable for Fake {
         Ok(ids.iter().copied().filter(|id| db.rows.contains_key(id)).collect())
     }
 
+    async fn rows(&mut self, ids: &[i64]) -> Result<Vec<PolledRow>, SourceError> {
+        Ok(self.existing(ids).await?.into_iter().map(|id| Ok(record(id))).collect())
+    }
+
     async fn writers(&mut self) -> Result<Option<Vec<String>>, SourceError> {
         Ok(Some(self.0.lock().unwrap().running.iter().map(|t| t.to_string()).collect()))
     }

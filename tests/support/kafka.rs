@@ -23,9 +23,17 @@ pub async fn fresh_topic(prefix: &str, partitions: i32) -> String {
 }
 
 pub async fn create_topic(name: &str, partitions: i32) {
+    create_topic_with(name, partitions, &[]).await;
+}
+
+/// Creates a topic with topic-level settings (for example `max.message.bytes`).
+pub async fn create_topic_with(name: &str, partitions: i32, config: &[(&str, &str)]) {
     let admin: AdminClient<DefaultClientContext> =
         ClientConfig::new().set("bootstrap.servers", brokers()).create().expect("kafka admin client");
-    let topic = NewTopic::new(name, partitions, TopicReplication::Fixed(1));
+    let mut topic = NewTopic::new(name, partitions, TopicReplication::Fixed(1));
+    for (k, v) in config {
+        topic = topic.set(k, v);
+    }
     let results = admin
         .create_topics([&topic], &AdminOptions::new().operation_timeout(Some(Duration::from_secs(20))))
         .await
@@ -127,6 +135,29 @@ pub async fn read_distinct(topic: &str, partitions: i32, expected: usize, timeou
             ));
             out.push(record);
             seen.len() >= expected
+        });
+        out
+    })
+    .await
+    .expect("reader thread")
+}
+
+/// Reads `topic` from the beginning until every payload in `expected` arrived, then a little
+/// longer for duplicates and strays; returns every record read.
+pub async fn read_until_payloads(
+    topic: &str,
+    partitions: i32,
+    expected: &std::collections::HashSet<String>,
+    timeout: Duration,
+) -> Vec<Record> {
+    let (topic, mut missing) = (topic.to_string(), expected.clone());
+    tokio::task::spawn_blocking(move || {
+        let mut out = Vec::new();
+        scan(&topic, partitions, timeout, Duration::from_secs(1), |msg| {
+            let record = record_of(msg);
+            missing.remove(&record.payload_str());
+            out.push(record);
+            missing.is_empty()
         });
         out
     })

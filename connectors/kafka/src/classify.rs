@@ -35,6 +35,18 @@ fn definite(code: RDKafkaErrorCode) -> bool {
     )
 }
 
+/// Whether a definite error is about the record's topic (or partition) as a whole, so the
+/// record is known to be undeliverable without sending it again on its own. The other
+/// definite errors (too large, refused by validation) can also come from the batch a record
+/// travelled in: the broker refuses a whole batch, and every record of it reports the error.
+pub fn about_the_topic(err: &KafkaError) -> bool {
+    use RDKafkaErrorCode as C;
+    matches!(
+        err.rdkafka_error_code(),
+        Some(C::UnknownTopic | C::UnknownPartition | C::InvalidTopic | C::TopicAuthorizationFailed)
+    )
+}
+
 /// A short operator-facing hint for a definite error.
 pub fn hint(err: &KafkaError) -> &'static str {
     use RDKafkaErrorCode as C;
@@ -69,5 +81,7 @@ mod tests {
         assert_eq!(classify(&e(RDKafkaErrorCode::QueueFull)), Class::Transient);
         assert_eq!(classify(&e(RDKafkaErrorCode::NotLeaderForPartition)), Class::Transient);
         assert_eq!(classify(&KafkaError::Canceled), Class::Transient);
+        assert!(about_the_topic(&e(RDKafkaErrorCode::UnknownTopic)));
+        assert!(!about_the_topic(&e(RDKafkaErrorCode::MessageSizeTooLarge)));
     }
 }

@@ -13,6 +13,6 @@ pub mod producer;
 pub mod reader;
 
 pub use classify::{Class, classify};
-pub use producer::{Outgoing, Producer, ProducerSettings};
+pub use producer::{Outgoing, Producer, ProducerSettings, Refused};
 pub use rdkafka::error::{KafkaError, RDKafkaErrorCode as ErrorCode};
 pub use rdkafka::producer::DeliveryFuture;

@@ -68,6 +68,15 @@ impl ClientContext for LogContext {
     fn stats(&self, _statistics: Statistics) {}
 }
 
+/// Why [`Producer::enqueue`] did not hand a record to the client.
+#[derive(Debug)]
+pub enum Refused {
+    /// The client refused it (for example larger than `message.max.bytes`) or is dead.
+    Kafka(KafkaError),
+    /// The caller's check said no; the reason is the caller's.
+    NotAllowed(String),
+}
+
 /// The producer of one shard-partition.
 pub struct Producer {
     inner: FutureProducer<LogContext>,
@@ -111,8 +120,14 @@ impl Producer {
 
     /// Enqueues one record and returns the future of its acknowledgement. A full local queue
     /// is waited on (the future resolves as earlier records are acknowledged), never dropped.
-    /// An `Err` here is an error for this record (for example too large) or a dead client.
-    pub async fn enqueue(&self, rec: &Outgoing<'_>) -> Result<DeliveryFuture, KafkaError> {
+    /// `may_send` is asked right before every attempt to hand the record to the client — the
+    /// wait on a full queue can outlast the caller's right to publish (an ownership lease) —
+    /// and its `Err` is returned as [`Refused::NotAllowed`] with nothing handed over.
+    pub async fn enqueue(
+        &self,
+        rec: &Outgoing<'_>,
+        may_send: impl Fn() -> Result<(), String>,
+    ) -> Result<DeliveryFuture, Refused> {
         let mut headers = OwnedHeaders::new_with_capacity(rec.headers.len());
         for (k, v) in rec.headers {
             headers = headers.insert(Header { key: k, value: Some(v.as_slice()) });
@@ -129,6 +144,7 @@ impl Producer {
         }
         let mut wait = Duration::from_micros(200);
         loop {
+            may_send().map_err(Refused::NotAllowed)?;
             match self.inner.send_result(record) {
                 Ok(fut) => return Ok(fut),
                 Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back)) => {
@@ -136,7 +152,7 @@ impl Producer {
                     tokio::time::sleep(wait).await;
                     wait = (wait * 2).min(Duration::from_millis(20));
                 }
-                Err((e, _)) => return Err(e),
+                Err((e, _)) => return Err(Refused::Kafka(e)),
             }
         }
     }

@@ -26,6 +26,7 @@ use mysql_async::{BinlogStream, BinlogStreamRequest, Conn, Opts};
 pub use crate::decode::{BinlogChange, Cell};
 use crate::decode::{Decoder, Malformed};
 pub use crate::gtid::{Flavor, Gtid, GtidSet, GtidState, Position, TxnId};
+pub use crate::xa::Xid;
 
 #[derive(Debug, thiserror::Error)]
 pub enum BinlogError {
@@ -110,8 +111,8 @@ impl BinlogReader {
     pub async fn next(&mut self) -> Result<BinlogChange, BinlogError> {
         let timeout = self.target.heartbeat * 3;
         loop {
-            if let Some(values) = self.decoder.pop_row() {
-                return Ok(BinlogChange::Insert { values });
+            if let Some(change) = self.decoder.pop() {
+                return Ok(change);
             }
             let event = match tokio::time::timeout_at(self.last_heard + timeout, self.stream.next()).await {
                 Err(_) => return Err(BinlogError::Timeout(timeout)),
@@ -126,6 +127,11 @@ impl BinlogReader {
                 return Ok(change);
             }
         }
+    }
+
+    /// The position after the last transaction read (prepared or committed).
+    pub fn position(&self) -> &Position {
+        self.decoder.position()
     }
 
     /// Seconds behind the server as of the last event read (0 when a heartbeat arrived, which

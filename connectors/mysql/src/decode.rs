@@ -12,6 +12,14 @@
 //! the stream's own table as [`BinlogChange::Insert`] with its values by column name, and its end
 //! as [`BinlogChange::Commit`] with the position after it. Rows of other tables are skipped.
 //!
+//! An XA transaction ends twice (see [`crate::xa`]): its prepare ends with
+//! [`BinlogChange::Prepared`] instead of a commit (its rows are reported, and must wait), and
+//! its outcome is a transaction of its own that ends with [`BinlogChange::XaOutcome`].
+//!
+//! A row written by a statement-logged session (`binlog_format=STATEMENT` or `MIXED`) has no
+//! row event: the statement is reported as [`BinlogChange::StatementWrite`] so the reader can
+//! say so; the row itself is found in the table later (see the core's sweep).
+//!
 //! # Offsets
 //!
 //! The offset stored with a commit is where the next event starts: the commit event's `log_pos`,
@@ -24,13 +32,19 @@ use mysql_async::binlog::events::{Event, EventData, RowsEventData, TableMapEvent
 use mysql_async::binlog::value::BinlogValue;
 
 use crate::gtid::{Flavor, Position, TxnId, parse_mariadb_gtid};
+use crate::xa::{self, XaStatement, Xid};
 
 /// MariaDB's GTID event type (not decoded by mysql_common).
 const MARIADB_GTID_EVENT: u8 = 0xa2;
 /// MySQL's HEARTBEAT_LOG_EVENT_V2 (8.0.26+, not decoded by mysql_common).
 const MYSQL_HEARTBEAT_V2: u8 = 0x29;
-/// MariaDB GTID flag: the transaction is a single statement without XID.
-const FL_STANDALONE: u8 = 1;
+/// The XA_PREPARE event (both servers).
+const XA_PREPARE_EVENT: u8 = 0x26;
+/// MariaDB GTID flags: a single statement without XID; a commit id follows the flags; the
+/// event opens an XA prepare (the XID follows).
+const FL_STANDALONE: u8 = 0x01;
+const FL_GROUP_COMMIT_ID: u8 = 0x02;
+const FL_PREPARED_XA: u8 = 0x40;
 
 /// A column value of an inserted row.
 #[derive(Debug, Clone, PartialEq)]
@@ -58,6 +72,25 @@ pub enum BinlogChange {
     Commit {
         position: Position,
     },
+    /// The open transaction is a branch of XA transaction `xid`: its rows that follow are
+    /// committed only by a later outcome (or by a one-phase commit, which ends it as `Commit`).
+    XaStart {
+        xid: Xid,
+    },
+    /// The open transaction was prepared, not committed; `position` is after its prepare.
+    Prepared {
+        xid: Xid,
+        position: Position,
+    },
+    /// The open transaction records the outcome of prepared XA transaction `xid`.
+    XaOutcome {
+        xid: Xid,
+        committed: bool,
+        position: Position,
+    },
+    /// A statement in the open transaction writes the stream's table without row events
+    /// (statement-based logging); its rows are not in the binlog.
+    StatementWrite,
 }
 
 /// The decoder could not make sense of an event; the stream cannot go on past it.
@@ -72,7 +105,10 @@ pub struct Decoder {
     database: String,
     table: String,
     position: Position,
+    /// The open transaction and whether it is a single standalone statement.
     current: Option<(TxnId, bool)>,
+    /// A change to hand out before the next event is read.
+    queued: Option<BinlogChange>,
     file: String,
     /// The end of the last event read that carried an offset.
     offset: u64,
@@ -91,15 +127,16 @@ impl Decoder {
             offset: position.offset(),
             position,
             current: None,
+            queued: None,
             first_rotate: true,
             pending: VecDeque::new(),
             lag_seconds: 0.0,
         }
     }
 
-    /// The next row of a multi-row event not yet handed out.
-    pub fn pop_row(&mut self) -> Option<Vec<(String, Cell)>> {
-        self.pending.pop_front()
+    /// The next change not yet handed out: a queued one first, then rows of a multi-row event.
+    pub fn pop(&mut self) -> Option<BinlogChange> {
+        self.queued.take().or_else(|| self.pending.pop_front().map(|values| BinlogChange::Insert { values }))
     }
 
     /// The position after the last commit seen.
@@ -113,7 +150,7 @@ impl Decoder {
         self.lag_seconds
     }
 
-    /// Handles one event; rows go to [`Self::pop_row`], a transaction boundary is returned.
+    /// Handles one event; rows go to [`Self::pop`], a transaction boundary is returned.
     /// `tme` looks up the table map a rows event refers to.
     pub fn handle<'t>(
         &mut self,
@@ -130,11 +167,29 @@ impl Decoder {
         }
         match header.event_type_raw() {
             MARIADB_GTID_EVENT => {
-                let (gtid, flags) = parse_mariadb_gtid(event.data(), header.server_id())
+                let data = event.data();
+                let (gtid, flags) = parse_mariadb_gtid(data, header.server_id())
                     .ok_or_else(|| Malformed("short MariaDB GTID event".into()))?;
                 let txn = TxnId::MariaDb(gtid);
                 self.current = Some((txn, flags & FL_STANDALONE != 0));
+                if flags & FL_PREPARED_XA != 0 {
+                    let at = if flags & FL_GROUP_COMMIT_ID != 0 { 21 } else { 13 };
+                    let xid = data
+                        .get(at..)
+                        .and_then(Xid::from_gtid_event)
+                        .ok_or_else(|| Malformed(format!("GTID event {gtid} of an XA prepare without its XID")))?;
+                    self.queued = Some(BinlogChange::XaStart { xid });
+                }
+                // An outcome (flag 0x80, COMPLETED_XA) names its XID again in the statement that
+                // follows, which also says whether it commits: that statement is what is read.
                 return Ok(Some(BinlogChange::Begin { txn }));
+            }
+            XA_PREPARE_EVENT => {
+                let xid = Xid::from_prepare_event(event.data())
+                    .ok_or_else(|| Malformed("XA_PREPARE event without a readable XID".into()))?;
+                let txn = self.current.take().map(|(t, _)| t);
+                self.position.advance(txn, &self.file, self.offset);
+                return Ok(Some(BinlogChange::Prepared { xid, position: self.position.clone() }));
             }
             MYSQL_HEARTBEAT_V2 => {
                 self.lag_seconds = 0.0;
@@ -202,6 +257,18 @@ impl Decoder {
             }
             Some(EventData::QueryEvent(q)) => {
                 let query = q.query();
+                match xa::statement(&query) {
+                    Some(XaStatement::Start(xid)) => return Ok(Some(BinlogChange::XaStart { xid })),
+                    Some(XaStatement::End) => return Ok(None),
+                    Some(XaStatement::Outcome { xid, committed }) => {
+                        let txn = self.current.take().map(|(t, _)| t);
+                        self.position.advance(txn, &self.file, self.offset);
+                        return Ok(Some(BinlogChange::XaOutcome { xid, committed, position: self.position.clone() }));
+                    }
+                    Some(XaStatement::OnePhaseCommit) => return Ok(Some(self.commit())),
+                    None => {}
+                }
+                let writes_table = q.schema() == self.database.as_str() && writes_table(&query, &self.table);
                 let ends = match self.flavor {
                     Flavor::MariaDb => {
                         self.current.is_some_and(|(_, standalone)| standalone) || query.eq_ignore_ascii_case("COMMIT")
@@ -214,6 +281,12 @@ impl Decoder {
                             && !(q == "BEGIN" || q.starts_with("SAVEPOINT") || q.starts_with("ROLLBACK TO"))
                     }
                 };
+                if writes_table {
+                    if ends {
+                        self.queued = Some(self.commit());
+                    }
+                    return Ok(Some(BinlogChange::StatementWrite));
+                }
                 Ok(ends.then(|| self.commit()))
             }
             _ => Ok(None),
@@ -225,6 +298,22 @@ impl Decoder {
         self.position.advance(txn, &self.file, self.offset);
         BinlogChange::Commit { position: self.position.clone() }
     }
+}
+
+/// Whether a logged statement inserts into `table` (`INSERT`, `REPLACE` or `LOAD DATA` naming
+/// it as a whole word, optionally quoted or qualified).
+fn writes_table(query: &str, table: &str) -> bool {
+    let q = query.trim_start().to_ascii_lowercase();
+    if !(q.starts_with("insert") || q.starts_with("replace") || q.starts_with("load")) {
+        return false;
+    }
+    let table = table.to_ascii_lowercase();
+    let ident = |c: char| c.is_ascii_alphanumeric() || c == '_' || c == '$';
+    q.match_indices(&table).any(|(at, _)| {
+        let before = q[..at].chars().next_back();
+        let after = q[at + table.len()..].chars().next();
+        !before.is_some_and(ident) && !after.is_some_and(ident)
+    })
 }
 
 /// `name.000123`: a dot followed by digits at the end.

@@ -131,10 +131,10 @@ fn decode(decoder: &mut Decoder, bytes: &[u8]) -> Vec<BinlogChange> {
     let mut out = Vec::new();
     let mut feed = |esr: &EventStreamReader, ev: &Event, out: &mut Vec<BinlogChange>| {
         let change = decoder.handle(ev, |id| esr.get_tme(id), 1_700_000_002).unwrap();
-        while let Some(values) = decoder.pop_row() {
-            out.push(BinlogChange::Insert { values });
-        }
         out.extend(change);
+        while let Some(queued) = decoder.pop() {
+            out.push(queued);
+        }
     };
     while input.fill_buf().is_ok_and(|b| !b.is_empty()) {
         let ev = esr.read(&mut input).unwrap().unwrap();
@@ -322,4 +322,145 @@ fn rotate_name_quirk() {
 fn datetime_to_micros() {
     assert_eq!(micros_from_parts(1970, 1, 1, 0, 0, 1, 5), 1_000_005);
     assert_eq!(micros_from_parts(2000, 3, 1, 0, 0, 0, 0), 951_868_800_000_000);
+}
+
+/// A MariaDB GTID event as 10.11 writes it for an XA prepare (flags 0x4c) or outcome (0x8d):
+/// the XID follows the flags.
+fn mariadb_xa_gtid(seq: u64, flags: u8, gtrid: &[u8], log_pos: u32) -> Vec<u8> {
+    let mut b = seq.to_le_bytes().to_vec();
+    b.extend_from_slice(&0u32.to_le_bytes());
+    b.push(flags);
+    b.extend_from_slice(&1u32.to_le_bytes());
+    b.push(gtrid.len() as u8);
+    b.push(0);
+    b.extend_from_slice(gtrid);
+    b.extend_from_slice(&[1, 0xff]);
+    event(0xa2, log_pos, &b)
+}
+
+fn xa_prepare(gtrid: &[u8], log_pos: u32) -> Vec<u8> {
+    let mut b = vec![0u8];
+    b.extend_from_slice(&1u32.to_le_bytes());
+    b.extend_from_slice(&(gtrid.len() as u32).to_le_bytes());
+    b.extend_from_slice(&0u32.to_le_bytes());
+    b.extend_from_slice(gtrid);
+    event(0x26, log_pos, &b)
+}
+
+fn kinds(changes: &[BinlogChange]) -> Vec<&'static str> {
+    changes
+        .iter()
+        .map(|c| match c {
+            BinlogChange::Begin { .. } => "begin",
+            BinlogChange::Insert { .. } => "insert",
+            BinlogChange::Commit { .. } => "commit",
+            BinlogChange::XaStart { .. } => "xa-start",
+            BinlogChange::Prepared { .. } => "prepared",
+            BinlogChange::XaOutcome { committed: true, .. } => "xa-commit",
+            BinlogChange::XaOutcome { committed: false, .. } => "xa-rollback",
+            BinlogChange::StatementWrite => "statement-write",
+        })
+        .collect()
+}
+
+#[test]
+fn mariadb_xa_prepare_and_outcomes_end_their_transactions() {
+    let mut d = Decoder::new(
+        Flavor::MariaDb,
+        "app",
+        "outbox_0_0",
+        Position::from_stored(Flavor::MariaDb, Some("0-1-5"), "m.000001", 4).unwrap(),
+    );
+    let bytes = [
+        mariadb_xa_gtid(6, 0x4c, b"x1", 100),
+        table_map("outbox_0_0", 150),
+        write_rows(false, &[row(1, "t", b"p", false)], 200),
+        query("XA END X'7831',X'',1", 260),
+        xa_prepare(b"x1", 300),
+        mariadb_xa_gtid(7, 0x8d, b"x1", 340),
+        query("XA ROLLBACK X'7831',X'',1", 400),
+        mariadb_gtid(8, 0x0c, 440),
+        table_map("outbox_0_0", 480),
+        write_rows(false, &[row(2, "t", b"q", false)], 520),
+        xid(551),
+    ]
+    .concat();
+    let changes = decode(&mut d, &bytes);
+    assert_eq!(
+        kinds(&changes),
+        ["begin", "xa-start", "insert", "prepared", "begin", "xa-rollback", "begin", "insert", "commit"]
+    );
+    let x1 = Xid::from_text("X'7831',X'',1").unwrap();
+    assert!(matches!(&changes[1], BinlogChange::XaStart { xid } if *xid == x1));
+    match &changes[3] {
+        BinlogChange::Prepared { xid, position } => {
+            assert_eq!(*xid, x1);
+            assert_eq!(position.gtid_text().unwrap(), "0-1-6");
+        }
+        other => panic!("{other:?}"),
+    }
+    match &changes[5] {
+        BinlogChange::XaOutcome { xid, position, .. } => {
+            assert_eq!(*xid, x1);
+            assert_eq!(position.gtid_text().unwrap(), "0-1-7");
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(last_position(&changes).gtid_text().unwrap(), "0-1-8");
+}
+
+#[test]
+fn mysql_xa_forms() {
+    let mut d = mysql_decoder();
+    let bytes = [
+        mysql_gtid(42, 100),
+        query("XA START X'6131',X'',1", 150),
+        table_map("outbox_0_0", 200),
+        write_rows(true, &[row(1, "orders", b"p1", true)], 260),
+        query("XA END X'6131',X'',1", 300),
+        xa_prepare(b"a1", 340),
+        mysql_gtid(43, 400),
+        query("XA COMMIT X'6131',X'',1", 450),
+        mysql_gtid(44, 500),
+        query("XA START X'6132',X'',1", 550),
+        table_map("outbox_0_0", 600),
+        write_rows(true, &[row(2, "orders", b"p2", true)], 660),
+        query("XA END X'6132',X'',1", 700),
+        query("XA COMMIT X'6132',X'',1 ONE PHASE", 750),
+    ]
+    .concat();
+    let changes = decode(&mut d, &bytes);
+    assert_eq!(
+        kinds(&changes),
+        ["begin", "xa-start", "insert", "prepared", "begin", "xa-commit", "begin", "xa-start", "insert", "commit"]
+    );
+    assert_eq!(last_position(&changes).offset(), 750);
+}
+
+#[test]
+fn statement_logged_inserts_into_the_table_are_reported() {
+    let mut d = Decoder::new(
+        Flavor::MariaDb,
+        "app",
+        "outbox_0_0",
+        Position::from_stored(Flavor::MariaDb, Some("0-1-5"), "m.000001", 4).unwrap(),
+    );
+    let bytes = [
+        mariadb_gtid(6, 0x0c, 100),
+        query("INSERT INTO outbox_0_0 (topic) VALUES ('t')", 150),
+        xid(181),
+        mariadb_gtid(7, 0x0d, 220),
+        query("insert into `app`.`outbox_0_0` select * from x", 260),
+        mariadb_gtid(8, 0x0c, 300),
+        query("INSERT INTO outbox_0_0_old (topic) VALUES ('t')", 350),
+        xid(381),
+    ]
+    .concat();
+    let changes = decode(&mut d, &bytes);
+    assert_eq!(
+        kinds(&changes),
+        ["begin", "statement-write", "commit", "begin", "statement-write", "commit", "begin", "commit"]
+    );
+    assert!(!writes_table("DELETE FROM outbox_0_0", "outbox_0_0"));
+    assert!(writes_table("REPLACE outbox_0_0 VALUES (1)", "outbox_0_0"));
 }

@@ -262,6 +262,38 @@ impl Position {
         }
     }
 
+    /// Whether the transaction `txn` is among those this position is after (by GTID; the file
+    /// form cannot tell and answers `false`).
+    pub fn contains(&self, txn: &TxnId) -> bool {
+        match (self, txn) {
+            (Self::MariaDb { state, .. }, TxnId::MariaDb(g)) => {
+                state.0.get(&g.domain).is_some_and(|(_, seq)| *seq >= g.seq)
+            }
+            (Self::MySql { set, .. }, TxnId::MySql { sid, gno }) => {
+                set.0.get(sid).is_some_and(|ivs| ivs.iter().any(|&(a, b)| (a..=b).contains(gno)))
+            }
+            _ => false,
+        }
+    }
+
+    /// Whether this position's file and offset are at or after `other`'s, on one server
+    /// (binlog files are numbered: `name.000009` comes before `name.000010`).
+    pub fn at_or_after(&self, other: &Position) -> bool {
+        let key = |file: &str| {
+            let (base, number) = file.rsplit_once('.').unwrap_or((file, ""));
+            (base.to_string(), number.parse::<u64>().ok())
+        };
+        let (mine, theirs) = (key(self.file()), key(other.file()));
+        if mine.0 != theirs.0 {
+            return false;
+        }
+        match (mine.1, theirs.1) {
+            (Some(a), Some(b)) if a != b => a > b,
+            (Some(_), Some(_)) => self.offset() >= other.offset(),
+            _ => self.file() == other.file() && self.offset() >= other.offset(),
+        }
+    }
+
     /// Adds a committed transaction that ended at `offset` in `file`.
     pub fn advance(&mut self, txn: Option<TxnId>, at_file: &str, at_offset: u64) {
         match (self, txn) {
@@ -350,6 +382,22 @@ mod tests {
         assert!(GtidSet::parse(&format!("{A}:5-2")).unwrap_err().contains("GNO interval"));
         assert!(GtidSet::parse(&format!("{A}:blue:1-2")).unwrap_err().contains("tagged GTID"));
         assert!(GtidSet::parse(A).unwrap_err().contains("no GNO interval"));
+    }
+
+    #[test]
+    fn containment_and_file_order() {
+        let p = Position::from_stored(Flavor::MariaDb, Some("0-1-9,2-1-4"), "b.000009", 400).unwrap();
+        assert!(p.contains(&TxnId::MariaDb(Gtid { domain: 0, server: 1, seq: 9 })));
+        assert!(!p.contains(&TxnId::MariaDb(Gtid { domain: 0, server: 1, seq: 10 })));
+        assert!(!p.contains(&TxnId::MariaDb(Gtid { domain: 1, server: 1, seq: 1 })));
+        let m = Position::from_stored(Flavor::MySql, Some(&format!("{A}:1-5:7")), "b.000001", 4).unwrap();
+        let a = parse_uuid(A).unwrap();
+        assert!(m.contains(&TxnId::MySql { sid: a, gno: 7 }) && !m.contains(&TxnId::MySql { sid: a, gno: 6 }));
+        let later = Position::from_stored(Flavor::MariaDb, None, "b.000010", 4).unwrap();
+        assert!(later.at_or_after(&p) && !p.at_or_after(&later));
+        assert!(p.at_or_after(&p));
+        let other = Position::from_stored(Flavor::MariaDb, None, "other.000001", 900).unwrap();
+        assert!(!other.at_or_after(&p));
     }
 
     #[test]

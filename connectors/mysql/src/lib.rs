@@ -13,6 +13,7 @@ pub mod cleanup;
 pub mod decode;
 pub mod gtid;
 pub mod setup;
+pub mod xa;
 
 pub use mysql_async;
 

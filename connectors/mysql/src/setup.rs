@@ -99,15 +99,20 @@ pub async fn current_position(conn: &mut Conn, mariadb: bool) -> Result<BinlogPo
     } else {
         conn.query_first("SELECT @@gtid_executed").await?
     };
+    let (file, offset) = binlog_end(conn).await?;
+    Ok(BinlogPosition { gtid: gtid.unwrap_or_default(), file, offset })
+}
+
+/// The current binlog file and the offset where the next event will be written.
+pub async fn binlog_end(conn: &mut Conn) -> Result<(String, u64), mysql_async::Error> {
     // SHOW MASTER STATUS is gone in MySQL 8.4; SHOW BINARY LOG STATUS is its new name.
     let row: Option<mysql_async::Row> = match conn.query_first("SHOW MASTER STATUS").await {
         Ok(row) => row,
         Err(_) => conn.query_first("SHOW BINARY LOG STATUS").await?,
     };
-    let (file, offset) = row
+    Ok(row
         .map(|mut r| (r.take::<String, _>(0).unwrap_or_default(), r.take::<u64, _>(1).unwrap_or(0)))
-        .unwrap_or_default();
-    Ok(BinlogPosition { gtid: gtid.unwrap_or_default(), file, offset })
+        .unwrap_or_default())
 }
 
 /// The host part of the streamer's account (`user@host`), looked up in `mysql.user`.
@@ -146,11 +151,16 @@ pub async fn apply(conn: &mut Conn, plan: &SetupPlan, mariadb: bool) -> Result<(
 }
 
 /// Columns added to the checkpoint table after its first version, with their definitions.
-const LATER_COLUMNS: [(&str, &str); 4] = [
+const LATER_COLUMNS: [(&str, &str); 7] = [
     ("catchup_pending", "TINYINT(1) NOT NULL DEFAULT 0"),
     ("catchup_started_at", "TIMESTAMP(6) NULL"),
     ("last_catchup_at", "TIMESTAMP(6) NULL"),
     ("last_catchup_rows", "BIGINT NULL"),
+    // How far the stream got while its stored position waits before a prepared XA transaction.
+    ("done_gtid", "TEXT NULL"),
+    // The operator's skip lists (`outbox-streamer skip`).
+    ("skip_ids", "TEXT NULL"),
+    ("skip_transactions", "TEXT NULL"),
 ];
 
 /// Brings a checkpoint table created by an older version up to date (MySQL has no

@@ -8,14 +8,63 @@ use crate::setup::ident;
 /// and reused, so each cleanup is one round trip with no parse or plan on the server.
 #[derive(Debug)]
 pub struct RowDeleter {
+    /// The quoted table name.
+    table: String,
     sql: String,
     /// Prepared on the session it was used with; a new session needs a new deleter.
     prepared: Option<Statement>,
+    /// The delete that also stores the published-up-to mark (see [`Self::recording_in`]).
+    recording: Option<(String, Option<Statement>)>,
 }
 
 impl RowDeleter {
     pub fn new(table: &str) -> Self {
-        Self { sql: format!("DELETE FROM {} WHERE id = ANY($1)", ident(table)), prepared: None }
+        let table = ident(table);
+        Self { sql: format!("DELETE FROM {table} WHERE id = ANY($1)"), table, prepared: None, recording: None }
+    }
+
+    /// Also offers [`Self::delete_and_record`], which stores the published-up-to mark of
+    /// `stream` in `checkpoint_table` in the same statement (one transaction) as the delete.
+    pub fn recording_in(mut self, checkpoint_table: &str, stream: &str) -> Self {
+        let sql = format!(
+            "WITH d AS (DELETE FROM {table} WHERE id = ANY($1) RETURNING 1),
+                  n AS (SELECT count(*) AS n FROM d),
+                  u AS (UPDATE {cp} SET published_lsn = $2::text::pg_lsn, updated_at = now()
+                        WHERE stream = {stream} AND $3 AND (NOT $4 OR (SELECT n FROM n) = cardinality($1))
+                        RETURNING 1)
+             SELECT (SELECT n FROM n), (SELECT count(*) FROM u)",
+            table = self.table,
+            cp = ident(checkpoint_table),
+            stream = crate::setup::literal(stream),
+        );
+        self.recording = Some((sql, None));
+        self
+    }
+
+    /// Deletes `ids` and, in the same statement, stores `lsn` as the stream's published-up-to
+    /// mark — when `record`, and (with `expect_all`) only if every row was deleted. Returns the
+    /// rows deleted and whether the mark was stored.
+    pub async fn delete_and_record(
+        &mut self,
+        client: &Client,
+        ids: &[i64],
+        lsn: &str,
+        record: bool,
+        expect_all: bool,
+    ) -> Result<(u64, bool), tokio_postgres::Error> {
+        let Some((sql, prepared)) = &mut self.recording else {
+            panic!("delete_and_record needs RowDeleter::recording_in");
+        };
+        let statement = match prepared {
+            Some(statement) => statement.clone(),
+            None => {
+                let statement = client.prepare(sql).await?;
+                *prepared = Some(statement.clone());
+                statement
+            }
+        };
+        let row = client.query_one(&statement, &[&ids, &lsn, &record, &expect_all]).await?;
+        Ok((row.get::<_, i64>(0) as u64, row.get::<_, i64>(1) > 0))
     }
 
     /// Deletes `ids` in one statement (one implicit transaction) and returns the number of

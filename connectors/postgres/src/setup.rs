@@ -37,6 +37,12 @@ pub fn literal(value: &str) -> String {
     format!("'{}'", value.replace('\'', "''"))
 }
 
+/// Checkpoint columns added after its first version: the published-up-to mark (the commit LSN
+/// below which every transaction was published and deleted, stored with the delete) and the
+/// operator's skip lists (`outbox-streamer skip`).
+const CHECKPOINT_LATER_COLUMNS: [(&str, &str); 3] =
+    [("published_lsn", "pg_lsn"), ("skip_ids", "text"), ("skip_transactions", "text")];
+
 /// Statements that must run in a transaction block (tables, publications, grants, function).
 pub fn schema_statements(plan: &SetupPlan) -> Vec<String> {
     let mut sql = Vec::new();
@@ -87,6 +93,11 @@ pub fn schema_statements(plan: &SetupPlan) -> Vec<String> {
          \x20   updated_at timestamptz NOT NULL DEFAULT now()\n\
          )"
     ));
+    // Columns added after the first version: each a statement of its own, so a table created
+    // by an older setup is brought up to date.
+    for (name, definition) in CHECKPOINT_LATER_COLUMNS {
+        sql.push(format!("ALTER TABLE {checkpoint} ADD COLUMN IF NOT EXISTS {name} {definition}"));
+    }
     let rows: Vec<String> = plan.streams.iter().map(|s| format!("({})", literal(&s.table))).collect();
     if !rows.is_empty() {
         sql.push(format!("INSERT INTO {checkpoint} (stream) VALUES {} ON CONFLICT DO NOTHING", rows.join(", ")));

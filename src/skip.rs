@@ -1,0 +1,84 @@
+//! What an operator told a shard-partition to skip (`outbox-streamer skip`), as stored in its
+//! checkpoint row: row ids, and transactions whose rows have no readable id.
+//!
+//! A row id is skipped only in transactions that committed before the command ran: each id
+//! carries the log position of that moment (its *bound*), because ids can be handed out again
+//! (MariaDB's `TRUNCATE` resets `AUTO_INCREMENT`) and a later row with the same id must still
+//! be published. Only the source can tell whether a transaction is before a bound, so it
+//! answers [`crate::source::Source::skips`] with [`SkipList::bound_of`].
+
+use std::collections::{BTreeMap, BTreeSet};
+
+/// The stored skip lists of one shard-partition.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SkipList {
+    /// Row id → the log position (as the source writes it) before which it is skipped.
+    ids: BTreeMap<i64, String>,
+    transactions: BTreeSet<String>,
+}
+
+impl SkipList {
+    /// Reads the stored columns: `id@bound;id@bound…` and comma-separated transaction labels
+    /// (NULL = none).
+    pub fn parse(ids: Option<&str>, transactions: Option<&str>) -> Result<Self, String> {
+        let mut list = Self::default();
+        for part in ids.unwrap_or_default().split(';').map(str::trim).filter(|p| !p.is_empty()) {
+            let (id, bound) =
+                part.split_once('@').ok_or_else(|| format!("skip_ids holds {part:?}, which is not id@position"))?;
+            let id = id.trim().parse().map_err(|_| format!("skip_ids holds {part:?}, whose id is not a number"))?;
+            list.ids.insert(id, bound.trim().to_string());
+        }
+        for part in transactions.unwrap_or_default().split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            list.transactions.insert(part.to_string());
+        }
+        Ok(list)
+    }
+
+    /// The bound of row `id`, if it is to be skipped in transactions committed before it.
+    pub fn bound_of(&self, id: i64) -> Option<&str> {
+        self.ids.get(&id).map(String::as_str)
+    }
+
+    /// Whether rows without a readable id in transaction `label` are to be skipped.
+    pub fn skips_transaction(&self, label: &str) -> bool {
+        self.transactions.contains(label)
+    }
+
+    pub fn add_id(&mut self, id: i64, bound: &str) {
+        self.ids.insert(id, bound.to_string());
+    }
+
+    pub fn add_transaction(&mut self, label: &str) {
+        self.transactions.insert(label.to_string());
+    }
+
+    /// The `skip_ids` column's text (`None` when empty).
+    pub fn ids_text(&self) -> Option<String> {
+        (!self.ids.is_empty())
+            .then(|| self.ids.iter().map(|(id, bound)| format!("{id}@{bound}")).collect::<Vec<_>>().join(";"))
+    }
+
+    /// The `skip_transactions` column's text (`None` when empty).
+    pub fn transactions_text(&self) -> Option<String> {
+        (!self.transactions.is_empty()).then(|| self.transactions.iter().cloned().collect::<Vec<_>>().join(","))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trip() {
+        let mut l = SkipList::parse(Some("7@0/16B3A50; 3@0-1-9,1-2-3"), Some("0/16B3A50")).unwrap();
+        assert_eq!(l.bound_of(3), Some("0-1-9,1-2-3"));
+        assert_eq!(l.bound_of(4), None);
+        assert!(l.skips_transaction("0/16B3A50") && !l.skips_transaction("0/1"));
+        l.add_id(5, "0/1");
+        assert_eq!(l.ids_text().as_deref(), Some("3@0-1-9,1-2-3;5@0/1;7@0/16B3A50"));
+        assert_eq!(SkipList::parse(l.ids_text().as_deref(), None).unwrap().bound_of(5), Some("0/1"));
+        assert_eq!(SkipList::parse(None, None).unwrap().ids_text(), None);
+        assert!(SkipList::parse(Some("x@1"), None).unwrap_err().contains("\"x@1\""));
+        assert!(SkipList::parse(Some("12"), None).unwrap_err().contains("id@position"));
+    }
+}
