@@ -497,12 +497,24 @@ impl Config {
         if self.kafka.message_timeout_ms < 1000 {
             return Err(invalid("kafka.message_timeout_ms", "must be at least 1000"));
         }
-        for key in ["enable.idempotence", "acks", "max.in.flight.requests.per.connection", "partitioner"] {
-            if self.kafka.properties.contains_key(key) {
-                return Err(invalid(
-                    format!("kafka.properties.{key}"),
-                    "is fixed by outbox-streamer for ordering and idempotence; remove it",
-                ));
+        for key in self.kafka.properties.keys() {
+            let field = format!("kafka.properties.{key:?}");
+            match outbox_kafka::producer::reserved_property(key) {
+                Some("message.timeout.ms") => {
+                    return Err(invalid(
+                        field,
+                        "is set from kafka.message_timeout_ms, which outbox-streamer caps under [coordination] so a queued record cannot outlive the lease; remove it and set kafka.message_timeout_ms instead",
+                    ));
+                }
+                Some(canonical) => {
+                    let alias =
+                        if canonical == key { String::new() } else { format!(" (librdkafka's alias of {canonical})") };
+                    return Err(invalid(
+                        field,
+                        format!("is fixed by outbox-streamer for ordering and idempotence{alias}; remove it"),
+                    ));
+                }
+                None => {}
             }
         }
         let password_sources = [
@@ -784,7 +796,33 @@ mod tests {
         let e =
             Config::from_toml("[kafka.properties]\nacks = \"1\"\n[[source]]\nname=\"a\"\nkind=\"postgres\"\nurl=\"x\"")
                 .unwrap_err();
-        assert!(e.to_string().contains("kafka.properties.acks"));
+        assert!(e.to_string().contains("kafka.properties.\"acks\""), "{e}");
+    }
+
+    /// The properties the producer fixes, and the message timeout it bounds, are refused under
+    /// every librdkafka name.
+    #[test]
+    fn reserved_kafka_properties_are_refused_under_their_aliases() {
+        let with_property = |key: &str| {
+            Config::from_toml(&format!("[kafka.properties]\n{key:?} = \"1\"\n{MINIMAL}")).map_err(|e| e.to_string())
+        };
+        for key in ["message.timeout.ms", "delivery.timeout.ms", "Delivery.Timeout.Ms"] {
+            let e = with_property(key).unwrap_err();
+            assert!(e.contains(key) && e.contains("kafka.message_timeout_ms"), "{e}");
+        }
+        for (key, canonical) in [
+            ("acks", "acks"),
+            ("request.required.acks", "acks"),
+            ("max.in.flight", "max.in.flight.requests.per.connection"),
+            ("max.in.flight.requests.per.connection", "max.in.flight.requests.per.connection"),
+            ("enable.idempotence", "enable.idempotence"),
+            ("partitioner", "partitioner"),
+        ] {
+            let e = with_property(key).unwrap_err();
+            assert!(e.contains(&format!("{key:?}")) && e.contains("fixed"), "{e}");
+            assert_eq!(e.contains("alias"), key != canonical, "{e}");
+        }
+        assert!(with_property("batch.size").is_ok());
     }
 
     #[test]
