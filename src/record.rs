@@ -42,7 +42,8 @@ pub fn topic_value(id: i64, topic: Option<&[u8]>) -> Result<String, InvalidRow> 
     let Some(bytes) = topic else { return Err(bad("is NULL; every row needs a Kafka topic".into())) };
     let topic = String::from_utf8(bytes.to_vec()).map_err(|_| bad("is not UTF-8".into()))?;
     if topic.is_empty() || topic.len() > 249 {
-        return Err(bad(format!("{topic:?} is not a valid Kafka topic name (1 to 249 characters)")));
+        // The reason is logged and shown on /readyz: the topic's length, never its text.
+        return Err(bad(format!("is {} bytes long; a Kafka topic name has 1 to 249 characters", topic.len())));
     }
     Ok(topic)
 }
@@ -80,11 +81,30 @@ pub fn parse_headers(json: &[u8]) -> Result<Vec<(String, Vec<u8>)>, String> {
             serde_json::Value::String(s) => headers.push((k, s.into_bytes())),
             serde_json::Value::Null => {}
             other => {
-                return Err(format!("value of {k:?} must be a string, found {other}; quote it in the JSON"));
+                // Name the header and the JSON type, never the value (it is application data).
+                let kind = match other {
+                    serde_json::Value::Bool(_) => "a boolean",
+                    serde_json::Value::Number(_) => "a number",
+                    serde_json::Value::Array(_) => "an array",
+                    _ => "an object",
+                };
+                return Err(format!(
+                    "the value of header {:?} must be a string, found {kind}; quote it in the JSON",
+                    header_name_for_log(&k)
+                ));
             }
         }
     }
     Ok(headers)
+}
+
+/// A header name as errors show it: at most 64 characters, then `…`.
+fn header_name_for_log(name: &str) -> String {
+    const SHOWN: usize = 64;
+    match name.char_indices().nth(SHOWN) {
+        Some((cut, _)) => format!("{}…", &name[..cut]),
+        None => name.to_string(),
+    }
 }
 
 #[cfg(test)]
@@ -97,6 +117,22 @@ mod tests {
         assert!(parse_headers(br#"{"a":1}"#).unwrap_err().contains("\"a\""));
         assert!(parse_headers(b"[1]").is_err());
         assert!(parse_headers(b"{").is_err());
+    }
+
+    /// Reasons are logged and shown on the unauthenticated /readyz: they name the column, the
+    /// header and the type or length, never a header value or the topic's text.
+    #[test]
+    fn reasons_never_quote_row_data() {
+        let e = parse_headers(br#"{"trace-id":"ok","card":{"number":"4111-secret"}}"#).unwrap_err();
+        assert!(e.contains("\"card\"") && e.contains("an object") && !e.contains("4111-secret"), "{e}");
+        let e = parse_headers(br#"{"n":12345678}"#).unwrap_err();
+        assert!(e.contains("a number") && !e.contains("12345678"), "{e}");
+        let long = "h".repeat(100);
+        let e = parse_headers(format!(r#"{{"{long}":true}}"#).as_bytes()).unwrap_err();
+        assert!(e.contains(&format!("\"{}…\"", "h".repeat(64))) && !e.contains(&long), "{e}");
+        let topic = format!("secret-{}", "t".repeat(250));
+        let e = topic_value(7, Some(topic.as_bytes())).unwrap_err().to_string();
+        assert!(!e.contains("secret") && e.contains("257 bytes"), "{e}");
     }
 
     #[test]
