@@ -491,8 +491,12 @@ impl Config {
 
     /// Checks every setting; the error names the first bad field.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        if self.kafka.brokers.trim().is_empty() {
-            return Err(invalid("kafka.brokers", "must list at least one host:port"));
+        let brokers: Vec<&str> = self.kafka.brokers.split(',').map(str::trim).collect();
+        if brokers.iter().any(|b| b.is_empty() || b.contains(|c: char| c.is_whitespace() || c.is_control())) {
+            return Err(invalid(
+                "kafka.brokers",
+                "must list host:port entries separated by commas, none of them empty or with spaces (e.g. \"kafka-1:9092,kafka-2:9092\")",
+            ));
         }
         if self.kafka.message_timeout_ms < 1000 {
             return Err(invalid("kafka.message_timeout_ms", "must be at least 1000"));
@@ -556,10 +560,15 @@ impl Config {
                     "must be between 2000 and 600000 (ZooKeeper negotiates it within 2 and 20 tick times)",
                 ));
             }
-            if c.instance.as_deref().is_some_and(|i| i.is_empty() || i.len() > 40 || i.contains(['/', ' '])) {
+            let bad_instance = |i: &str| {
+                i.is_empty()
+                    || i.chars().count() > 40
+                    || i.contains(|c: char| c == '/' || c.is_whitespace() || c.is_control())
+            };
+            if c.instance.as_deref().is_some_and(bad_instance) {
                 return Err(invalid(
                     "coordination.instance",
-                    "must be 1 to 40 characters without '/' or spaces (it goes into node data and application_name)",
+                    "must be 1 to 40 characters without '/', spaces, tabs or other control characters (it goes into node data and application_name); use e.g. the host name",
                 ));
             }
             if c.yield_interval_s == Some(0) {
@@ -670,10 +679,21 @@ fn check_overrides(field: &str, o: &StreamOverrides) -> Result<(), ConfigError> 
     if o.poll_interval_ms.is_some_and(|v| !(1..=60_000).contains(&v)) {
         return Err(invalid(format!("{field}.poll_interval_ms"), "must be between 1 and 60000"));
     }
-    if o.dead_letter_topic.as_deref().is_some_and(str::is_empty) {
-        return Err(invalid(format!("{field}.dead_letter_topic"), "must not be empty"));
+    if o.dead_letter_topic.as_deref().is_some_and(|t| !is_kafka_topic_name(t)) {
+        return Err(invalid(
+            format!("{field}.dead_letter_topic"),
+            "must be a Kafka topic name: 1 to 249 characters of [a-zA-Z0-9._-], not \".\" or \"..\"",
+        ));
     }
     Ok(())
+}
+
+/// Whether the broker accepts `name` as a topic name.
+fn is_kafka_topic_name(name: &str) -> bool {
+    (1..=249).contains(&name.len())
+        && name != "."
+        && name != ".."
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
 }
 
 /// A TOML error as `line L, column C: message`, without the snippet of the file that toml
@@ -797,6 +817,34 @@ mod tests {
             Config::from_toml("[kafka.properties]\nacks = \"1\"\n[[source]]\nname=\"a\"\nkind=\"postgres\"\nurl=\"x\"")
                 .unwrap_err();
         assert!(e.to_string().contains("kafka.properties.\"acks\""), "{e}");
+    }
+
+    /// Values that look set but name nothing usable are refused with the field and the fix.
+    #[test]
+    fn blank_brokers_topics_and_instance_names_are_refused() {
+        let err = |text: String| Config::from_toml(&text).unwrap_err().to_string();
+        let quote = |s: &str| toml::Value::String(s.into()).to_string();
+        for brokers in [" , ", "", "a:9092,,b:9092", "a:9092, \t"] {
+            let e = err(format!("[kafka]\nbrokers = {}\n{MINIMAL}", quote(brokers)));
+            assert!(e.starts_with("kafka.brokers:") && e.contains("host:port"), "{brokers:?}: {e}");
+        }
+        for topic in ["   ", "dead letters", "dlq/x", "..", "é", &"t".repeat(250)] {
+            let e = err(format!(
+                "{MINIMAL}\n[source.defaults]\non_bad_row = \"dead-letter\"\ndead_letter_topic = {}",
+                quote(topic)
+            ));
+            assert!(e.contains("defaults.dead_letter_topic") && e.contains("[a-zA-Z0-9._-]"), "{topic:?}: {e}");
+        }
+        let ok =
+            format!("{MINIMAL}\n[source.defaults]\non_bad_row = \"dead-letter\"\ndead_letter_topic = \"app.dlq_1-x\"");
+        assert!(Config::from_toml(&ok).is_ok());
+        for instance in ["a\tb", "a b", "a\nb", "a\u{0}b", "a\u{a0}b"] {
+            let e = err(format!(
+                "[coordination]\nkind = \"zookeeper\"\nconnect = \"zk:2181\"\ninstance = {}\n{MINIMAL}",
+                quote(instance)
+            ));
+            assert!(e.starts_with("coordination.instance:"), "{instance:?}: {e}");
+        }
     }
 
     /// The properties the producer fixes, and the message timeout it bounds, are refused under
