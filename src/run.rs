@@ -377,6 +377,7 @@ async fn stream_task<S, F, Fut>(
         ("shard", labels.id.shard.to_string()),
         ("partition", labels.id.partition.to_string()),
     ];
+    m::init_stream(&metric_labels);
     let producer = match Producer::new(&producer) {
         Ok(p) => p,
         Err(e) => {
