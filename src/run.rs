@@ -56,6 +56,7 @@ pub async fn run(mut config: Config) -> anyhow::Result<()> {
         m::serve(listen).await.with_context(|| format!("metrics.listen: cannot serve metrics on {listen}"))?;
         tracing::info!(%listen, "serving /metrics, /healthz and /readyz");
     }
+    crate::same_database::refuse_shared_databases(&config).await?;
     let instance = config.coordination.as_ref().map(|c| c.instance_name());
     if let Some(c) = &config.coordination {
         // A record queued inside librdkafka when the process was paused must not go out after

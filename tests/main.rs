@@ -15,5 +15,6 @@ mod polling;
 mod polling_mysql;
 mod postgres_cdc;
 mod postgres_faults;
+mod same_database;
 mod smoke;
 mod tls;

@@ -12,6 +12,9 @@ use crate::connect::{mysql_opts, pg_target};
 use crate::names::{all_streams, checkpoint_table, stream_names};
 
 pub async fn setup(config: &Config, dry_run: bool, admin_url: Option<&str>) -> anyhow::Result<ExitCode> {
+    if !dry_run {
+        crate::same_database::refuse_shared_databases(config).await?;
+    }
     let mut ok = true;
     for source in &config.sources {
         match source.kind {
