@@ -228,7 +228,7 @@ pub struct SourceConfig {
     /// A short label for logs, metrics and `status`.
     pub name: String,
     pub kind: SourceKind,
-    /// Connection URL of the streamer's own (least-privilege) login.
+    /// Connection URL of the streamer's own login (replication and its outbox tables only).
     pub url: SecretUrl,
     /// Read the password from this environment variable instead of the URL.
     pub password_env: Option<String>,
@@ -822,7 +822,8 @@ mod tests {
     /// Values that look set but name nothing usable are refused with the field and the fix.
     #[test]
     fn blank_brokers_topics_and_instance_names_are_refused() {
-        let err = |text: String| Config::from_toml(&text).unwrap_err().to_string();
+        // Not the process environment: OUTBOX_KAFKA_BROKERS would replace the brokers tested.
+        let err = |text: String| with_env(&text, &[]).unwrap_err().to_string();
         let quote = |s: &str| toml::Value::String(s.into()).to_string();
         for brokers in [" , ", "", "a:9092,,b:9092", "a:9092, \t"] {
             let e = err(format!("[kafka]\nbrokers = {}\n{MINIMAL}", quote(brokers)));
@@ -837,7 +838,7 @@ mod tests {
         }
         let ok =
             format!("{MINIMAL}\n[source.defaults]\non_bad_row = \"dead-letter\"\ndead_letter_topic = \"app.dlq_1-x\"");
-        assert!(Config::from_toml(&ok).is_ok());
+        assert!(with_env(&ok, &[]).is_ok());
         for instance in ["a\tb", "a b", "a\nb", "a\u{0}b", "a\u{a0}b"] {
             let e = err(format!(
                 "[coordination]\nkind = \"zookeeper\"\nconnect = \"zk:2181\"\ninstance = {}\n{MINIMAL}",
