@@ -20,8 +20,9 @@
 //! linger_ms = 0
 //! ```
 //!
-//! Strings may use `${VAR}` to read an environment variable; `OUTBOX_KAFKA_BROKERS` and
-//! `OUTBOX_METRICS_LISTEN` override their settings outright.
+//! String values may use `${VAR}` to read an environment variable (expanded after parsing, so a
+//! value is never TOML); `OUTBOX_KAFKA_BROKERS` and `OUTBOX_METRICS_LISTEN` override their
+//! settings outright.
 
 use std::collections::{BTreeMap, HashSet};
 use std::net::SocketAddr;
@@ -228,7 +229,7 @@ pub struct SourceConfig {
     /// A short label for logs, metrics and `status`.
     pub name: String,
     pub kind: SourceKind,
-    /// Connection URL of the streamer's own (least-privilege) login.
+    /// Connection URL of the streamer's own login (replication and its outbox tables only).
     pub url: SecretUrl,
     /// Read the password from this environment variable instead of the URL.
     pub password_env: Option<String>,
@@ -446,13 +447,46 @@ impl Config {
     }
 
     pub fn from_toml(text: &str) -> Result<Self, ConfigError> {
-        let expanded = expand_env(text)?;
-        let mut config: Config = toml::from_str(&expanded)
-            .map_err(|e| ConfigError::Parse { path: PathBuf::new(), message: e.to_string() })?;
-        if let Ok(brokers) = std::env::var("OUTBOX_KAFKA_BROKERS") {
+        Self::from_toml_with(text, &|name| std::env::var(name).ok())
+    }
+
+    /// [`Config::from_toml`] with `env` in place of the process environment.
+    ///
+    /// The file is parsed first; `${VAR}` references are then replaced inside string values
+    /// only, so a value can neither break the file's syntax nor add keys. Errors say where
+    /// (line and column, a setting's name) but never quote the file's text or a value read
+    /// from the environment: either may be a password.
+    pub fn from_toml_with(text: &str, env: &dyn Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
+        let table: toml::Table = text.parse().map_err(|e| parse_error(text, &e))?;
+        let mut expanded = table.clone();
+        let mut replaced = Vec::new();
+        for (key, value) in expanded.iter_mut() {
+            expand_value(key, value, env, &mut replaced)?;
+        }
+        let mut config = match Config::deserialize(toml::Value::Table(expanded)) {
+            Ok(config) => config,
+            // Report the mistake as the file has it, where it is: the unexpanded text fails
+            // the same way unless an expanded value caused it.
+            Err(e) => match toml::from_str::<Config>(text) {
+                Err(located) => return Err(parse_error(text, &located)),
+                Ok(_) => {
+                    let mut message = e.message().to_string();
+                    replaced.sort_by_key(|(value, _): &(String, String)| std::cmp::Reverse(value.len()));
+                    for (value, reference) in &replaced {
+                        let escaped = format!("{value:?}");
+                        message = message.replace(&escaped[1..escaped.len() - 1], reference).replace(value, reference);
+                    }
+                    return Err(ConfigError::Parse {
+                        path: PathBuf::new(),
+                        message: format!("{message} (in a value read from the environment)"),
+                    });
+                }
+            },
+        };
+        if let Some(brokers) = env("OUTBOX_KAFKA_BROKERS") {
             config.kafka.brokers = brokers;
         }
-        if let Ok(listen) = std::env::var("OUTBOX_METRICS_LISTEN") {
+        if let Some(listen) = env("OUTBOX_METRICS_LISTEN") {
             config.metrics.listen = Some(
                 listen
                     .parse()
@@ -465,18 +499,34 @@ impl Config {
 
     /// Checks every setting; the error names the first bad field.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        if self.kafka.brokers.trim().is_empty() {
-            return Err(invalid("kafka.brokers", "must list at least one host:port"));
+        let brokers: Vec<&str> = self.kafka.brokers.split(',').map(str::trim).collect();
+        if brokers.iter().any(|b| b.is_empty() || b.contains(|c: char| c.is_whitespace() || c.is_control())) {
+            return Err(invalid(
+                "kafka.brokers",
+                "must list host:port entries separated by commas, none of them empty or with spaces (e.g. \"kafka-1:9092,kafka-2:9092\")",
+            ));
         }
         if self.kafka.message_timeout_ms < 1000 {
             return Err(invalid("kafka.message_timeout_ms", "must be at least 1000"));
         }
-        for key in ["enable.idempotence", "acks", "max.in.flight.requests.per.connection", "partitioner"] {
-            if self.kafka.properties.contains_key(key) {
-                return Err(invalid(
-                    format!("kafka.properties.{key}"),
-                    "is fixed by outbox-streamer for ordering and idempotence; remove it",
-                ));
+        for key in self.kafka.properties.keys() {
+            let field = format!("kafka.properties.{key:?}");
+            match outbox_kafka::producer::reserved_property(key) {
+                Some("message.timeout.ms") => {
+                    return Err(invalid(
+                        field,
+                        "is set from kafka.message_timeout_ms, which outbox-streamer caps under [coordination] so a queued record cannot outlive the lease; remove it and set kafka.message_timeout_ms instead",
+                    ));
+                }
+                Some(canonical) => {
+                    let alias =
+                        if canonical == key { String::new() } else { format!(" (librdkafka's alias of {canonical})") };
+                    return Err(invalid(
+                        field,
+                        format!("is fixed by outbox-streamer for ordering and idempotence{alias}; remove it"),
+                    ));
+                }
+                None => {}
             }
         }
         let password_sources = [
@@ -518,10 +568,15 @@ impl Config {
                     "must be between 2000 and 600000 (ZooKeeper negotiates it within 2 and 20 tick times)",
                 ));
             }
-            if c.instance.as_deref().is_some_and(|i| i.is_empty() || i.len() > 40 || i.contains(['/', ' '])) {
+            let bad_instance = |i: &str| {
+                i.is_empty()
+                    || i.chars().count() > 40
+                    || i.contains(|c: char| c == '/' || c.is_whitespace() || c.is_control())
+            };
+            if c.instance.as_deref().is_some_and(bad_instance) {
                 return Err(invalid(
                     "coordination.instance",
-                    "must be 1 to 40 characters without '/' or spaces (it goes into node data and application_name)",
+                    "must be 1 to 40 characters without '/', spaces, tabs or other control characters (it goes into node data and application_name); use e.g. the host name",
                 ));
             }
             if c.yield_interval_s == Some(0) {
@@ -635,23 +690,78 @@ fn check_overrides(field: &str, o: &StreamOverrides) -> Result<(), ConfigError> 
     if o.sweep_interval_ms.is_some_and(|v| !(100..=3_600_000).contains(&v)) {
         return Err(invalid(format!("{field}.sweep_interval_ms"), "must be between 100 and 3600000"));
     }
-    if o.dead_letter_topic.as_deref().is_some_and(str::is_empty) {
-        return Err(invalid(format!("{field}.dead_letter_topic"), "must not be empty"));
+    if o.dead_letter_topic.as_deref().is_some_and(|t| !is_kafka_topic_name(t)) {
+        return Err(invalid(
+            format!("{field}.dead_letter_topic"),
+            "must be a Kafka topic name: 1 to 249 characters of [a-zA-Z0-9._-], not \".\" or \"..\"",
+        ));
     }
     Ok(())
 }
 
-/// Replaces `${VAR}` with the environment variable's value; an unset variable is an error.
-fn expand_env(text: &str) -> Result<String, ConfigError> {
+/// Whether the broker accepts `name` as a topic name.
+fn is_kafka_topic_name(name: &str) -> bool {
+    (1..=249).contains(&name.len())
+        && name != "."
+        && name != ".."
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
+}
+
+/// A TOML error as `line L, column C: message`, without the snippet of the file that toml
+/// prints (the line may hold a password).
+fn parse_error(text: &str, e: &toml::de::Error) -> ConfigError {
+    let message = match e.span() {
+        Some(span) => {
+            let before = &text[..span.start.min(text.len())];
+            let line = before.matches('\n').count() + 1;
+            let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
+            format!("line {line}, column {column}: {}", e.message().trim_end())
+        }
+        None => e.message().trim_end().to_string(),
+    };
+    ConfigError::Parse { path: PathBuf::new(), message }
+}
+
+/// Replaces `${VAR}` in every string inside `value` (at `path`, for errors) with the
+/// variable's value; records each changed string as (expanded, as written).
+fn expand_value(
+    path: &str,
+    value: &mut toml::Value,
+    env: &dyn Fn(&str) -> Option<String>,
+    replaced: &mut Vec<(String, String)>,
+) -> Result<(), ConfigError> {
+    match value {
+        toml::Value::String(s) if s.contains("${") => {
+            let expanded = expand_string(path, s, env)?;
+            replaced.push((expanded.clone(), std::mem::replace(s, expanded)));
+        }
+        toml::Value::Array(items) => {
+            for (i, item) in items.iter_mut().enumerate() {
+                expand_value(&format!("{path}[{i}]"), item, env, replaced)?;
+            }
+        }
+        toml::Value::Table(table) => {
+            for (key, item) in table.iter_mut() {
+                expand_value(&format!("{path}.{key}"), item, env, replaced)?;
+            }
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
+/// `text` with each `${VAR}` replaced by the variable's value; an unset variable is an error
+/// naming it and the setting (never a value).
+fn expand_string(path: &str, text: &str, env: &dyn Fn(&str) -> Option<String>) -> Result<String, ConfigError> {
     let mut out = String::with_capacity(text.len());
     let mut rest = text;
     while let Some(start) = rest.find("${") {
         out.push_str(&rest[..start]);
         let after = &rest[start + 2..];
-        let end = after.find('}').ok_or_else(|| invalid("config", "unterminated ${ in the file"))?;
+        let end = after.find('}').ok_or_else(|| invalid(path, "has a ${ without its closing }"))?;
         let var = &after[..end];
-        let value = std::env::var(var).map_err(|_| {
-            invalid(format!("${{{var}}}"), "the config refers to this environment variable, which is not set")
+        let value = env(var).ok_or_else(|| {
+            invalid(path, format!("refers to ${{{var}}}, but the environment variable {var} is not set"))
         })?;
         out.push_str(&value);
         rest = &after[end + 1..];
@@ -717,7 +827,62 @@ mod tests {
         let e =
             Config::from_toml("[kafka.properties]\nacks = \"1\"\n[[source]]\nname=\"a\"\nkind=\"postgres\"\nurl=\"x\"")
                 .unwrap_err();
-        assert!(e.to_string().contains("kafka.properties.acks"));
+        assert!(e.to_string().contains("kafka.properties.\"acks\""), "{e}");
+    }
+
+    /// Values that look set but name nothing usable are refused with the field and the fix.
+    #[test]
+    fn blank_brokers_topics_and_instance_names_are_refused() {
+        // Not the process environment: OUTBOX_KAFKA_BROKERS would replace the brokers tested.
+        let err = |text: String| with_env(&text, &[]).unwrap_err().to_string();
+        let quote = |s: &str| toml::Value::String(s.into()).to_string();
+        for brokers in [" , ", "", "a:9092,,b:9092", "a:9092, \t"] {
+            let e = err(format!("[kafka]\nbrokers = {}\n{MINIMAL}", quote(brokers)));
+            assert!(e.starts_with("kafka.brokers:") && e.contains("host:port"), "{brokers:?}: {e}");
+        }
+        for topic in ["   ", "dead letters", "dlq/x", "..", "é", &"t".repeat(250)] {
+            let e = err(format!(
+                "{MINIMAL}\n[source.defaults]\non_bad_row = \"dead-letter\"\ndead_letter_topic = {}",
+                quote(topic)
+            ));
+            assert!(e.contains("defaults.dead_letter_topic") && e.contains("[a-zA-Z0-9._-]"), "{topic:?}: {e}");
+        }
+        let ok =
+            format!("{MINIMAL}\n[source.defaults]\non_bad_row = \"dead-letter\"\ndead_letter_topic = \"app.dlq_1-x\"");
+        assert!(with_env(&ok, &[]).is_ok());
+        for instance in ["a\tb", "a b", "a\nb", "a\u{0}b", "a\u{a0}b"] {
+            let e = err(format!(
+                "[coordination]\nkind = \"zookeeper\"\nconnect = \"zk:2181\"\ninstance = {}\n{MINIMAL}",
+                quote(instance)
+            ));
+            assert!(e.starts_with("coordination.instance:"), "{instance:?}: {e}");
+        }
+    }
+
+    /// The properties the producer fixes, and the message timeout it bounds, are refused under
+    /// every librdkafka name.
+    #[test]
+    fn reserved_kafka_properties_are_refused_under_their_aliases() {
+        let with_property = |key: &str| {
+            Config::from_toml(&format!("[kafka.properties]\n{key:?} = \"1\"\n{MINIMAL}")).map_err(|e| e.to_string())
+        };
+        for key in ["message.timeout.ms", "delivery.timeout.ms", "Delivery.Timeout.Ms"] {
+            let e = with_property(key).unwrap_err();
+            assert!(e.contains(key) && e.contains("kafka.message_timeout_ms"), "{e}");
+        }
+        for (key, canonical) in [
+            ("acks", "acks"),
+            ("request.required.acks", "acks"),
+            ("max.in.flight", "max.in.flight.requests.per.connection"),
+            ("max.in.flight.requests.per.connection", "max.in.flight.requests.per.connection"),
+            ("enable.idempotence", "enable.idempotence"),
+            ("partitioner", "partitioner"),
+        ] {
+            let e = with_property(key).unwrap_err();
+            assert!(e.contains(&format!("{key:?}")) && e.contains("fixed"), "{e}");
+            assert_eq!(e.contains("alias"), key != canonical, "{e}");
+        }
+        assert!(with_property("batch.size").is_ok());
     }
 
     #[test]
@@ -726,14 +891,59 @@ mod tests {
         assert!(!format!("{c:?}").contains("pw@"));
     }
 
+    /// `${VAR}` references in `text` read from `vars` only.
+    fn with_env(text: &str, vars: &[(&str, &str)]) -> Result<Config, ConfigError> {
+        let vars: Vec<(String, String)> = vars.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        Config::from_toml_with(text, &|name| vars.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone()))
+    }
+
+    /// [`MINIMAL`] with the password from `${PW}`.
+    fn from_env() -> String {
+        MINIMAL.replace(":pw@", ":${PW}@")
+    }
+
     #[test]
-    fn env_expansion() {
-        assert!(
-            expand_env("x = \"${OUTBOX_SURELY_UNSET_VAR}\"")
-                .unwrap_err()
-                .to_string()
-                .contains("OUTBOX_SURELY_UNSET_VAR")
-        );
-        assert_eq!(expand_env("no vars").unwrap(), "no vars");
+    fn env_expansion_names_an_unset_variable_and_where_it_is_used() {
+        let e = with_env(&from_env(), &[]).unwrap_err().to_string();
+        assert!(e.contains("${PW}") && e.contains("source[0].url"), "{e}");
+        let c = with_env(&from_env(), &[("PW", "plain")]).unwrap();
+        assert_eq!(c.sources[0].url.expose(), "postgres://u:plain@localhost/app");
+        assert!(with_env("no = \"vars\"", &[]).unwrap_err().to_string().contains("unknown field"));
+    }
+
+    /// An environment value is a string's content, whatever it holds: quotes and backslashes
+    /// do not break the file, and nothing in it becomes a key.
+    #[test]
+    fn env_values_are_string_contents_never_toml() {
+        for pw in [r#"a"b"#, r"a\b", "a\"\nshards = 9\n#", "a'b\n[[source]]"] {
+            let c = with_env(&from_env(), &[("PW", pw)]).unwrap_or_else(|e| panic!("{pw:?}: {e}"));
+            assert_eq!(c.sources.len(), 1, "{pw:?}");
+            assert_eq!(c.sources[0].shards, DEFAULT_SHARDS, "{pw:?} injected a key");
+            assert_eq!(c.sources[0].url.expose(), format!("postgres://u:{pw}@localhost/app"));
+        }
+        // Only string values expand: a reference cannot stand for a number or a table.
+        assert!(with_env(&format!("{MINIMAL}shards = ${{N}}"), &[("N", "3")]).is_err());
+        let c = with_env("[[source]]\nname = \"app\"\nkind = \"${KIND}\"\nurl = \"x\"", &[("KIND", "mysql")]).unwrap();
+        assert_eq!(c.sources[0].kind, SourceKind::Mysql);
+    }
+
+    /// No error about the file shows a secret: neither an expanded value nor the text of the
+    /// line it is on.
+    #[test]
+    fn config_errors_never_show_secret_values() {
+        let secret = "s3cret-value";
+        let cases: Vec<(String, Vec<(&str, &str)>)> = vec![
+            // A syntax error on the line of a literal password.
+            (format!("[[source]]\nname = \"a\"\nkind = \"postgres\"\nurl = \"postgres://u:{secret}@h/db\" x"), vec![]),
+            // An expanded value of the wrong kind.
+            (format!("{MINIMAL}\n[source.defaults]\nmode = \"${{S}}\""), vec![("S", secret)]),
+            (format!("{}\n[metrics]\nlisten = \"${{S}}\"", from_env()), vec![("PW", "x"), ("S", secret)]),
+            (format!("{}\nbogus = \"${{S}}\"", from_env()), vec![("PW", secret), ("S", secret)]),
+        ];
+        for (text, vars) in cases {
+            let e = with_env(&text, &vars).unwrap_err().to_string();
+            assert!(!e.contains(secret), "the error shows the secret: {e}");
+            assert!(e.contains("line "), "the error says where: {e}");
+        }
     }
 }

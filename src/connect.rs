@@ -11,11 +11,22 @@ use crate::config::SourceConfig;
 /// The PostgreSQL target of `source`, or of `url` (an admin URL given on the command line,
 /// with its own password) on the same server with the source's TLS settings.
 pub fn pg_target(source: &SourceConfig, url: Option<&str>) -> anyhow::Result<PgTarget> {
-    let target = match url {
-        Some(url) => PgTarget::from_url(url, None)?,
-        None => PgTarget::from_url(source.url.expose(), source.password()?.as_deref())
-            .with_context(|| format!("source {:?}: url", source.name))?,
-    };
+    match url {
+        Some(url) => pg_admin_target(source, url, None),
+        None => pg_with_tls(
+            source,
+            PgTarget::from_url(source.url.expose(), source.password()?.as_deref())
+                .with_context(|| format!("source {:?}: url", source.name))?,
+        ),
+    }
+}
+
+/// The admin login `url` (with `password` when the URL has none) with `source`'s TLS.
+pub fn pg_admin_target(source: &SourceConfig, url: &str, password: Option<&str>) -> anyhow::Result<PgTarget> {
+    pg_with_tls(source, PgTarget::from_url(url, password)?)
+}
+
+fn pg_with_tls(source: &SourceConfig, target: PgTarget) -> anyhow::Result<PgTarget> {
     match source.tls.as_ref().and_then(|t| t.postgres()) {
         Some(tls) => target.with_tls(tls).with_context(|| format!("source {:?}: tls", source.name)),
         None => Ok(target),
@@ -24,12 +35,23 @@ pub fn pg_target(source: &SourceConfig, url: Option<&str>) -> anyhow::Result<PgT
 
 /// The MySQL/MariaDB options of `source`, or of `url` as in [`pg_target`].
 pub fn mysql_opts(source: &SourceConfig, url: Option<&str>) -> anyhow::Result<Opts> {
-    let opts = match url {
-        Some(url) => mysql_url(url, None)?,
-        None => mysql_url(source.url.expose(), source.password()?.as_deref())
-            .with_context(|| format!("source {:?}: url", source.name))?,
-    };
-    Ok(OptsBuilder::from_opts(opts).ssl_opts(source.tls.as_ref().and_then(|t| t.mysql())).into())
+    match url {
+        Some(url) => mysql_admin_opts(source, url, None),
+        None => Ok(mysql_with_tls(
+            source,
+            mysql_url(source.url.expose(), source.password()?.as_deref())
+                .with_context(|| format!("source {:?}: url", source.name))?,
+        )),
+    }
+}
+
+/// The admin login `url` (with `password` when given) with `source`'s TLS settings.
+pub fn mysql_admin_opts(source: &SourceConfig, url: &str, password: Option<&str>) -> anyhow::Result<Opts> {
+    Ok(mysql_with_tls(source, mysql_url(url, password)?))
+}
+
+fn mysql_with_tls(source: &SourceConfig, opts: Opts) -> Opts {
+    OptsBuilder::from_opts(opts).ssl_opts(source.tls.as_ref().and_then(|t| t.mysql())).into()
 }
 
 /// Connection options of a MySQL/MariaDB URL, with the password from the config if given.

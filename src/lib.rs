@@ -35,6 +35,7 @@ pub mod poll;
 pub mod postgres;
 pub mod record;
 pub mod run;
+pub mod same_database;
 pub mod secret;
 pub mod skip;
 pub mod source;

@@ -4,7 +4,7 @@
 
 use std::net::SocketAddr;
 
-use metrics::{Unit, describe_counter, describe_gauge, describe_histogram};
+use metrics::{Unit, counter, describe_counter, describe_gauge, describe_histogram, gauge};
 use metrics_exporter_prometheus::PrometheusBuilder;
 
 pub const PUBLISHED_RECORDS: &str = "outbox_published_records_total";
@@ -31,6 +31,11 @@ pub const OWNER_EPOCH: &str = "outbox_owner_epoch";
 
 /// Latency buckets in seconds: 1 ms to 30 s.
 const LATENCY_BUCKETS: &[f64] = &[0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0];
+
+/// Values of the `kind` label of [`ERRORS`].
+pub const ERROR_KINDS: &[&str] = &["source", "kafka_transient", "kafka_definite", "bad_row"];
+/// The `kind` values of [`SKIPPED_ROWS`].
+pub const SKIPPED_KINDS: &[&str] = &["operator", "deleted_bad_row"];
 
 /// Values of [`STREAM_STATE`].
 pub mod state {
@@ -102,6 +107,38 @@ pub fn describe() {
         STREAM_STATE,
         "0 stopped, 1 streaming, 2 retrying after an error, 3 halted (operator action needed), 4 catching up by polling"
     );
+}
+
+/// Puts every series of one shard-partition (`labels`: source, shard, partition) on
+/// `/metrics` before anything happens to it: counters at their current value (0 for a new
+/// one), [`ERRORS`] once per kind, nothing in flight. Dashboards and `rate()` alerts then see
+/// the shard-partition from the start instead of from its first message. Called when its
+/// task starts.
+pub fn init_stream(labels: &[(&'static str, String); 3]) {
+    for name in [
+        PUBLISHED_RECORDS,
+        DELETED_ROWS,
+        DEAD_LETTERED_RECORDS,
+        SKIPPED_REPLAYED_ROWS,
+        SWEPT_ROWS,
+        STATEMENT_WRITES,
+        CATCHUPS,
+        CATCHUP_ROWS,
+    ] {
+        counter!(name, labels).increment(0);
+    }
+    for kind in SKIPPED_KINDS {
+        let [a, b, c] = labels.clone();
+        counter!(SKIPPED_ROWS, &[a, b, c, ("kind", kind.to_string())]).increment(0);
+    }
+    for kind in ERROR_KINDS {
+        let [a, b, c] = labels.clone();
+        counter!(ERRORS, &[a, b, c, ("kind", kind.to_string())]).increment(0);
+    }
+    for name in [IN_FLIGHT_RECORDS, IN_FLIGHT_BYTES] {
+        gauge!(name, labels).set(0.0);
+    }
+    gauge!(STREAM_STATE, labels).set(state::STOPPED);
 }
 
 /// Installs the global recorder and serves `/metrics`, `/healthz` and `/readyz` on `listen`

@@ -96,10 +96,8 @@ pub fn topic_value(id: i64, topic: Option<&[u8]>) -> Result<String, InvalidRow> 
     let Some(bytes) = topic else { return Err(bad("is NULL; every row needs a Kafka topic".into())) };
     let topic = String::from_utf8(bytes.to_vec()).map_err(|_| bad("is not UTF-8".into()))?;
     if topic.is_empty() || topic.len() > 249 {
-        return Err(bad(format!(
-            "is not a valid Kafka topic name ({} bytes; 1 to 249 characters are allowed)",
-            topic.len()
-        )));
+        // The reason is logged and shown on /readyz: the topic's length, never its text.
+        return Err(bad(format!("is {} bytes long; a Kafka topic name has 1 to 249 characters", topic.len())));
     }
     Ok(topic)
 }
@@ -123,12 +121,6 @@ pub fn partition_value(id: i64, partition: Option<i64>) -> Result<Option<i32>, I
     }
 }
 
-/// A header name for messages: escaped, and cut to a length that cannot flood a log line.
-fn header_name(name: &str) -> String {
-    let cut: String = name.chars().take(64).collect();
-    if cut.len() < name.len() { format!("{cut:?}…") } else { format!("{cut:?}") }
-}
-
 /// Parses the `headers` column: a JSON object whose values are strings (or null, skipped).
 /// Names starting with [`RESERVED_HEADER_PREFIX`] are refused.
 pub fn parse_headers(json: &[u8]) -> Result<Vec<(String, Vec<u8>)>, String> {
@@ -139,18 +131,18 @@ pub fn parse_headers(json: &[u8]) -> Result<Vec<(String, Vec<u8>)>, String> {
     };
     let mut headers = Vec::with_capacity(map.len());
     for (k, v) in map {
-        if k.len() >= RESERVED_HEADER_PREFIX.len()
-            && k[..RESERVED_HEADER_PREFIX.len()].eq_ignore_ascii_case(RESERVED_HEADER_PREFIX)
-        {
+        // `get`, not slicing: a name may start with a multi-byte character.
+        if k.get(..RESERVED_HEADER_PREFIX.len()).is_some_and(|p| p.eq_ignore_ascii_case(RESERVED_HEADER_PREFIX)) {
             return Err(format!(
-                "header {} starts with \"{RESERVED_HEADER_PREFIX}\", which is reserved for the streamer's own headers; rename it",
-                header_name(&k)
+                "header {:?} starts with \"{RESERVED_HEADER_PREFIX}\", which is reserved for the streamer's own headers; rename it",
+                header_name_for_log(&k)
             ));
         }
         match v {
             serde_json::Value::String(s) => headers.push((k, s.into_bytes())),
             serde_json::Value::Null => {}
             other => {
+                // Name the header and the JSON type, never the value (it is application data).
                 let kind = match other {
                     serde_json::Value::Bool(_) => "a boolean",
                     serde_json::Value::Number(_) => "a number",
@@ -158,13 +150,22 @@ pub fn parse_headers(json: &[u8]) -> Result<Vec<(String, Vec<u8>)>, String> {
                     _ => "an object",
                 };
                 return Err(format!(
-                    "value of header {} must be a string, found {kind}; quote it in the JSON",
-                    header_name(&k)
+                    "the value of header {:?} must be a string, found {kind}; quote it in the JSON",
+                    header_name_for_log(&k)
                 ));
             }
         }
     }
     Ok(headers)
+}
+
+/// A header name as errors show it: at most 64 characters, then `…`.
+fn header_name_for_log(name: &str) -> String {
+    const SHOWN: usize = 64;
+    match name.char_indices().nth(SHOWN) {
+        Some((cut, _)) => format!("{}…", &name[..cut]),
+        None => name.to_string(),
+    }
 }
 
 #[cfg(test)]
@@ -179,8 +180,25 @@ mod tests {
         assert!(parse_headers(b"{").is_err());
     }
 
+    /// Reasons are logged and shown on the unauthenticated /readyz: they name the column, the
+    /// header and the type or length, never a header value or the topic's text.
+    #[test]
+    fn reasons_never_quote_row_data() {
+        let e = parse_headers(br#"{"trace-id":"ok","card":{"number":"4111-secret"}}"#).unwrap_err();
+        assert!(e.contains("\"card\"") && e.contains("an object") && !e.contains("4111-secret"), "{e}");
+        let e = parse_headers(br#"{"n":12345678}"#).unwrap_err();
+        assert!(e.contains("a number") && !e.contains("12345678"), "{e}");
+        let long = "h".repeat(100);
+        let e = parse_headers(format!(r#"{{"{long}":true}}"#).as_bytes()).unwrap_err();
+        assert!(e.contains(&format!("\"{}…\"", "h".repeat(64))) && !e.contains(&long), "{e}");
+        let topic = format!("secret-{}", "t".repeat(250));
+        let e = topic_value(7, Some(topic.as_bytes())).unwrap_err().to_string();
+        assert!(!e.contains("secret") && e.contains("257 bytes"), "{e}");
+    }
+
     #[test]
     fn reserved_header_names_are_refused() {
+        assert!(parse_headers("{\"ñoutbox-x\": \"1\", \"é\": \"2\"}".as_bytes()).is_ok(), "multi-byte names");
         for name in ["outbox-id", "OUTBOX-Owner-Epoch", "outbox-"] {
             let json = format!("{{\"{name}\": \"1\"}}");
             assert!(parse_headers(json.as_bytes()).unwrap_err().contains("reserved"), "{name}");

@@ -56,6 +56,7 @@ pub async fn run(mut config: Config) -> anyhow::Result<()> {
         m::serve(listen).await.with_context(|| format!("metrics.listen: cannot serve metrics on {listen}"))?;
         tracing::info!(%listen, "serving /metrics, /healthz and /readyz");
     }
+    crate::same_database::refuse_shared_databases(&config).await?;
     let instance = config.coordination.as_ref().map(|c| c.instance_name());
     if let Some(c) = &config.coordination {
         // A record queued inside librdkafka when the process was paused must not go out after
@@ -390,6 +391,7 @@ async fn stream_task<S, F, Fut>(
         ("shard", labels.id.shard.to_string()),
         ("partition", labels.id.partition.to_string()),
     ];
+    m::init_stream(&metric_labels);
     let producer = match Producer::new(&producer) {
         Ok(p) => p,
         Err(e) => {

@@ -1,7 +1,7 @@
 //! `/healthz` and `/readyz` on the metrics address, against a real streamer.
 
 use std::net::SocketAddr;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_postgres::types::ToSql;
@@ -14,13 +14,18 @@ const ARRIVAL: Duration = Duration::from_secs(120);
 
 /// (status code, body) of `GET path`.
 async fn get(addr: SocketAddr, path: &str) -> (u16, String) {
-    let mut conn = tokio::net::TcpStream::connect(addr).await.expect("connecting to the metrics address");
-    conn.write_all(format!("GET {path} HTTP/1.1\r\nHost: test\r\n\r\n").as_bytes()).await.unwrap();
+    try_get(addr, path).await.unwrap_or_else(|| panic!("no answer to GET {path} from {addr}"))
+}
+
+/// (status code, body) of `GET path`, or `None` while nothing answers.
+async fn try_get(addr: SocketAddr, path: &str) -> Option<(u16, String)> {
+    let mut conn = tokio::net::TcpStream::connect(addr).await.ok()?;
+    conn.write_all(format!("GET {path} HTTP/1.1\r\nHost: test\r\n\r\n").as_bytes()).await.ok()?;
     let mut text = String::new();
-    conn.read_to_string(&mut text).await.unwrap();
-    let status = text.split_whitespace().nth(1).and_then(|s| s.parse().ok()).expect("a status line");
+    conn.read_to_string(&mut text).await.ok()?;
+    let status = text.split_whitespace().nth(1).and_then(|s| s.parse().ok())?;
     let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
-    (status, body)
+    Some((status, body))
 }
 
 fn free_addr() -> SocketAddr {
@@ -131,4 +136,91 @@ async fn no_secret_appears_in_logs_status_metrics_or_errors() {
     for (i, text) in seen.iter().enumerate() {
         assert!(!text.contains(password), "output #{i} shows the password:\n{text}");
     }
+}
+
+/// Right after start, with no traffic yet, `/metrics` lists every shard-partition's counters
+/// at 0 (errors once per kind), so dashboards and `rate()` alerts work before the first message.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_list_every_shard_partition_at_zero_before_any_message() {
+    let w = World::new("mz", 2, 2, 1, "").await;
+    let addr = free_addr();
+    let streamer =
+        Running::start_with_env(&w.config, &w.dir.join("streamer.log"), &[("OUTBOX_METRICS_LISTEN", addr.to_string())]);
+    let mut expected = Vec::new();
+    for (shard, partition) in [(0, 0), (0, 1), (1, 0), (1, 1)] {
+        let labels = format!("source=\"test\",shard=\"{shard}\",partition=\"{partition}\"");
+        for name in [
+            "outbox_published_records_total",
+            "outbox_deleted_rows_total",
+            "outbox_dead_lettered_records_total",
+            "outbox_catchups_total",
+            "outbox_in_flight_records",
+        ] {
+            expected.push(format!("{name}{{{labels}}} 0"));
+        }
+        for kind in ["source", "kafka_transient", "kafka_definite", "bad_row"] {
+            expected.push(format!("outbox_errors_total{{{labels},kind=\"{kind}\"}} 0"));
+        }
+    }
+    let body = wait_until("every shard-partition's series at 0 on /metrics", ARRIVAL, || async {
+        let (_, body) = try_get(addr, "/metrics").await?;
+        expected.iter().all(|line| body.lines().any(|l| l == line)).then_some(body)
+    })
+    .await;
+    assert!(body.contains("outbox_stream_state{"), "{body}");
+    assert!(streamer.stop());
+}
+
+/// Clients that connect and say nothing cannot exhaust the process's file descriptors or
+/// its CPU: beyond 64 connections the longest-waiting ones are closed at once, a scrape is
+/// still answered promptly, silent connections are closed after the 5 s head deadline, and
+/// the streamer keeps streaming. The streamer runs with fewer file descriptors than the
+/// test opens connections, so an unbounded listener runs out and `accept` fails (EMFILE).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn silent_connections_are_bounded_in_number_and_time() {
+    const SILENT: usize = 300;
+    const CAP: usize = 64;
+    let w = World::new("hf", 1, 1, 1, "").await;
+    let table = w.table(0, 0);
+    let addr = free_addr();
+    let env = [("OUTBOX_METRICS_LISTEN", addr.to_string())];
+    let streamer = Running::start_with_nofile(&w.config, &w.dir.join("streamer.log"), &env, 256);
+    streamer.wait_for_log("streaming", ARRIVAL).await;
+    wait_until("/healthz to answer", ARRIVAL, || async { try_get(addr, "/healthz").await }).await;
+
+    let (cpu_before, started) = (streamer.cpu_time(), Instant::now());
+    let mut silent = Vec::new();
+    for _ in 0..SILENT {
+        silent.push(tokio::net::TcpStream::connect(addr).await.expect("the kernel queues the connection"));
+    }
+    wait_until(&format!("at most {CAP} silent connections left open"), Duration::from_secs(5), || {
+        let open = still_open(&mut silent);
+        async move { (open <= CAP).then_some(()) }
+    })
+    .await;
+    let asked = Instant::now();
+    let (status, body) = get(addr, "/metrics").await;
+    assert_eq!(status, 200);
+    assert!(body.contains("outbox_stream_state"));
+    assert!(asked.elapsed() < Duration::from_secs(2), "a scrape waited {:?}", asked.elapsed());
+    wait_until("every silent connection closed after the head deadline", Duration::from_secs(20), || {
+        let open = still_open(&mut silent);
+        async move { (open == 0).then_some(()) }
+    })
+    .await;
+    let (cpu, wall) = (streamer.cpu_time() - cpu_before, started.elapsed());
+    assert!(cpu < wall / 2, "the streamer spun: {cpu:?} of CPU in {wall:?}");
+
+    let insert = format!("INSERT INTO {table} (topic, payload) VALUES ($1, 'after the flood')");
+    w.db.admin.execute(&insert, &[&w.topic as &(dyn ToSql + Sync)]).await.unwrap();
+    kafka::read_at_least(&w.topic, 1, 1, ARRIVAL).await;
+    w.wait_drained(&table).await;
+    assert!(!streamer.log_text().contains("ERROR"), "{}", streamer.log_text());
+    assert!(streamer.stop());
+}
+
+/// Drops the connections the server has closed; returns how many are still open.
+fn still_open(conns: &mut Vec<tokio::net::TcpStream>) -> usize {
+    conns.retain(|c| matches!(c.try_read(&mut [0u8; 1]), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock));
+    conns.len()
 }

@@ -18,6 +18,7 @@ mod polling;
 mod polling_mysql;
 mod postgres_cdc;
 mod postgres_faults;
+mod same_database;
 mod smoke;
 mod sweep;
 mod tls;

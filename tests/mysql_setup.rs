@@ -67,3 +67,41 @@ async fn setup_names_a_missing_replication_grant_and_the_fix() {
     assert!(tables.is_empty(), "nothing is created when a check fails");
     db.conn.disconnect().await.unwrap();
 }
+
+/// The admin password can stay out of the process arguments: `setup --help` says how, and
+/// `--admin-password-env` reads it from the environment for a URL that has none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn setup_takes_the_admin_password_from_the_environment() {
+    let _services = shared_services().await;
+    let mut db = mysql::fresh_db().await;
+    let streamer_url = db.streamer_user("REPLICATION SLAVE, REPLICATION CLIENT").await;
+    let prefix = unique("mp");
+    let dir = scratch(&prefix);
+    let config = source_config(&dir, "mysql", &streamer_url, &prefix, 1, 1, "");
+
+    let (ok, help, _) = run_cli(&config, &["setup", "--help"]);
+    assert!(ok && help.contains("OUTBOX_SETUP_URL") && help.contains("--admin-password-env"), "{help}");
+
+    let (scheme, rest) = db.admin_url.split_once("://").unwrap();
+    let (userinfo, host) = rest.rsplit_once('@').unwrap();
+    let (user, password) = userinfo.split_once(':').unwrap();
+    let bare_url = format!("{scheme}://{user}@{host}");
+    let setup = |env: &[(&str, &str)]| {
+        let out = std::process::Command::new(crate::support::streamer::bin())
+            .arg("--config")
+            .arg(&config)
+            .args(["setup", "--admin-url", &bare_url, "--admin-password-env", "OUTBOX_TEST_ADMIN_PASSWORD"])
+            .env_remove("OUTBOX_TEST_ADMIN_PASSWORD")
+            .envs(env.iter().copied())
+            .output()
+            .unwrap();
+        (out.status.success(), String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    let (ok, err) = setup(&[]);
+    assert!(!ok && err.contains("OUTBOX_TEST_ADMIN_PASSWORD is not set"), "{err}");
+    let (ok, err) = setup(&[("OUTBOX_TEST_ADMIN_PASSWORD", password)]);
+    assert!(ok, "setup with the password from the environment failed:\n{err}");
+    let tables: Vec<String> = db.conn.query("SHOW TABLES").await.unwrap();
+    assert!(tables.contains(&format!("{prefix}_0_0")), "{tables:?}");
+    db.conn.disconnect().await.unwrap();
+}

@@ -303,7 +303,8 @@ async fn run(
         ),
     )?;
     let config = Config::load(&config_path)?;
-    crate::cli::setup::setup(&config, false, Some(&db.admin_url)).await?;
+    let admin = crate::cli::setup::AdminLogin { url: &db.admin_url, password: None };
+    crate::cli::setup::setup(&config, false, Some(admin)).await?;
     let tables: Vec<String> = (0..args.partitions).map(|p| format!("{run_id}_0_{p}")).collect();
     db.separate_id_ranges(&tables).await?;
     if args.shared_keys {

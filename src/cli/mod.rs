@@ -34,14 +34,25 @@ pub enum LogFormat {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Create (idempotently) the outbox tables, publications, slots and enqueue function.
+    ///
+    /// Give the admin login through the environment, not the command line: arguments are
+    /// visible to every user of the machine (`ps`, /proc/PID/cmdline) and land in shell
+    /// history. Either `OUTBOX_SETUP_URL='postgres://owner:…@db/app' outbox-streamer setup`,
+    /// or a URL without password plus `--admin-password-env VAR`.
+    #[command(verbatim_doc_comment)]
     Setup {
         /// Print the SQL instead of running it.
         #[arg(long)]
         dry_run: bool,
         /// Run the DDL as this login (an owner or superuser) instead of the source's `url`;
-        /// the source's login is then granted what the streamer needs.
+        /// the source's login is then granted what the streamer needs. Prefer the
+        /// OUTBOX_SETUP_URL variable: a password here is visible in the process list.
         #[arg(long, env = "OUTBOX_SETUP_URL", hide_env_values = true)]
         admin_url: Option<String>,
+        /// Read the admin login's password from this environment variable, so that
+        /// --admin-url (or OUTBOX_SETUP_URL) needs none.
+        #[arg(long, value_name = "VAR")]
+        admin_password_env: Option<String>,
     },
     /// Stream every shard-partition until SIGTERM or SIGINT.
     Run,
@@ -96,7 +107,23 @@ pub fn init_logging(format: LogFormat) {
 pub async fn execute(cli: Cli) -> anyhow::Result<ExitCode> {
     let load = || Config::load(&cli.config).with_context(|| "loading the configuration (see docs/configuration.md)");
     match cli.command {
-        Command::Setup { dry_run, admin_url } => setup::setup(&load()?, dry_run, admin_url.as_deref()).await,
+        Command::Setup { dry_run, admin_url, admin_password_env } => {
+            let password =
+                match &admin_password_env {
+                    Some(var) => Some(std::env::var(var).map_err(|_| {
+                        anyhow::anyhow!("--admin-password-env: the environment variable {var} is not set")
+                    })?),
+                    None => None,
+                };
+            let admin = match (&admin_url, &password) {
+                (Some(url), password) => Some(setup::AdminLogin { url, password: password.as_deref() }),
+                (None, Some(_)) => {
+                    anyhow::bail!("--admin-password-env needs the admin login's URL: --admin-url or OUTBOX_SETUP_URL")
+                }
+                (None, None) => None,
+            };
+            setup::setup(&load()?, dry_run, admin).await
+        }
         Command::Run => {
             crate::run::run(load()?).await?;
             Ok(ExitCode::SUCCESS)

@@ -8,15 +8,26 @@ use outbox_postgres::connect::PgTarget;
 use outbox_postgres::setup::{self as pg, SetupPlan, StreamObjects};
 
 use crate::config::{Config, SourceConfig, SourceKind};
-use crate::connect::{mysql_opts, pg_target};
+use crate::connect::{mysql_admin_opts, mysql_opts, pg_admin_target, pg_target};
 use crate::names::{all_streams, checkpoint_table, stream_names};
 
-pub async fn setup(config: &Config, dry_run: bool, admin_url: Option<&str>) -> anyhow::Result<ExitCode> {
+/// The login `setup` runs the DDL as, instead of each source's own: a URL, and the password
+/// when it comes from an environment variable rather than the URL.
+#[derive(Debug, Clone, Copy)]
+pub struct AdminLogin<'a> {
+    pub url: &'a str,
+    pub password: Option<&'a str>,
+}
+
+pub async fn setup(config: &Config, dry_run: bool, admin: Option<AdminLogin<'_>>) -> anyhow::Result<ExitCode> {
+    if !dry_run {
+        crate::same_database::refuse_shared_databases(config).await?;
+    }
     let mut ok = true;
     for source in &config.sources {
         match source.kind {
-            SourceKind::Postgres => ok &= setup_postgres(source, dry_run, admin_url).await?,
-            SourceKind::Mysql => ok &= setup_mysql(source, dry_run, admin_url).await?,
+            SourceKind::Postgres => ok &= setup_postgres(source, dry_run, admin).await?,
+            SourceKind::Mysql => ok &= setup_mysql(source, dry_run, admin).await?,
         }
     }
     Ok(if ok { ExitCode::SUCCESS } else { ExitCode::FAILURE })
@@ -38,7 +49,7 @@ pub fn postgres_plan(source: &SourceConfig, streamer: &PgTarget) -> SetupPlan {
     }
 }
 
-async fn setup_postgres(source: &SourceConfig, dry_run: bool, admin_url: Option<&str>) -> anyhow::Result<bool> {
+async fn setup_postgres(source: &SourceConfig, dry_run: bool, admin: Option<AdminLogin<'_>>) -> anyhow::Result<bool> {
     let streamer = pg_target(source, None)?;
     let plan = postgres_plan(source, &streamer);
     if dry_run {
@@ -52,8 +63,8 @@ async fn setup_postgres(source: &SourceConfig, dry_run: bool, admin_url: Option<
         }
         return Ok(true);
     }
-    let admin = match admin_url {
-        Some(url) => pg_target(source, Some(url)).context("--admin-url")?,
+    let admin = match admin {
+        Some(login) => pg_admin_target(source, login.url, login.password).context("--admin-url")?,
         None => streamer.clone(),
     };
     let mut client = admin
@@ -86,7 +97,7 @@ async fn setup_postgres(source: &SourceConfig, dry_run: bool, admin_url: Option<
     Ok(failures.is_empty())
 }
 
-async fn setup_mysql(source: &SourceConfig, dry_run: bool, admin_url: Option<&str>) -> anyhow::Result<bool> {
+async fn setup_mysql(source: &SourceConfig, dry_run: bool, admin: Option<AdminLogin<'_>>) -> anyhow::Result<bool> {
     let streamer = mysql_opts(source, None)?;
     let database = streamer.db_name().unwrap_or_default().to_string();
     let plan = my::SetupPlan {
@@ -109,8 +120,8 @@ async fn setup_mysql(source: &SourceConfig, dry_run: bool, admin_url: Option<&st
         );
         return Ok(true);
     }
-    let admin = match admin_url {
-        Some(url) => mysql_opts(source, Some(url)).context("--admin-url")?,
+    let admin = match admin {
+        Some(login) => mysql_admin_opts(source, login.url, login.password).context("--admin-url")?,
         None => streamer.clone(),
     };
     let mut conn = crate::connect::mysql_connect(&admin).await.with_context(|| format!("source {:?}", source.name))?;

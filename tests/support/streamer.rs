@@ -39,8 +39,20 @@ impl Running {
 
     /// Starts with extra environment variables (for example `OUTBOX_METRICS_LISTEN`).
     pub fn start_with_env(config: &Path, log: &Path, env: &[(&str, String)]) -> Self {
+        Self::spawn(Command::new(bin()), config, log, env)
+    }
+
+    /// Starts with at most `nofile` open file descriptors (`prlimit` execs the binary, so the
+    /// child is the streamer itself).
+    pub fn start_with_nofile(config: &Path, log: &Path, env: &[(&str, String)], nofile: u64) -> Self {
+        let mut command = Command::new("prlimit");
+        command.arg(format!("--nofile={nofile}:{nofile}")).arg("--").arg(bin());
+        Self::spawn(command, config, log, env)
+    }
+
+    fn spawn(mut command: Command, config: &Path, log: &Path, env: &[(&str, String)]) -> Self {
         let file = std::fs::OpenOptions::new().create(true).append(true).open(log).expect("log file");
-        let child = Command::new(bin())
+        let child = command
             .arg("--config")
             .arg(config)
             .arg("run")
@@ -58,6 +70,16 @@ impl Running {
         let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).expect("proc status");
         let line = status.lines().find(|l| l.starts_with("VmHWM:")).expect("VmHWM line");
         line.split_whitespace().nth(1).and_then(|kb| kb.parse::<u64>().ok()).expect("VmHWM in kB") * 1024
+    }
+
+    /// CPU time (user and system) the process has used so far.
+    pub fn cpu_time(&self) -> Duration {
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.child.id())).expect("proc stat");
+        // Fields after the command name, which is in parentheses: utime and stime are the
+        // 12th and 13th, in clock ticks (100 a second on Linux).
+        let fields: Vec<&str> = stat.rsplit_once(')').expect("(comm)").1.split_whitespace().collect();
+        let ticks: u64 = fields[11].parse::<u64>().expect("utime") + fields[12].parse::<u64>().expect("stime");
+        Duration::from_millis(ticks * 10)
     }
 
     pub fn log_text(&self) -> String {

@@ -20,7 +20,7 @@ pub struct ProducerSettings {
     pub linger_ms: u64,
     /// librdkafka's `message.timeout.ms`: how long it retries one record before failing it.
     pub message_timeout_ms: u64,
-    /// Extra librdkafka properties; they cannot weaken idempotence (checked by librdkafka).
+    /// Extra librdkafka properties; the [`RESERVED_PROPERTIES`] are set after them.
     pub properties: BTreeMap<String, String>,
 }
 
@@ -96,6 +96,27 @@ const FIXED: &[(&str, &str)] = &[
     ("partitioner", "murmur2_random"),
 ];
 
+/// Every librdkafka property name (aliases included, from librdkafka's CONFIGURATION.md) that
+/// the producer sets itself and extra `properties` must not change, with the name it is an
+/// alias of: the [`FIXED`] ones, and `message.timeout.ms`, which the streamer bounds (under
+/// ZooKeeper ownership by the session timeout, so a queued record cannot outlive the lease).
+pub const RESERVED_PROPERTIES: &[(&str, &str)] = &[
+    ("enable.idempotence", "enable.idempotence"),
+    ("acks", "acks"),
+    ("request.required.acks", "acks"),
+    ("max.in.flight.requests.per.connection", "max.in.flight.requests.per.connection"),
+    ("max.in.flight", "max.in.flight.requests.per.connection"),
+    ("partitioner", "partitioner"),
+    ("message.timeout.ms", "message.timeout.ms"),
+    ("delivery.timeout.ms", "message.timeout.ms"),
+];
+
+/// The property `key` stands for when the producer reserves it (see [`RESERVED_PROPERTIES`]).
+pub fn reserved_property(key: &str) -> Option<&'static str> {
+    let key = key.trim().to_ascii_lowercase();
+    RESERVED_PROPERTIES.iter().find(|(name, _)| *name == key).map(|(_, canonical)| *canonical)
+}
+
 impl Producer {
     pub fn new(settings: &ProducerSettings) -> Result<Self, KafkaError> {
         let mut cfg = ClientConfig::new();
@@ -112,6 +133,8 @@ impl Producer {
         for (k, v) in &settings.properties {
             cfg.set(k, v);
         }
+        // Reserved properties are refused by the config; set them last all the same.
+        cfg.set("message.timeout.ms", settings.message_timeout_ms.to_string());
         for (k, v) in FIXED {
             cfg.set(*k, *v);
         }
