@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use outbox_mysql::binlog::{BinlogChange, BinlogError, BinlogReader, BinlogTarget, Cell, Flavor, Position};
 use outbox_mysql::mysql_async::prelude::Queryable;
-use outbox_mysql::mysql_async::{Conn, Error as MyError, IsolationLevel, Opts, OptsBuilder, TxOpts};
+use outbox_mysql::mysql_async::{Conn, IsolationLevel, Opts, OptsBuilder, TxOpts};
 use outbox_mysql::setup::ident;
 
 use crate::names::StreamNames;
@@ -65,13 +65,12 @@ impl MySource {
         epoch: i64,
         heartbeat: Duration,
     ) -> Result<Self, SourceError> {
-        let transient = |what: &str, e: &dyn std::fmt::Display| SourceError::Transient(format!("{what}: {e}"));
         let sql_opts: Opts = OptsBuilder::from_opts(opts.clone()).client_found_rows(true).into();
-        let mut sql = Conn::new(sql_opts).await.map_err(|e| {
-            SourceError::transient("connecting to MySQL/MariaDB", crate::connect::mysql_connect_message(&e))
-        })?;
-        let version: Option<String> =
-            sql.query_first("SELECT @@version").await.map_err(|e| transient("reading the server version", &e))?;
+        let mut sql = Conn::new(sql_opts).await.map_err(|e| SourceError::from_db("connecting to MySQL/MariaDB", &e))?;
+        let version: Option<String> = sql
+            .query_first("SELECT @@version")
+            .await
+            .map_err(|e| SourceError::from_db("reading the server version", &e))?;
         let flavor = Flavor::from_version(&version.unwrap_or_default());
         let row: Option<StoredCheckpoint> = sql
             .exec_first(
@@ -82,13 +81,7 @@ impl MySource {
                 (&names.table,),
             )
             .await
-            .map_err(|e| match e {
-                MyError::Server(ref s) if s.code == 1054 || s.code == 1146 => SourceError::Definite {
-                    message: format!("cannot read {checkpoint_table}: {}", s.message),
-                    fix: "run `outbox-streamer setup`: it creates or updates the checkpoint table".into(),
-                },
-                e => transient("reading the checkpoint", &e),
-            })?;
+            .map_err(|e| SourceError::from_db(&format!("reading {checkpoint_table}"), &e))?;
         let Some((gtid, file, offset, stored_epoch, pending)) = row else {
             return Err(SourceError::Definite {
                 message: format!("no checkpoint for {} in {checkpoint_table}", names.table),
@@ -104,7 +97,7 @@ impl MySource {
                 format!("UPDATE {} SET owner_epoch = ? WHERE stream = ? AND owner_epoch <= ?", ident(checkpoint_table));
             sql.exec_drop(claim, (epoch, &names.table, epoch))
                 .await
-                .map_err(|e| transient("claiming the checkpoint", &e))?;
+                .map_err(|e| SourceError::from_db("claiming the checkpoint", &e))?;
             if sql.affected_rows() == 0 {
                 return Err(fenced(&names.table, epoch));
             }
@@ -174,7 +167,7 @@ fn binlog_error(e: BinlogError) -> SourceError {
             message: format!("malformed binlog event: {m}"),
             fix: "check binlog_format=ROW and log_bin_compress=OFF; report it with the server version".into(),
         },
-        other => SourceError::Transient(other.to_string()),
+        other => crate::dberror::source_error("reading the binlog", &other, crate::dberror::Channel::Replication),
     }
 }
 

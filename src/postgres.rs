@@ -157,7 +157,7 @@ impl PgSource {
         let sql = target
             .connect()
             .await
-            .map_err(|e| SourceError::Transient(format!("connecting to {}: {e}", target.display())))?;
+            .map_err(|e| SourceError::from_db(&format!("connecting to {}", target.display()), &e))?;
         let pending = crate::catchup::postgres::pending(&sql, checkpoint_table, &names.table).await?;
         if pending {
             return Err(SourceError::PositionLost(format!(
@@ -167,7 +167,7 @@ impl PgSource {
         }
         let state = slot::state(&sql, &names.slot)
             .await
-            .map_err(|e| SourceError::Transient(format!("reading slot {}: {e}", names.slot)))?;
+            .map_err(|e| SourceError::from_db(&format!("reading slot {}", names.slot), &e))?;
         if !state.exists {
             return Err(SourceError::PositionLost(format!(
                 "replication slot {:?} does not exist in {} (dropped?)",
@@ -188,7 +188,7 @@ impl PgSource {
         let binary = sql
             .query_one("SELECT current_setting('server_version_num')::int >= 140000", &[])
             .await
-            .map_err(|e| SourceError::Transient(format!("reading the server version: {e}")))?
+            .map_err(|e| SourceError::from_db("reading the server version", &e))?
             .get::<_, bool>(0);
         let cfg = target.replication(&names.slot, &names.publication, status_interval, binary);
         let stream = ReplicationStream::start(cfg).await.map_err(|e| stream_error(&names.slot, e))?;
@@ -212,8 +212,7 @@ impl PgSource {
 /// is not a coordinated streamer's is never touched: the caller retries.
 async fn take_slot_from_dead_owner(sql: &Client, slot_name: &str, lease: &OwnerLease) -> Result<(), SourceError> {
     let Some(me) = lease.instance() else { return Ok(()) };
-    let holder =
-        slot::holder(sql, slot_name).await.map_err(|e| SourceError::transient("reading the slot holder", e))?;
+    let holder = slot::holder(sql, slot_name).await.map_err(|e| SourceError::from_db("reading the slot holder", &e))?;
     let Some(holder) = holder else { return Ok(()) };
     let Some(owner) = outbox_postgres::connect::instance_of(&holder.application_name) else {
         return Err(SourceError::Busy(format!(
@@ -230,7 +229,7 @@ async fn take_slot_from_dead_owner(sql: &Client, slot_name: &str, lease: &OwnerL
     tracing::warn!(slot = %slot_name, pid = holder.pid, previous_owner = %owner, "the slot is held by an instance that is no longer a member; terminating its backend");
     slot::terminate(sql, holder.pid)
         .await
-        .map_err(|e| SourceError::transient("terminating the stale slot holder", e))?;
+        .map_err(|e| SourceError::from_db("terminating the stale slot holder", &e))?;
     Err(SourceError::Busy(format!("slot {slot_name:?}: terminated the backend of departed instance {owner:?}")))
 }
 
@@ -247,7 +246,9 @@ fn stream_error(slot: &str, e: StreamError) -> SourceError {
                 message: format!("slot {slot:?}: {e}"),
                 fix: "report this as a bug with the PostgreSQL version; restarting replays from the slot".into(),
             },
-            other => SourceError::Transient(format!("slot {slot:?}: {other}")),
+            other => {
+                crate::dberror::source_error(&format!("slot {slot:?}"), &other, crate::dberror::Channel::Replication)
+            }
         }
     }
 }
