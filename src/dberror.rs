@@ -9,7 +9,7 @@
 //!   connections): a new session retries with backoff. So is any code the tables do not name.
 //! * **busy**: another session reads the slot (55006): wait for it, with a growing interval.
 //! * **definite**: nothing changes by retrying — a refused password (28P01, 1045), a missing
-//!   grant (42501, 1142, …), a slot of another database (55000), a missing table: the
+//!   grant (42501, 1142, …), another database's slot (55000), a missing table: the
 //!   shard-partition halts once with the server's own message and the fix.
 //!
 //! A fix names the exact statement or setting, so it needs to know whose stream failed: the
@@ -112,6 +112,8 @@ pub enum Remedy {
     Schema,
     /// The URL's database does not exist.
     Database,
+    /// The slot's name belongs to another database of the cluster.
+    SlotElsewhere,
     /// The server is not in the state logical decoding needs (wal_level, a standby, …).
     Prerequisite,
     /// A server limit (max_replication_slots, max_wal_senders, …).
@@ -187,6 +189,10 @@ pub fn class_of(error: &ServerError, channel: Channel) -> Class {
     };
     match class {
         Definite(Remedy::Privilege) if channel == Channel::Replication => Definite(Remedy::Replication),
+        // 55000 covers several states; the slot's is the one an operator meets most.
+        Definite(Remedy::Prerequisite) if error.message.contains("was not created in this database") => {
+            Definite(Remedy::SlotElsewhere)
+        }
         other => other,
     }
 }
@@ -200,6 +206,7 @@ pub struct Scope {
     /// The streamer's login (PostgreSQL role, MySQL user).
     pub login: String,
     pub database: String,
+    pub table_prefix: String,
     /// The shard-partition's table.
     pub table: String,
     pub checkpoint_table: String,
@@ -233,6 +240,7 @@ impl Scope {
             backend,
             login: login.into(),
             database: database.into(),
+            table_prefix: source.table_prefix.clone(),
             table: table.into(),
             checkpoint_table: crate::names::checkpoint_table(&source.table_prefix),
             password_from,
@@ -246,6 +254,7 @@ impl Scope {
             backend,
             login: "<the streamer's login>".into(),
             database: "<database>".into(),
+            table_prefix: "<table_prefix>".into(),
             table: "<outbox table>".into(),
             checkpoint_table: "<table_prefix>_checkpoint".into(),
             password_from: "password_env, password_file or the URL".into(),
@@ -272,6 +281,28 @@ fn pg_ident(name: &str) -> String {
 
 fn my_ident(name: &str) -> String {
     format!("`{}`", name.replace('`', "``"))
+}
+
+/// The fix when the default slot names are another database's: a `slot_prefix` of its own.
+/// `setup` and `run` say the same.
+pub fn slot_prefix_fix(source: &str, table_prefix: &str, database: &str) -> String {
+    let suggested = crate::names::suggested_slot_prefix(table_prefix, database);
+    format!(
+        "give this database its own slots: set slot_prefix = {suggested:?} in the [[source]] named {source:?} (its slots become {suggested}_<shard>_<partition>), run `outbox-streamer setup`, then restart; never drop or reuse the other database's slot"
+    )
+}
+
+/// A slot of the stream's name exists, but in `database` (empty: a physical slot): it is not
+/// this database's and is never read, dropped or taken over.
+pub fn slot_elsewhere(slot: &str, database: &str) -> SourceError {
+    let message = if database.is_empty() {
+        format!("replication slot {slot:?} is a physical slot, not this database's logical slot")
+    } else {
+        format!(
+            "replication slot {slot:?} belongs to database {database:?}, not to this one (slot names are cluster-wide)"
+        )
+    };
+    SourceError::Definite { message, fix: Remedy::SlotElsewhere.fix(&current_scope(Backend::Postgres)) }
 }
 
 impl Remedy {
@@ -327,7 +358,8 @@ impl Remedy {
                 "database {:?} does not exist on the server: correct the database in the url of the [[source]] named {:?}, then restart",
                 s.database, s.source
             ),
-            Remedy::Prerequisite => "the server is not in the state logical replication needs, as its message says (for example wal_level = logical, a primary rather than a standby, or a slot created in this database); change that, then restart".into(),
+            Remedy::SlotElsewhere => slot_prefix_fix(&s.source, &s.table_prefix, &s.database),
+            Remedy::Prerequisite => "the server is not in the state logical replication needs, as its message says (for example wal_level = logical, or a primary rather than a standby); change that, then restart".into(),
             Remedy::Limit => "raise the server limit its message names (max_replication_slots, max_wal_senders, …) or free what uses it, then restart".into(),
             Remedy::Tls => format!(
                 "the server requires TLS for this login: add a [source.tls] table to the [[source]] named {:?} (see docs/configuration.md), then restart",
@@ -473,6 +505,7 @@ mod tests {
             backend,
             login: "outbox_streamer".into(),
             database: "billing".into(),
+            table_prefix: "outbox".into(),
             table: "outbox_0_1".into(),
             checkpoint_table: "outbox_checkpoint".into(),
             password_from: "password_env = \"OUTBOX_PW\"".into(),
@@ -527,7 +560,7 @@ mod tests {
         let walsender = pg("42501", "must be superuser or replication role to start walsender");
         assert_eq!(class_of(&walsender, Channel::Replication), Definite(Remedy::Replication));
         let elsewhere = pg("55000", "replication slot \"outbox_0_0\" was not created in this database");
-        assert_eq!(class_of(&elsewhere, Channel::Replication), Definite(Remedy::Prerequisite));
+        assert_eq!(class_of(&elsewhere, Channel::Replication), Definite(Remedy::SlotElsewhere));
     }
 
     #[test]
@@ -563,6 +596,7 @@ mod tests {
         let s = scope(Backend::Postgres);
         assert!(Remedy::Password.fix(&s).contains("password_env = \"OUTBOX_PW\""));
         assert!(Remedy::Replication.fix(&s).starts_with("ALTER ROLE \"outbox_streamer\" REPLICATION"));
+        assert!(Remedy::SlotElsewhere.fix(&s).contains("slot_prefix = \"outbox_billing\""));
         assert!(Remedy::Replication.fix(&scope(Backend::MySql)).starts_with("GRANT REPLICATION SLAVE"));
         let busy = decide(
             "starting replication",

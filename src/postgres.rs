@@ -168,6 +168,9 @@ impl PgSource {
         let state = slot::state(&sql, &names.slot)
             .await
             .map_err(|e| SourceError::from_db(&format!("reading slot {}", names.slot), &e))?;
+        if let Some(database) = &state.other_database {
+            return Err(crate::dberror::slot_elsewhere(&names.slot, database));
+        }
         if !state.exists {
             return Err(SourceError::PositionLost(format!(
                 "replication slot {:?} does not exist in {} (dropped?)",

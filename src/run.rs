@@ -25,7 +25,7 @@ use crate::dberror::{self, Backend};
 use crate::lease::OwnerLease;
 use crate::metrics::{self as m, state};
 use crate::mysql::MySource;
-use crate::names::{StreamNames, all_streams, checkpoint_table, stream_names};
+use crate::names::{StreamNames, all_streams, checkpoint_table};
 use crate::poll::mysql::MyPollTable;
 use crate::poll::postgres::PgPollTable;
 use crate::poll::{PollSettings, PollSource};
@@ -198,7 +198,7 @@ fn stream_plans(source: &SourceConfig) -> Vec<(StreamLabels, StreamSettings, Str
     all_streams(source.shards, source.partitions)
         .map(|id| {
             let settings = source.settings_for(id);
-            let names = stream_names(&source.table_prefix, id);
+            let names = source.stream_names(id);
             let labels = StreamLabels {
                 source: source.name.clone(),
                 id,

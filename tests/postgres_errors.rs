@@ -1,12 +1,13 @@
 //! PostgreSQL errors that retrying cannot fix halt once with the fix; a slot held by another
-//! session is waited for with backoff.
+//! session is waited for with backoff; another database's slot is never used or touched.
 
+use std::path::Path;
 use std::time::Duration;
 
 use tokio_postgres::types::ToSql;
 
 use crate::postgres_cdc::World;
-use crate::support::streamer::Running;
+use crate::support::streamer::{Running, pg_config, run_cli, scratch};
 use crate::support::{kafka, pg, unique};
 
 const ARRIVAL: Duration = Duration::from_secs(120);
@@ -22,6 +23,98 @@ fn lines_at<'a>(log: &'a str, level: &str) -> Vec<&'a str> {
 fn role_of(db: &pg::PgDb) -> String {
     let rest = db.streamer_url.strip_prefix("postgres://").expect("a postgres:// URL");
     rest.split(':').next().expect("user:password@").to_string()
+}
+
+fn database_of(url: &str) -> String {
+    url.rsplit('/').next().expect("a URL ending in /database").to_string()
+}
+
+async fn slot_database(admin: &tokio_postgres::Client, slot: &str) -> Option<(String, String)> {
+    admin
+        .query_opt(
+            "SELECT database::text, confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = $1",
+            &[&slot],
+        )
+        .await
+        .unwrap()
+        .map(|r| (r.get(0), r.get(1)))
+}
+
+fn setup(config: &Path, admin_url: &str) -> (bool, String) {
+    let (ok, out, err) = run_cli(config, &["setup", "--admin-url", admin_url]);
+    (ok, format!("{out}{err}"))
+}
+
+/// Item 6: two databases of one cluster with the same prefix. The second's `setup` refuses
+/// the first's slot with the fix; its `run` halts once with the fix and leaves the other
+/// database's slot alone; with the suggested `slot_prefix` it streams, rows written before its
+/// slot existed included.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_database_never_uses_or_touches_the_first_ones_slot() {
+    let _services = crate::support::shared_services().await;
+    let (first, second) = (pg::fresh_db().await, pg::fresh_db().await);
+    let prefix = unique("sp");
+    let topic = kafka::fresh_topic("sp", 1).await;
+    let slot = format!("{prefix}_0_0");
+    let dir = scratch(&prefix);
+    let (first_dir, second_dir) = (dir.join("first"), dir.join("second"));
+    std::fs::create_dir_all(&first_dir).unwrap();
+    std::fs::create_dir_all(&second_dir).unwrap();
+    let first_config = pg_config(&first_dir, &first.streamer_url, &prefix, 1, 1, "");
+    let second_config = pg_config(&second_dir, &second.streamer_url, &prefix, 1, 1, "");
+    // The second database's tables exist (set up while the name was free, its slot dropped
+    // since); then the first database takes the slot name.
+    let (ok, out) = setup(&second_config, &second.admin_url);
+    assert!(ok, "{out}");
+    second.admin.execute("SELECT pg_drop_replication_slot($1)", &[&slot]).await.unwrap();
+    let (ok, out) = setup(&first_config, &first.admin_url);
+    assert!(ok, "{out}");
+    let first_db = database_of(&first.admin_url);
+    let second_db = database_of(&second.admin_url);
+    let before = slot_database(&first.admin, &slot).await.expect("the first database's slot");
+    assert_eq!(before.0, first_db);
+
+    // setup: never "ready" on another database's slot.
+    let (ok, out) = setup(&second_config, &second.admin_url);
+    assert!(!ok, "setup must refuse another database's slot:\n{out}");
+    assert!(out.contains(&format!("replication slot \"{slot}\" belongs to database \"{first_db}\"")), "{out}");
+    let suggested = format!("{prefix}_{second_db}");
+    assert!(out.contains(&format!("slot_prefix = \"{suggested}\"")), "the fix names the setting:\n{out}");
+
+    // run: halts once with the fix, no retry loop, the other database's slot untouched.
+    let table = format!("{prefix}_0_0");
+    let insert = format!("INSERT INTO {table} (topic, payload) VALUES ($1, $2)");
+    second.admin.execute(&insert, &[&topic as &(dyn ToSql + Sync), &b"before-own-slot".as_slice()]).await.unwrap();
+    let running = Running::start(&second_config, &second_dir.join("halted.log"));
+    let error = running.wait_for_one_halt(HALT).await;
+    assert!(error.contains(&format!("belongs to database \"{first_db}\"")), "{error}");
+    assert!(error.contains(&format!("slot_prefix = \"{suggested}\"")), "{error}");
+    assert!(running.stop(), "a halted streamer exits 0 on SIGTERM");
+    // The catch-up, which replaces a lost slot by name, halts the same way.
+    second.admin.batch_execute(&format!("UPDATE {prefix}_checkpoint SET catchup_pending = true")).await.unwrap();
+    let running = Running::start(&second_config, &second_dir.join("catch-up-halted.log"));
+    let error = running.wait_for_one_halt(HALT).await;
+    assert!(error.contains(&format!("belongs to database \"{first_db}\"")), "{error}");
+    assert!(running.log_text().contains("catching up by polling"), "the catch-up's check halted it");
+    assert!(running.stop());
+    assert_eq!(slot_database(&first.admin, &slot).await, Some(before), "the first database's slot is untouched");
+
+    // The fix: the second database's own slots. The row written before its slot existed is
+    // sent too (setup marks a catch-up for a table that already holds rows).
+    let text = std::fs::read_to_string(&second_config).unwrap();
+    let text = text.replace("partitions = 1\n", &format!("partitions = 1\nslot_prefix = \"{suggested}\"\n"));
+    std::fs::write(&second_config, text).unwrap();
+    let (ok, out) = setup(&second_config, &second.admin_url);
+    assert!(ok, "{out}");
+    let own = slot_database(&second.admin, &format!("{suggested}_0_0")).await.expect("the second database's own slot");
+    assert_eq!(own.0, second_db);
+    let running = Running::start(&second_config, &second_dir.join("fixed.log"));
+    second.admin.execute(&insert, &[&topic as &(dyn ToSql + Sync), &b"after-own-slot".as_slice()]).await.unwrap();
+    let records = kafka::read_at_least(&topic, 1, 2, ARRIVAL).await;
+    let payloads: Vec<String> = records.iter().map(|r| r.payload_str()).collect();
+    assert_eq!(payloads, ["before-own-slot", "after-own-slot"]);
+    assert!(running.stop());
+    assert_eq!(slot_database(&first.admin, &slot).await.map(|s| s.0), Some(first_db));
 }
 
 /// Item 7: a streamer role without DELETE. Each row is published once, the cleanup's

@@ -114,10 +114,15 @@ pub async fn run(
     Ok(Some(report(drain.labels, started, rows)))
 }
 
-/// Makes sure a usable slot exists: creates a missing one, replaces an invalidated one.
+/// Makes sure a usable slot exists: creates a missing one, replaces an invalidated one. Slot
+/// names are cluster-wide: only this database's slot is ever dropped, and a slot of the name
+/// that belongs to another database halts the shard-partition with the fix instead.
 async fn ensure_slot(client: &Client, name: &str) -> Result<(), SourceError> {
     let state =
         slot::state(client, name).await.map_err(|e| SourceError::from_db(&format!("reading slot {name}"), &e))?;
+    if let Some(database) = &state.other_database {
+        return Err(dberror::slot_elsewhere(name, database));
+    }
     if state.exists && state.wal_status.as_deref() != Some("lost") {
         return Ok(());
     }
@@ -128,9 +133,13 @@ async fn ensure_slot(client: &Client, name: &str) -> Result<(), SourceError> {
                 state.active_pid
             )));
         }
-        client.execute("SELECT pg_drop_replication_slot($1)", &[&name]).await.map_err(|e| {
+        // The statement itself checks database, holder and wal_status again.
+        let dropped = slot::drop_lost(client, name).await.map_err(|e| {
             dberror::source_error(&format!("dropping the invalidated slot {name}"), &e, Channel::Replication)
         })?;
+        if !dropped {
+            return Err(SourceError::Transient(format!("slot {name:?} changed while being replaced; checking again")));
+        }
         tracing::warn!(slot = name, "dropped the invalidated slot");
     }
     match client.execute("SELECT pg_create_logical_replication_slot($1, 'pgoutput')", &[&name]).await {
@@ -138,7 +147,16 @@ async fn ensure_slot(client: &Client, name: &str) -> Result<(), SourceError> {
             tracing::warn!(slot = name, "created a new slot; the stream resumes from it after the catch-up");
             Ok(())
         }
-        Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::DUPLICATE_OBJECT) => Ok(()),
+        Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::DUPLICATE_OBJECT) => {
+            // Created meanwhile: by this database's streamer, or by another database's.
+            let state = slot::state(client, name)
+                .await
+                .map_err(|e| SourceError::from_db(&format!("reading slot {name}"), &e))?;
+            match &state.other_database {
+                Some(database) => Err(dberror::slot_elsewhere(name, database)),
+                None => Ok(()),
+            }
+        }
         Err(e) => Err(dberror::source_error(&format!("creating slot {name}"), &e, Channel::Replication)),
     }
 }
