@@ -237,6 +237,10 @@ pub struct SourceConfig {
     pub password_file: Option<PathBuf>,
     #[serde(default = "default_table_prefix")]
     pub table_prefix: String,
+    /// PostgreSQL: name the slots `<slot_prefix>_<shard>_<partition>` instead of after the
+    /// tables. Slot names are cluster-wide: a second database of a cluster whose default slot
+    /// names are taken by another database sets one (`setup` says so and suggests a value).
+    pub slot_prefix: Option<String>,
     #[serde(default = "default_shards")]
     pub shards: u32,
     #[serde(default = "default_partitions")]
@@ -405,6 +409,11 @@ impl StreamSettings {
 }
 
 impl SourceConfig {
+    /// The names of shard-partition `id`'s table, publication and slot (see `names.rs`).
+    pub fn stream_names(&self, id: StreamId) -> crate::names::StreamNames {
+        crate::names::stream_names(&self.table_prefix, self.slot_prefix.as_deref(), id)
+    }
+
     /// The settings of one shard-partition: defaults, then shard overrides, then
     /// shard-partition overrides.
     pub fn settings_for(&self, id: StreamId) -> StreamSettings {
@@ -602,11 +611,16 @@ impl Config {
             if s.url.expose().trim().is_empty() {
                 return Err(invalid(f("url"), "must be a connection URL"));
             }
-            let prefix_ok = s.table_prefix.chars().next().is_some_and(|c| c.is_ascii_lowercase() || c == '_')
-                && s.table_prefix.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
-                && s.table_prefix.len() <= 40;
-            if !prefix_ok {
+            if !crate::names::valid_prefix(&s.table_prefix) {
                 return Err(invalid(f("table_prefix"), "must be lowercase letters, digits and '_', at most 40"));
+            }
+            if let Some(slot_prefix) = &s.slot_prefix {
+                if s.kind != SourceKind::Postgres {
+                    return Err(invalid(f("slot_prefix"), "only PostgreSQL sources have replication slots"));
+                }
+                if !crate::names::valid_prefix(slot_prefix) {
+                    return Err(invalid(f("slot_prefix"), "must be lowercase letters, digits and '_', at most 40"));
+                }
             }
             if s.shards == 0 || s.shards > MAX_SHARDS {
                 return Err(invalid(f("shards"), format!("must be between 1 and {MAX_SHARDS}")));
@@ -814,6 +828,18 @@ mod tests {
         assert_eq!((a.linger_ms, a.compression), (0, Compression::Zstd));
         let b = s.settings_for(StreamId { shard: 1, partition: 1 });
         assert_eq!((b.linger_ms, b.compression), (0, Compression::None));
+    }
+
+    #[test]
+    fn a_slot_prefix_renames_the_slots_only() {
+        let c = Config::from_toml(&format!("{MINIMAL}slot_prefix = \"outbox_billing\"")).unwrap();
+        let names = c.sources[0].stream_names(StreamId { shard: 1, partition: 0 });
+        assert_eq!((names.table.as_str(), names.slot.as_str()), ("outbox_1_0", "outbox_billing_1_0"));
+        let err = Config::from_toml(&format!("{MINIMAL}slot_prefix = \"Billing\"")).unwrap_err().to_string();
+        assert!(err.starts_with("source[0].slot_prefix:"), "{err}");
+        let mysql = MINIMAL.replace("postgres", "mysql");
+        let err = Config::from_toml(&format!("{mysql}slot_prefix = \"x\"")).unwrap_err().to_string();
+        assert!(err.contains("only PostgreSQL sources"), "{err}");
     }
 
     #[test]

@@ -26,6 +26,7 @@ pub mod cli;
 pub mod config;
 pub mod connect;
 pub mod coordination;
+pub mod dberror;
 pub mod health;
 pub mod lease;
 pub mod metrics;

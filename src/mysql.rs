@@ -129,19 +129,18 @@ impl MySource {
         epoch: i64,
         heartbeat: Duration,
     ) -> Result<Self, SourceError> {
-        let transient = |what: &str, e: &dyn fmt::Display| SourceError::Transient(format!("{what}: {e}"));
         let sql_opts: Opts = OptsBuilder::from_opts(opts.clone()).client_found_rows(true).into();
-        let mut sql = Conn::new(sql_opts).await.map_err(|e| {
-            SourceError::transient("connecting to MySQL/MariaDB", crate::connect::mysql_connect_message(&e))
-        })?;
-        let version: Option<String> =
-            sql.query_first("SELECT @@version").await.map_err(|e| transient("reading the server version", &e))?;
+        let mut sql = Conn::new(sql_opts).await.map_err(|e| SourceError::from_db("connecting to MySQL/MariaDB", &e))?;
+        let version: Option<String> = sql
+            .query_first("SELECT @@version")
+            .await
+            .map_err(|e| SourceError::from_db("reading the server version", &e))?;
         let flavor = Flavor::from_version(&version.unwrap_or_default());
         let database = opts.db_name().unwrap_or_default().to_string();
         let _: Option<Option<i64>> = sql
             .exec_first("SELECT GET_LOCK(?, 0)", (stream_lock(&database, &names.table),))
             .await
-            .map_err(|e| transient("taking the stream's lock", &e))?;
+            .map_err(|e| SourceError::from_db("taking the stream's lock", &e))?;
         let row: Option<StoredCheckpoint> = sql
             .exec_first(
                 format!(
@@ -157,7 +156,7 @@ impl MySource {
                     message: format!("cannot read {checkpoint_table}: {}", s.message),
                     fix: "run `outbox-streamer setup`: it creates or updates the checkpoint table".into(),
                 },
-                e => transient("reading the checkpoint", &e),
+                e => SourceError::from_db(&format!("reading {checkpoint_table}"), &e),
             })?;
         let Some((gtid, file, offset, stored_epoch, pending, done_gtid, skip_ids, skip_transactions)) = row else {
             return Err(SourceError::Definite {
@@ -174,7 +173,7 @@ impl MySource {
                 format!("UPDATE {} SET owner_epoch = ? WHERE stream = ? AND owner_epoch <= ?", ident(checkpoint_table));
             sql.exec_drop(claim, (epoch, &names.table, epoch))
                 .await
-                .map_err(|e| transient("claiming the checkpoint", &e))?;
+                .map_err(|e| SourceError::from_db("claiming the checkpoint", &e))?;
             if sql.affected_rows() == 0 {
                 return Err(fenced(&names.table, epoch));
             }
@@ -352,7 +351,7 @@ fn binlog_error(e: BinlogError) -> SourceError {
             message: format!("malformed binlog event: {m}"),
             fix: "check binlog_format=ROW and log_bin_compress=OFF; report it with the server version".into(),
         },
-        other => SourceError::Transient(other.to_string()),
+        other => crate::dberror::source_error("reading the binlog", &other, crate::dberror::Channel::Replication),
     }
 }
 

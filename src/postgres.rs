@@ -164,7 +164,7 @@ impl PgSource {
         let sql = target
             .connect()
             .await
-            .map_err(|e| SourceError::Transient(format!("connecting to {}: {e}", target.display())))?;
+            .map_err(|e| SourceError::from_db(&format!("connecting to {}", target.display()), &e))?;
         let stored = checkpoint::read(&sql, checkpoint_table, &names.table).await?;
         if stored.catchup_pending {
             return Err(SourceError::PositionLost(format!(
@@ -174,7 +174,10 @@ impl PgSource {
         }
         let state = slot::state(&sql, &names.slot)
             .await
-            .map_err(|e| SourceError::Transient(format!("reading slot {}: {e}", names.slot)))?;
+            .map_err(|e| SourceError::from_db(&format!("reading slot {}", names.slot), &e))?;
+        if let Some(database) = &state.other_database {
+            return Err(crate::dberror::slot_elsewhere(&names.slot, database));
+        }
         if !state.exists {
             return Err(SourceError::PositionLost(format!(
                 "replication slot {:?} does not exist in {} (dropped?)",
@@ -195,7 +198,7 @@ impl PgSource {
         let binary = sql
             .query_one("SELECT current_setting('server_version_num')::int >= 140000", &[])
             .await
-            .map_err(|e| SourceError::Transient(format!("reading the server version: {e}")))?
+            .map_err(|e| SourceError::from_db("reading the server version", &e))?
             .get::<_, bool>(0);
         let cfg = target.replication(&names.slot, &names.publication, status_interval, binary);
         let stream = ReplicationStream::start(cfg).await.map_err(|e| stream_error(&names.slot, e))?;
@@ -247,8 +250,7 @@ impl PgSource {
 /// is not a coordinated streamer's is never touched: the caller retries.
 async fn take_slot_from_dead_owner(sql: &Client, slot_name: &str, lease: &OwnerLease) -> Result<(), SourceError> {
     let Some(me) = lease.instance() else { return Ok(()) };
-    let holder =
-        slot::holder(sql, slot_name).await.map_err(|e| SourceError::transient("reading the slot holder", e))?;
+    let holder = slot::holder(sql, slot_name).await.map_err(|e| SourceError::from_db("reading the slot holder", &e))?;
     let Some(holder) = holder else { return Ok(()) };
     let Some(owner) = outbox_postgres::connect::instance_of(&holder.application_name) else {
         return Err(SourceError::Busy(format!(
@@ -265,7 +267,7 @@ async fn take_slot_from_dead_owner(sql: &Client, slot_name: &str, lease: &OwnerL
     tracing::warn!(slot = %slot_name, pid = holder.pid, previous_owner = %owner, "the slot is held by an instance that is no longer a member; terminating its backend");
     slot::terminate(sql, holder.pid)
         .await
-        .map_err(|e| SourceError::transient("terminating the stale slot holder", e))?;
+        .map_err(|e| SourceError::from_db("terminating the stale slot holder", &e))?;
     Err(SourceError::Busy(format!("slot {slot_name:?}: terminated the backend of departed instance {owner:?}")))
 }
 
@@ -282,7 +284,9 @@ fn stream_error(slot: &str, e: StreamError) -> SourceError {
                 message: format!("slot {slot:?}: {e}"),
                 fix: "report this as a bug with the PostgreSQL version; restarting replays from the slot".into(),
             },
-            other => SourceError::Transient(format!("slot {slot:?}: {other}")),
+            other => {
+                crate::dberror::source_error(&format!("slot {slot:?}"), &other, crate::dberror::Channel::Replication)
+            }
         }
     }
 }
@@ -451,7 +455,7 @@ impl Source for PgSource {
         let below = below.unwrap_or(i64::MIN);
         let row = within("sweeping the table", self.sql.query_one(&sql, &[&below, &(limit as i64)])).await?;
         let mark: String = row.get(2);
-        let mark = Lsn::parse(&mark).map_err(|e| SourceError::transient("reading the WAL position", e))?;
+        let mark = Lsn::parse(&mark).map_err(|e| SourceError::Transient(format!("reading the WAL position: {e}")))?;
         Ok(Probe { candidates: row.get(0), max_id: row.get(1), mark })
     }
 

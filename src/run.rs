@@ -21,10 +21,11 @@ use std::sync::Arc;
 
 use crate::catchup::{self, CatchUpReport, Drain};
 use crate::config::{Config, KafkaConfig, Mode, SourceConfig, SourceKind, StreamSettings};
+use crate::dberror::{self, Backend};
 use crate::lease::OwnerLease;
 use crate::metrics::{self as m, state};
 use crate::mysql::MySource;
-use crate::names::{StreamNames, all_streams, checkpoint_table, stream_names};
+use crate::names::{StreamNames, all_streams, checkpoint_table};
 use crate::poll::mysql::MyPollTable;
 use crate::poll::postgres::PgPollTable;
 use crate::poll::{PollSettings, PollSource};
@@ -43,10 +44,18 @@ const BACKOFF_RESET_AFTER: Duration = Duration::from_secs(60);
 /// checkpoint row's lock, and with it the next owner, until the paused process resumed.
 const IDLE_TXN_LIMIT: &str = "SET @outbox_streamer = 1 /*M!100300 , SESSION idle_transaction_timeout = 5 */";
 
-/// How soon a session retries a slot held by another session.
+/// How soon a session first retries a slot held by another session; the interval doubles up
+/// to [`BUSY_RETRY_MAX`] (or [`BUSY_RETRY_MAX_OWNED`] under coordination).
 const BUSY_RETRY: Duration = Duration::from_millis(250);
-/// Waiting this long for a held slot is worth a warning.
-const BUSY_WARN_AFTER: Duration = Duration::from_secs(30);
+/// The longest wait between attempts on a held slot without coordination: a second instance
+/// may hold it for good, and each attempt costs the server a walsender start.
+const BUSY_RETRY_MAX: Duration = Duration::from_secs(10);
+/// Under coordination the lease makes this instance the owner: the holder is the previous
+/// owner closing (or a departed one being ended), so the slot is free again soon.
+const BUSY_RETRY_MAX_OWNED: Duration = Duration::from_secs(2);
+/// A held slot is reported at WARN at most this often: without coordination at once (another
+/// instance may hold it), under coordination once it lasts this long.
+const BUSY_WARN_EVERY: Duration = Duration::from_secs(30);
 const LAG_POLL_INTERVAL: Duration = Duration::from_secs(5);
 /// Connecting a session (SQL and replication or binlog) must finish within this.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(60);
@@ -141,6 +150,8 @@ impl StreamJob {
 /// Everything a shard-partition's task needs except its ownership.
 struct JobParts<F> {
     labels: StreamLabels,
+    /// Names the objects in the fixes of classified database errors.
+    scope: dberror::Scope,
     settings: StreamSettings,
     names: StreamNames,
     connect: F,
@@ -163,6 +174,7 @@ where
             let mut labels = parts.labels.clone();
             labels.lease = lease.clone();
             let span = span(&labels, &parts.names, lease.epoch());
+            let scope = parts.scope.clone();
             let fut = async move {
                 let connect = || (parts.connect)(lease.clone());
                 stream_task(
@@ -176,7 +188,7 @@ where
                 )
                 .await
             };
-            Box::pin(fut.instrument(span)) as Pin<Box<dyn Future<Output = ()> + Send>>
+            Box::pin(dberror::in_scope(scope, fut).instrument(span)) as Pin<Box<dyn Future<Output = ()> + Send>>
         };
         StreamJob { key, start: Arc::new(start) }
     }
@@ -187,7 +199,7 @@ fn stream_plans(source: &SourceConfig) -> Vec<(StreamLabels, StreamSettings, Str
     all_streams(source.shards, source.partitions)
         .map(|id| {
             let settings = source.settings_for(id);
-            let names = stream_names(&source.table_prefix, id);
+            let names = source.stream_names(id);
             let labels = StreamLabels {
                 source: source.name.clone(),
                 id,
@@ -228,6 +240,8 @@ fn postgres_jobs(
     let mut slots = Vec::new();
     let mut polled_slots = Vec::new();
     for (labels, settings, names) in stream_plans(source) {
+        let scope =
+            dberror::Scope::of_stream(source, Backend::Postgres, target.user(), target.database(), &names.table);
         let producer = producer_settings(&config.kafka, &settings, &labels);
         let catch_up = CatchUpPlan::Postgres {
             target: Box::new(target.clone()),
@@ -244,15 +258,19 @@ fn postgres_jobs(
                     (target.clone(), table.clone(), checkpoint.clone(), poll.clone());
                 async move {
                     // Streaming from the slot again later must first send what polling left.
-                    let client =
-                        target.connect().await.map_err(|e| SourceError::Transient(format!("connecting: {e}")))?;
+                    let client = target
+                        .connect()
+                        .await
+                        .map_err(|e| SourceError::from_db(&format!("connecting to {}", target.display()), &e))?;
                     catchup::postgres::mark_pending(&client, &checkpoint, &table).await?;
                     let reader = PgPollTable::connect(&target, &table).await?;
                     let cleaner = PgPollTable::connect(&target, &table).await?;
                     Ok(PollSource::new(reader, cleaner, poll))
                 }
             };
-            jobs.push(JobParts { labels, settings, names, connect, catch_up, producer, message_timeout_ms }.into_job());
+            jobs.push(
+                JobParts { labels, scope, settings, names, connect, catch_up, producer, message_timeout_ms }.into_job(),
+            );
         } else {
             slots.push(names.slot.clone());
             let status_interval = Duration::from_millis(settings.status_interval_ms);
@@ -276,7 +294,9 @@ fn postgres_jobs(
                     .await
                 }
             };
-            jobs.push(JobParts { labels, settings, names, connect, catch_up, producer, message_timeout_ms }.into_job());
+            jobs.push(
+                JobParts { labels, scope, settings, names, connect, catch_up, producer, message_timeout_ms }.into_job(),
+            );
         }
     }
     if let Some(ms) = source.heartbeat_interval_ms {
@@ -299,7 +319,10 @@ fn mysql_jobs(
     let checkpoint = checkpoint_table(&source.table_prefix);
     tasks.spawn(binlog_lag_poller(source.name.clone(), opts.clone(), checkpoint.clone(), stop.clone()));
     let mut jobs = Vec::new();
+    let (login, database) =
+        (opts.user().unwrap_or_default().to_string(), opts.db_name().unwrap_or_default().to_string());
     for (labels, settings, names) in stream_plans(source) {
+        let scope = dberror::Scope::of_stream(source, Backend::MySql, &login, &database, &names.table);
         let producer = producer_settings(&config.kafka, &settings, &labels);
         let catch_up = CatchUpPlan::Mysql { opts: opts.clone(), names: names.clone(), checkpoint: checkpoint.clone() };
         let message_timeout_ms = config.kafka.message_timeout_ms;
@@ -315,7 +338,9 @@ fn mysql_jobs(
                     Ok(PollSource::new(reader, cleaner, poll))
                 }
             };
-            jobs.push(JobParts { labels, settings, names, connect, catch_up, producer, message_timeout_ms }.into_job());
+            jobs.push(
+                JobParts { labels, scope, settings, names, connect, catch_up, producer, message_timeout_ms }.into_job(),
+            );
         } else {
             let heartbeat = Duration::from_millis(settings.status_interval_ms.max(1000));
             let (opts, checkpoint, task_labels, stream_names) =
@@ -325,7 +350,9 @@ fn mysql_jobs(
                     (opts.clone(), stream_names.clone(), checkpoint.clone(), task_labels.clone());
                 async move { MySource::connect(&labels, &opts, &names, &checkpoint, lease.db_epoch(), heartbeat).await }
             };
-            jobs.push(JobParts { labels, settings, names, connect, catch_up, producer, message_timeout_ms }.into_job());
+            jobs.push(
+                JobParts { labels, scope, settings, names, connect, catch_up, producer, message_timeout_ms }.into_job(),
+            );
         }
     }
     Ok(jobs)
@@ -404,7 +431,7 @@ async fn stream_task<S, F, Fut>(
     let message_timeout = Duration::from_millis(message_timeout_ms);
     let mut memory = StreamMemory::default();
     let mut backoff = BACKOFF_START;
-    let mut busy_since: Option<Instant> = None;
+    let mut busy: Option<BusyWait> = None;
     while !*stop.borrow() {
         let started = Instant::now();
         if let Err(msg) = labels.lease.check() {
@@ -427,7 +454,7 @@ async fn stream_task<S, F, Fut>(
             Err(e) => Err(SessionError::from(e)),
         };
         if !matches!(result, Err(SessionError::Busy(_))) {
-            busy_since = None;
+            busy = None;
         }
         match result {
             Ok(()) => break,
@@ -436,17 +463,28 @@ async fn stream_task<S, F, Fut>(
                 return;
             }
             Err(SessionError::Busy(msg)) => {
-                // Another session holds the slot, typically the previous owner still closing:
-                // try again soon, without growing the backoff.
+                // Another session holds the slot: the previous owner still closing (soon free),
+                // or a second instance without coordination (held for good). Retry soon, then
+                // less and less often; say so at most every BUSY_WARN_EVERY.
                 set_state(&labels, &metric_labels, state::RETRYING, Some(&msg));
-                let since = *busy_since.get_or_insert_with(Instant::now);
-                if since.elapsed() > BUSY_WARN_AFTER {
-                    tracing::warn!(error = %msg, waited_s = since.elapsed().as_secs(), "still waiting for the slot");
-                    busy_since = Some(Instant::now());
+                let now = Instant::now();
+                let coordinated = labels.lease.epoch().is_some();
+                let waiting = busy.get_or_insert_with(|| BusyWait::new(now, coordinated));
+                let (warn, mut wait) = waiting.attempt(now);
+                let waited_s = now.duration_since(waiting.since).as_secs();
+                let retry_in_ms = wait.as_millis() as u64;
+                if warn && coordinated {
+                    tracing::warn!(error = %msg, waited_s, retry_in_ms, "still waiting for the previous owner to let go of the slot");
+                } else if warn {
+                    tracing::warn!(
+                        error = %msg,
+                        waited_s,
+                        retry_in_ms,
+                        "the slot is in use by another session; another instance may hold it (a second streamer without [coordination]?) — retrying with backoff"
+                    );
                 } else {
-                    tracing::debug!(error = %msg, "waiting for the slot");
+                    tracing::debug!(error = %msg, retry_in_ms = wait.as_millis() as u64, "waiting for the slot");
                 }
-                let mut wait = BUSY_RETRY;
                 back_off(&mut wait, &mut stop).await;
             }
             Err(SessionError::Transient(msg)) => {
@@ -494,6 +532,38 @@ async fn stream_task<S, F, Fut>(
     }
     let _ = tokio::task::spawn_blocking(move || producer.flush(Duration::from_secs(5))).await;
     stopped(&labels, &metric_labels);
+}
+
+/// Waiting for a slot another session holds: how long until the next attempt, and whether
+/// this attempt is worth a warning.
+#[derive(Debug, Clone, Copy)]
+struct BusyWait {
+    since: Instant,
+    /// The last WARN; under coordination the streak starts as if one had just been logged.
+    warned: Option<Instant>,
+    next: Duration,
+    max: Duration,
+}
+
+impl BusyWait {
+    fn new(now: Instant, coordinated: bool) -> Self {
+        if coordinated {
+            Self { since: now, warned: Some(now), next: BUSY_RETRY, max: BUSY_RETRY_MAX_OWNED }
+        } else {
+            Self { since: now, warned: None, next: BUSY_RETRY, max: BUSY_RETRY_MAX }
+        }
+    }
+
+    /// One more attempt found the slot held at `now`: (warn now?, wait before the next one).
+    fn attempt(&mut self, now: Instant) -> (bool, Duration) {
+        let warn = self.warned.is_none_or(|at| now.duration_since(at) >= BUSY_WARN_EVERY);
+        if warn {
+            self.warned = Some(now);
+        }
+        let wait = self.next;
+        self.next = (self.next * 2).min(self.max);
+        (warn, wait)
+    }
 }
 
 /// Sets the shard-partition's state gauge and what `/readyz` reports.
@@ -547,7 +617,7 @@ async fn halt(
     stop: &mut watch::Receiver<bool>,
 ) {
     set_state(labels, metric_labels, state::HALTED, Some(msg));
-    tracing::error!("shard-partition {}/{} halted {msg}", labels.source, labels.id);
+    tracing::error!("shard-partition {}/{} halted: {msg}", labels.source, labels.id);
     while !*stop.borrow() {
         if stop.changed().await.is_err() {
             break;
@@ -703,6 +773,44 @@ async fn wait_for_signal() {
 
 #[cfg(test)]
 mod tests {
+    use std::time::{Duration, Instant};
+
+    use super::{BUSY_RETRY, BUSY_RETRY_MAX, BUSY_RETRY_MAX_OWNED, BusyWait};
+
+    /// (waits, warnings) of a slot held for `for_s` seconds.
+    fn held_for(for_s: u64, coordinated: bool) -> (Vec<Duration>, usize) {
+        let start = Instant::now();
+        let mut busy = BusyWait::new(start, coordinated);
+        let (mut now, mut warnings, mut waits) = (start, 0, Vec::new());
+        while now < start + Duration::from_secs(for_s) {
+            let (warn, wait) = busy.attempt(now);
+            warnings += usize::from(warn);
+            waits.push(wait);
+            now += wait;
+        }
+        (waits, warnings)
+    }
+
+    #[test]
+    fn a_held_slot_is_retried_less_and_less_often_and_reported_once_per_30_s() {
+        let (waits, warnings) = held_for(95, false);
+        assert_eq!(waits[0], BUSY_RETRY, "the previous owner closing is waited for briefly");
+        assert!(waits.windows(2).all(|w| w[1] >= w[0]), "the interval never shrinks: {waits:?}");
+        assert_eq!(*waits.last().unwrap(), BUSY_RETRY_MAX);
+        assert!(waits.len() < 20, "attempts in 95 s: {}", waits.len());
+        // WARN at 0 s, then at the first attempts 30 s after the last WARN: 35.75 s, 65.75 s.
+        assert_eq!(warnings, 3, "one WARN at once, then at most one per 30 s");
+    }
+
+    #[test]
+    fn under_coordination_a_held_slot_is_the_previous_owner_closing() {
+        let (waits, warnings) = held_for(5, true);
+        assert_eq!(warnings, 0, "a handover is no warning");
+        assert_eq!(*waits.last().unwrap(), BUSY_RETRY_MAX_OWNED, "retried often: {waits:?}");
+        let (_, warnings) = held_for(35, true);
+        assert_eq!(warnings, 1, "a handover lasting 30 s is");
+    }
+
     #[test]
     fn binlog_bytes_after_a_position() {
         let logs = vec![("b.1".to_string(), 1000), ("b.2".to_string(), 500), ("b.3".to_string(), 200)];

@@ -26,6 +26,7 @@ use std::fmt;
 use std::future::Future;
 use std::time::Duration;
 
+use crate::dberror::{self, Channel, Classify};
 use crate::poll::PolledRow;
 
 /// What a source reports, in commit order.
@@ -57,7 +58,7 @@ pub struct Probe<P> {
 /// Why a source stopped.
 #[derive(Debug, thiserror::Error)]
 pub enum SourceError {
-    /// Connection lost, server restarting, slot briefly held: reconnect with backoff.
+    /// Connection lost, server restarting: reconnect with backoff.
     #[error("{0}")]
     Transient(String),
     /// The stream cannot go on without an operator: the message says what and how to fix it.
@@ -70,16 +71,17 @@ pub enum SourceError {
     /// A newer owner epoch is stored with the position: another instance owns the stream.
     #[error("{0}")]
     Fenced(String),
-    /// Another session holds the stream's slot (the previous owner closing, or a dead one
-    /// being removed): retry soon.
+    /// Another session holds the stream's slot (the previous owner closing, a dead one being
+    /// removed, or a second instance without coordination): retry with a growing interval.
     #[error("{0}")]
     Busy(String),
 }
 
 impl SourceError {
-    /// A failed call, named: `"{what}: {error}"`, to be retried by a new session.
-    pub fn transient(what: &str, error: impl fmt::Display) -> Self {
-        Self::Transient(format!("{what}: {error}"))
+    /// A failed database call `what` (on an SQL session), classified by the server's code in
+    /// [`crate::dberror`]: transient, busy, or definite with the server's message and the fix.
+    pub fn from_db<E: Classify>(what: &str, error: &E) -> Self {
+        dberror::source_error(what, error, Channel::Sql)
     }
 }
 
@@ -139,15 +141,13 @@ pub const STATEMENT_TIMEOUT: Duration = Duration::from_secs(30);
 /// Rows deleted per statement.
 pub const DELETE_CHUNK: usize = 10_000;
 
-/// Runs one database call under [`STATEMENT_TIMEOUT`]; an error or a timeout is transient
-/// (the session restarts from the last stored position).
-pub async fn within<T, E: fmt::Display>(
-    what: &str,
-    call: impl Future<Output = Result<T, E>>,
-) -> Result<T, SourceError> {
+/// Runs one database call under [`STATEMENT_TIMEOUT`]. A timeout is transient (the session
+/// restarts from the last stored position); an error is classified ([`SourceError::from_db`]):
+/// a missing grant, say, halts once instead of resending rows with every retry.
+pub async fn within<T, E: Classify>(what: &str, call: impl Future<Output = Result<T, E>>) -> Result<T, SourceError> {
     match tokio::time::timeout(STATEMENT_TIMEOUT, call).await {
         Ok(Ok(v)) => Ok(v),
-        Ok(Err(e)) => Err(SourceError::transient(what, e)),
+        Ok(Err(e)) => Err(SourceError::from_db(what, &e)),
         Err(_) => Err(SourceError::Transient(format!(
             "{what}: no answer within {STATEMENT_TIMEOUT:?}; the connection is presumed dead"
         ))),

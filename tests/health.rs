@@ -123,11 +123,11 @@ async fn no_secret_appears_in_logs_status_metrics_or_errors() {
         assert!(!ok, "{name}: status must fail");
         assert!(!err.is_empty(), "{name}: the failure is explained");
         seen.extend([out, err]);
-        // `run` retries a refused login (WARN) and stops at once on a URL it cannot parse.
+        // `run` halts on a refused login (one ERROR) and stops at once on a URL it cannot parse.
         let failing = Running::start(&path, &w.dir.join(format!("{name}.log")));
         let log = wait_until(&format!("{name}: the failure in the log"), ARRIVAL, || async {
             let log = failing.log_text();
-            (log.contains("WARN") || log.contains("rror")).then_some(log)
+            (log.contains("WARN") || log.contains("ERROR") || log.contains("rror")).then_some(log)
         })
         .await;
         seen.push(log);

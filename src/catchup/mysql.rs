@@ -66,7 +66,7 @@ pub async fn mark_pending(conn: &mut Conn, checkpoint_table: &str, table: &str, 
         (table, epoch),
     )
     .await
-    .map_err(|e| SourceError::transient(&format!("updating {checkpoint_table}"), e))?;
+    .map_err(|e| SourceError::from_db(&format!("updating {checkpoint_table}"), &e))?;
     if conn.affected_rows() == 0 {
         return Err(fenced(table, epoch));
     }
@@ -87,9 +87,8 @@ pub async fn run(
     tracing::warn!(reason, table = %names.table, "catching up by polling before streaming resumes");
     let mut reader = MyPollTable::connect(opts, &names.table).await?;
     let cleaner = MyPollTable::connect(opts, &names.table).await?;
-    let snap = snapshot(reader.conn(), &names.table)
-        .await
-        .map_err(|e| SourceError::transient("taking the new position", e))?;
+    let snap =
+        snapshot(reader.conn(), &names.table).await.map_err(|e| SourceError::from_db("taking the new position", &e))?;
     let conn = reader.conn();
     conn.exec_drop(
         format!(
@@ -101,7 +100,7 @@ pub async fn run(
         (&snap.gtid, &snap.file, snap.offset, &names.table, epoch),
     )
     .await
-    .map_err(|e| SourceError::transient(&format!("storing the new position in {checkpoint_table}"), e))?;
+    .map_err(|e| SourceError::from_db(&format!("storing the new position in {checkpoint_table}"), &e))?;
     if conn.affected_rows() == 0 {
         return Err(fenced(&names.table, epoch).into());
     }
@@ -118,9 +117,8 @@ pub async fn run(
             None => return Ok(None),
         },
     };
-    let mut conn = Conn::new(opts.clone()).await.map_err(|e| {
-        SourceError::transient("connecting to MySQL/MariaDB", crate::connect::mysql_connect_message(&e))
-    })?;
+    let mut conn =
+        Conn::new(opts.clone()).await.map_err(|e| SourceError::from_db("connecting to MySQL/MariaDB", &e))?;
     conn.exec_drop(
         format!(
             "UPDATE {} SET catchup_pending = 0, last_catchup_at = NOW(6), last_catchup_rows = ?
@@ -130,7 +128,7 @@ pub async fn run(
         (rows, &names.table, epoch),
     )
     .await
-    .map_err(|e| SourceError::transient(&format!("updating {checkpoint_table}"), e))?;
+    .map_err(|e| SourceError::from_db(&format!("updating {checkpoint_table}"), &e))?;
     let _ = conn.disconnect().await;
     Ok(Some(report(drain.labels, started, rows)))
 }

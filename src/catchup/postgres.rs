@@ -13,6 +13,7 @@ use outbox_postgres::slot;
 use tokio_postgres::Client;
 
 use super::{CatchUpReport, Drain, report};
+use crate::dberror::{self, Channel};
 use crate::names::StreamNames;
 use crate::poll::PollTable;
 use crate::poll::postgres::PgPollTable;
@@ -40,7 +41,7 @@ pub async fn pending(client: &Client, checkpoint_table: &str, table: &str) -> Re
         Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::UNDEFINED_TABLE) => {
             Err(missing_checkpoint(checkpoint_table, format!("table {checkpoint_table} does not exist")))
         }
-        Err(e) => Err(SourceError::transient(&format!("reading {checkpoint_table}"), e)),
+        Err(e) => Err(SourceError::from_db(&format!("reading {checkpoint_table}"), &e)),
     }
 }
 
@@ -53,7 +54,7 @@ pub async fn mark_pending(client: &Client, checkpoint_table: &str, table: &str) 
     let n = client
         .execute(&sql, &[&table])
         .await
-        .map_err(|e| SourceError::transient(&format!("updating {checkpoint_table}"), e))?;
+        .map_err(|e| SourceError::from_db(&format!("updating {checkpoint_table}"), &e))?;
     if n == 0 {
         return Err(missing_checkpoint(checkpoint_table, format!("{checkpoint_table} has no row for {table}")));
     }
@@ -71,10 +72,8 @@ pub async fn run(
 ) -> Result<Option<CatchUpReport>, SessionError> {
     let started = Instant::now();
     tracing::warn!(reason, table = %names.table, "catching up by polling before streaming resumes");
-    let client = target
-        .connect()
-        .await
-        .map_err(|e| SourceError::transient(&format!("connecting to {}", target.display()), e))?;
+    let client =
+        target.connect().await.map_err(|e| SourceError::from_db(&format!("connecting to {}", target.display()), &e))?;
     mark_pending(&client, checkpoint_table, &names.table).await?;
     ensure_slot(&client, &names.slot).await?;
     let mut reader = PgPollTable::connect(target, &names.table).await?;
@@ -111,14 +110,19 @@ pub async fn run(
     client
         .execute(&sql, &[&names.table, &(rows as i64)])
         .await
-        .map_err(|e| SourceError::transient(&format!("updating {checkpoint_table}"), e))?;
+        .map_err(|e| SourceError::from_db(&format!("updating {checkpoint_table}"), &e))?;
     Ok(Some(report(drain.labels, started, rows)))
 }
 
-/// Makes sure a usable slot exists: creates a missing one, replaces an invalidated one.
+/// Makes sure a usable slot exists: creates a missing one, replaces an invalidated one. Slot
+/// names are cluster-wide: only this database's slot is ever dropped, and a slot of the name
+/// that belongs to another database halts the shard-partition with the fix instead.
 async fn ensure_slot(client: &Client, name: &str) -> Result<(), SourceError> {
     let state =
-        slot::state(client, name).await.map_err(|e| SourceError::transient(&format!("reading slot {name}"), e))?;
+        slot::state(client, name).await.map_err(|e| SourceError::from_db(&format!("reading slot {name}"), &e))?;
+    if let Some(database) = &state.other_database {
+        return Err(dberror::slot_elsewhere(name, database));
+    }
     if state.exists && state.wal_status.as_deref() != Some("lost") {
         return Ok(());
     }
@@ -129,10 +133,13 @@ async fn ensure_slot(client: &Client, name: &str) -> Result<(), SourceError> {
                 state.active_pid
             )));
         }
-        client
-            .execute("SELECT pg_drop_replication_slot($1)", &[&name])
-            .await
-            .map_err(|e| SourceError::transient(&format!("dropping the invalidated slot {name}"), e))?;
+        // The statement itself checks database, holder and wal_status again.
+        let dropped = slot::drop_lost(client, name).await.map_err(|e| {
+            dberror::source_error(&format!("dropping the invalidated slot {name}"), &e, Channel::Replication)
+        })?;
+        if !dropped {
+            return Err(SourceError::Transient(format!("slot {name:?} changed while being replaced; checking again")));
+        }
         tracing::warn!(slot = name, "dropped the invalidated slot");
     }
     match client.execute("SELECT pg_create_logical_replication_slot($1, 'pgoutput')", &[&name]).await {
@@ -140,13 +147,16 @@ async fn ensure_slot(client: &Client, name: &str) -> Result<(), SourceError> {
             tracing::warn!(slot = name, "created a new slot; the stream resumes from it after the catch-up");
             Ok(())
         }
-        Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::DUPLICATE_OBJECT) => Ok(()),
-        Err(e) => Err(match e.as_db_error() {
-            Some(db) => SourceError::Definite {
-                message: format!("cannot create replication slot {name:?}: {}", db.message()),
-                fix: "give the streamer's role REPLICATION and make room for a slot (max_replication_slots); see docs/configure-postgres.md".into(),
-            },
-            None => SourceError::transient(&format!("creating slot {name}"), e),
-        }),
+        Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::DUPLICATE_OBJECT) => {
+            // Created meanwhile: by this database's streamer, or by another database's.
+            let state = slot::state(client, name)
+                .await
+                .map_err(|e| SourceError::from_db(&format!("reading slot {name}"), &e))?;
+            match &state.other_database {
+                Some(database) => Err(dberror::slot_elsewhere(name, database)),
+                None => Ok(()),
+            }
+        }
+        Err(e) => Err(dberror::source_error(&format!("creating slot {name}"), &e, Channel::Replication)),
     }
 }

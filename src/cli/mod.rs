@@ -90,10 +90,18 @@ pub enum Command {
     },
 }
 
+/// pgwire-replication logs every failed replication session at ERROR itself (a busy slot:
+/// several lines a second); the runner reports the same error once, classified, at the level
+/// it deserves. `RUST_LOG` naming `pgwire_replication` turns it back on.
+const QUIET_REPLICATION_WORKER: &str = "pgwire_replication::client::tokio_client=off";
+
 /// Installs the tracing subscriber (`RUST_LOG` filters, default `info`).
 pub fn init_logging(format: LogFormat) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+    let mut filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,rdkafka=warn"));
+    if !std::env::var("RUST_LOG").is_ok_and(|v| v.contains("pgwire_replication")) {
+        filter = filter.add_directive(QUIET_REPLICATION_WORKER.parse().expect("a valid directive"));
+    }
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)

@@ -9,7 +9,7 @@ use outbox_postgres::setup::{self as pg, SetupPlan, StreamObjects};
 
 use crate::config::{Config, SourceConfig, SourceKind};
 use crate::connect::{mysql_admin_opts, mysql_opts, pg_admin_target, pg_target};
-use crate::names::{all_streams, checkpoint_table, stream_names};
+use crate::names::{all_streams, checkpoint_table};
 
 /// The login `setup` runs the DDL as, instead of each source's own: a URL, and the password
 /// when it comes from an environment variable rather than the URL.
@@ -41,7 +41,7 @@ pub fn postgres_plan(source: &SourceConfig, streamer: &PgTarget) -> SetupPlan {
         partitions: source.partitions,
         streams: all_streams(source.shards, source.partitions)
             .map(|id| {
-                let n = stream_names(&source.table_prefix, id);
+                let n = source.stream_names(id);
                 StreamObjects { table: n.table, publication: n.publication, slot: n.slot }
             })
             .collect(),
@@ -61,6 +61,10 @@ async fn setup_postgres(source: &SourceConfig, dry_run: bool, admin: Option<Admi
         for stmt in pg::slot_statements(&plan) {
             println!("{stmt};\n");
         }
+        println!("-- after creating a slot whose table already holds rows, so `run` sends them first:");
+        for stream in &plan.streams {
+            println!("{};\n", pg::catch_up_statement(&plan, stream));
+        }
         return Ok(true);
     }
     let admin = match admin {
@@ -71,7 +75,10 @@ async fn setup_postgres(source: &SourceConfig, dry_run: bool, admin: Option<Admi
         .connect()
         .await
         .with_context(|| format!("source {:?}: connecting to {}", source.name, admin.display()))?;
-    let failures = pg::check_server(&client, &plan).await?;
+    let mut failures = pg::check_server(&client, &plan).await?;
+    failures.extend(
+        pg::taken_slots(&client, &plan).await?.iter().map(|t| taken_slot_failure(source, streamer.database(), t)),
+    );
     if !failures.is_empty() {
         eprintln!("source {:?}: the server is not ready for outbox-streamer:", source.name);
         for f in &failures {
@@ -87,14 +94,34 @@ async fn setup_postgres(source: &SourceConfig, dry_run: bool, admin: Option<Admi
         eprintln!("source {:?}: {f}", source.name);
     }
     println!(
-        "source {:?}: {} shard-partition(s) ready in {} ({}_<shard>_<partition>: table, publication, slot; {}_enqueue())",
+        "source {:?}: {} shard-partition(s) ready in {} ({}_<shard>_<partition>: table, publication{}; {}_enqueue())",
         source.name,
         plan.streams.len(),
         streamer.database(),
         plan.prefix,
+        match &source.slot_prefix {
+            Some(slot_prefix) => format!("; slot {slot_prefix}_<shard>_<partition>"),
+            None => ", slot".into(),
+        },
         plan.prefix
     );
     Ok(failures.is_empty())
+}
+
+/// Why a slot name of the plan cannot be used, and the setting that gives this database its
+/// own slots.
+fn taken_slot_failure(source: &SourceConfig, database: &str, taken: &pg::TakenSlot) -> pg::CheckFailure {
+    let what = if taken.database.is_empty() {
+        format!("replication slot {:?} exists as a physical slot", taken.slot)
+    } else if !taken.in_this_database {
+        format!(
+            "replication slot {:?} belongs to database {:?}, not {database:?} (slot names are cluster-wide)",
+            taken.slot, taken.database
+        )
+    } else {
+        format!("replication slot {:?} exists with output plugin {:?}, not pgoutput", taken.slot, taken.plugin)
+    };
+    pg::CheckFailure { what, fix: crate::dberror::slot_prefix_fix(&source.name, &source.table_prefix, database) }
 }
 
 async fn setup_mysql(source: &SourceConfig, dry_run: bool, admin: Option<AdminLogin<'_>>) -> anyhow::Result<bool> {
@@ -102,9 +129,7 @@ async fn setup_mysql(source: &SourceConfig, dry_run: bool, admin: Option<AdminLo
     let database = streamer.db_name().unwrap_or_default().to_string();
     let plan = my::SetupPlan {
         database: database.clone(),
-        tables: all_streams(source.shards, source.partitions)
-            .map(|id| stream_names(&source.table_prefix, id).table)
-            .collect(),
+        tables: all_streams(source.shards, source.partitions).map(|id| source.stream_names(id).table).collect(),
         checkpoint_table: checkpoint_table(&source.table_prefix),
         streamer_user: streamer.user().map(str::to_string),
     };

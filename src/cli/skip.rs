@@ -21,7 +21,7 @@ use outbox_mysql::mysql_async::{IsolationLevel, TxOpts};
 
 use crate::config::{Config, SourceConfig, SourceKind};
 use crate::connect::{mysql_opts, pg_target};
-use crate::names::{StreamId, checkpoint_table, stream_names};
+use crate::names::{StreamId, checkpoint_table};
 use crate::skip::SkipList;
 
 /// What to skip.
@@ -89,7 +89,7 @@ fn done_message(what: &What, deleted: u64) -> String {
 }
 
 async fn postgres(source: &SourceConfig, id: StreamId, what: &What) -> anyhow::Result<String> {
-    let names = stream_names(&source.table_prefix, id);
+    let names = source.stream_names(id);
     let checkpoint = checkpoint_table(&source.table_prefix);
     let target = pg_target(source, None)?;
     let mut client = target.connect().await.with_context(|| format!("connecting to {}", target.display()))?;
@@ -148,7 +148,7 @@ async fn postgres(source: &SourceConfig, id: StreamId, what: &What) -> anyhow::R
 }
 
 async fn mysql(source: &SourceConfig, id: StreamId, what: &What) -> anyhow::Result<String> {
-    let names = stream_names(&source.table_prefix, id);
+    let names = source.stream_names(id);
     let checkpoint = checkpoint_table(&source.table_prefix);
     let opts = mysql_opts(source, None)?;
     let database = opts.db_name().unwrap_or_default().to_string();

@@ -14,7 +14,7 @@ use outbox_postgres::slot;
 use serde::Serialize;
 
 use crate::config::{Config, Mode, SourceConfig, SourceKind};
-use crate::names::{StreamId, all_streams, checkpoint_table, stream_names};
+use crate::names::{StreamId, all_streams, checkpoint_table};
 
 /// Pending rows are counted up to this many; more shows as this number and `+`.
 const PENDING_COUNT_CAP: i64 = 1_000_000;
@@ -25,7 +25,8 @@ struct Row {
     shard: u32,
     partition: u32,
     mode: &'static str,
-    /// PostgreSQL: the slot's `wal_status` (or `missing`); MySQL: `checkpoint` or `missing`.
+    /// PostgreSQL: the slot's `wal_status`, `missing`, or `other-db:<database>` when the name is
+    /// another database's slot; MySQL: `checkpoint` or `missing`.
     state: String,
     /// PostgreSQL: the slot's confirmed LSN; MySQL: the stored GTID position (or file:offset).
     position: Option<String>,
@@ -57,7 +58,7 @@ impl Row {
                 Mode::Cdc => "cdc",
                 Mode::Polling => "polling",
             },
-            key: format!("{}.{}", source.name, stream_names(&source.table_prefix, id).table),
+            key: format!("{}.{}", source.name, source.stream_names(id).table),
             ..Self::default()
         }
     }
@@ -136,7 +137,7 @@ async fn postgres_rows(source: &SourceConfig, rows: &mut Vec<Row>) -> anyhow::Re
     let client = target.connect().await.with_context(|| format!("connecting to {}", target.display()))?;
     let checkpoint = checkpoint_table(&source.table_prefix);
     for id in all_streams(source.shards, source.partitions) {
-        let names = stream_names(&source.table_prefix, id);
+        let names = source.stream_names(id);
         let st = slot::state(&client, &names.slot).await?;
         let mut row = Row::new(source, id);
         row.rows_pending = client.query_one(&count_sql(&ident(&names.table)), &[]).await.ok().map(|r| r.get(0));
@@ -154,8 +155,11 @@ async fn postgres_rows(source: &SourceConfig, rows: &mut Vec<Row>) -> anyhow::Re
         if let Some(c) = &catchup {
             (row.catchup_pending, row.last_catchup_at, row.last_catchup_rows) = (c.get(0), c.get(1), c.get(2));
         }
-        row.state =
-            if st.exists { st.wal_status.clone().unwrap_or_else(|| "unknown".into()) } else { "missing".into() };
+        row.state = match (&st.other_database, st.exists) {
+            (Some(db), _) => format!("other-db:{db}"),
+            (None, true) => st.wal_status.clone().unwrap_or_else(|| "unknown".into()),
+            (None, false) => "missing".into(),
+        };
         row.healthy = st.exists
             && row.state != "lost"
             && row.rows_pending.is_some()
@@ -184,7 +188,7 @@ async fn mysql_rows(source: &SourceConfig, rows: &mut Vec<Row>) -> anyhow::Resul
         .map(|rows| rows.iter().filter_map(|r| Some((r.get::<String, _>(0)?, r.get::<u64, _>(1)?))).collect())
         .unwrap_or_default();
     for id in all_streams(source.shards, source.partitions) {
-        let names = stream_names(&source.table_prefix, id);
+        let names = source.stream_names(id);
         let mut row = Row::new(source, id);
         let quoted = outbox_mysql::setup::ident(&names.table);
         row.rows_pending = conn.query_first::<i64, _>(count_sql(&quoted)).await.ok().flatten();

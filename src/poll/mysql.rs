@@ -30,11 +30,10 @@ pub struct MyPollTable {
 
 impl MyPollTable {
     pub async fn connect(opts: &Opts, table: &str) -> Result<Self, SourceError> {
-        let mut conn = Conn::new(opts.clone()).await.map_err(|e| {
-            SourceError::transient("connecting to MySQL/MariaDB", crate::connect::mysql_connect_message(&e))
-        })?;
+        let mut conn =
+            Conn::new(opts.clone()).await.map_err(|e| SourceError::from_db("connecting to MySQL/MariaDB", &e))?;
         for setting in ["SET SESSION time_zone = '+00:00'", "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED"] {
-            conn.query_drop(setting).await.map_err(|e| SourceError::transient("setting up the polling session", e))?;
+            conn.query_drop(setting).await.map_err(|e| SourceError::from_db("setting up the polling session", &e))?;
         }
         let select = format!(
             "SELECT id, topic, msg_key, payload, headers, kafka_partition, created_at
@@ -50,7 +49,7 @@ impl MyPollTable {
             .conn
             .query_first(format!("SELECT MAX(id) FROM {}", ident(&self.table)))
             .await
-            .map_err(|e| SourceError::transient("reading the highest id", e))?;
+            .map_err(|e| SourceError::from_db("reading the highest id", &e))?;
         Ok(max.flatten())
     }
 
@@ -109,14 +108,8 @@ impl PollTable for MyPollTable {
                 self.table
             )));
         };
-        let rows: Vec<Row> = result.map_err(|e| match e {
-            MyError::Server(ref s) if s.code == 1142 || s.code == 1146 || s.code == 1054 => SourceError::Definite {
-                message: format!("cannot read {}: {}", self.table, s.message),
-                fix: "run `outbox-streamer setup` (it creates the table and grants SELECT, DELETE to the streamer's user)"
-                    .into(),
-            },
-            e => SourceError::transient(&format!("reading the oldest rows of {}", self.table), e),
-        })?;
+        let rows: Vec<Row> =
+            result.map_err(|e| SourceError::from_db(&format!("reading the oldest rows of {}", self.table), &e))?;
         rows.into_iter().map(polled).collect()
     }
 
@@ -150,7 +143,7 @@ impl PollTable for MyPollTable {
         match result {
             Ok(ids) => Ok(Some(ids)),
             Err(MyError::Server(s)) if s.code == ACCESS_DENIED_NEED_PRIVILEGE => Ok(None),
-            Err(e) => Err(SourceError::transient("reading the table's writers", e)),
+            Err(e) => Err(SourceError::from_db("reading the table's writers", &e)),
         }
     }
 

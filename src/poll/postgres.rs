@@ -40,21 +40,16 @@ impl PgPollTable {
         let client = target
             .connect()
             .await
-            .map_err(|e| SourceError::transient(&format!("connecting to {}", target.display()), e))?;
+            .map_err(|e| SourceError::from_db(&format!("connecting to {}", target.display()), &e))?;
         client
             .batch_execute(PLANNER_SETTINGS)
             .await
-            .map_err(|e| SourceError::transient("setting the polling session's planner options", e))?;
+            .map_err(|e| SourceError::from_db("setting the polling session's planner options", &e))?;
         let sql = oldest_sql(table);
-        let select = client.prepare(&sql).await.map_err(|e| match e.as_db_error() {
-            Some(db) => SourceError::Definite {
-                message: format!("cannot read {table}: {}", db.message()),
-                fix: format!(
-                    "run `outbox-streamer setup` (it creates {table} and grants SELECT, DELETE to the streamer's role)"
-                ),
-            },
-            None => SourceError::transient("preparing the polling query", e),
-        })?;
+        let select = client
+            .prepare(&sql)
+            .await
+            .map_err(|e| SourceError::from_db(&format!("preparing the polling query on {table}"), &e))?;
         Ok(Self { client, table: table.to_string(), select, deleter: cleanup::RowDeleter::new(table) })
     }
 
@@ -64,7 +59,7 @@ impl PgPollTable {
             .client
             .query_one(&format!("SELECT max(id) FROM {}", ident(&self.table)), &[])
             .await
-            .map_err(|e| SourceError::transient("reading the highest id", e))?;
+            .map_err(|e| SourceError::from_db("reading the highest id", &e))?;
         Ok(row.get(0))
     }
 }
@@ -116,7 +111,7 @@ pub async fn rows_by_id(client: &Client, table: &str, ids: &[i64]) -> Result<Vec
                 ),
             });
         }
-        Err(e) => return Err(SourceError::transient(&format!("reading rows of {table}"), e)),
+        Err(e) => return Err(SourceError::from_db(&format!("reading rows of {table}"), &e)),
     };
     rows.iter().map(polled).collect()
 }

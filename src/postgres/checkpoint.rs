@@ -46,13 +46,13 @@ pub async fn read(client: &Client, checkpoint_table: &str, table: &str) -> Resul
                 e.as_db_error().map_or_else(|| e.to_string(), |d| d.message().to_string())
             )));
         }
-        Err(e) => return Err(SourceError::transient(&format!("reading {checkpoint_table}"), e)),
+        Err(e) => return Err(SourceError::from_db(&format!("reading {checkpoint_table}"), &e)),
     };
     let published = row
         .get::<_, Option<String>>(1)
         .map(|text| Lsn::parse(&text))
         .transpose()
-        .map_err(|e| SourceError::transient(&format!("reading {checkpoint_table}.published_lsn"), e))?;
+        .map_err(|e| SourceError::Transient(format!("reading {checkpoint_table}.published_lsn: {e}")))?;
     let skips = SkipList::parse(row.get(2), row.get(3)).map_err(|e| SourceError::Definite {
         message: format!("{checkpoint_table} row {table}: {e}"),
         fix: format!(

@@ -95,6 +95,16 @@ impl Running {
         .await
     }
 
+    /// Waits until a shard-partition halts and checks it halted at once and once: exactly one
+    /// ERROR line and no retry as transient before it. Returns that line.
+    pub async fn wait_for_one_halt(&self, timeout: Duration) -> String {
+        let log = self.wait_for_log("halted", timeout).await;
+        let errors: Vec<&str> = log.lines().filter(|l| l.split_whitespace().nth(1) == Some("ERROR")).collect();
+        assert_eq!(errors.len(), 1, "one ERROR:\n{log}");
+        assert!(!log.contains("stream interrupted"), "retried as transient before halting:\n{log}");
+        errors[0].to_string()
+    }
+
     /// SIGTERM, then waits (with a deadline) for a clean exit; returns whether it exited 0.
     pub fn stop(mut self) -> bool {
         signal(self.child.id(), "TERM");

@@ -81,7 +81,7 @@ pub fn schema_statements(plan: &SetupPlan) -> Vec<String> {
             sql.push(format!("GRANT SELECT, DELETE ON {table} TO {}", ident(role)));
         }
     }
-    let checkpoint = ident(&format!("{}_checkpoint", plan.prefix));
+    let checkpoint = ident(&checkpoint_table(plan));
     sql.push(format!(
         "CREATE TABLE IF NOT EXISTS {checkpoint} (\n\
          \x20   stream text PRIMARY KEY,\n\
@@ -116,18 +116,38 @@ pub fn schema_statements(plan: &SetupPlan) -> Vec<String> {
     sql
 }
 
-/// Statements that must run outside a transaction block (slot creation).
+/// Statements that must run outside a transaction block (slot creation). Only a slot of this
+/// database counts as existing: when another database of the cluster has a slot of the name,
+/// creating it fails ("already exists") instead of silently using a slot that decodes another
+/// database.
 pub fn slot_statements(plan: &SetupPlan) -> Vec<String> {
     plan.streams
         .iter()
         .map(|s| {
             format!(
                 "SELECT pg_create_logical_replication_slot({slot}, 'pgoutput') \
-                 WHERE NOT EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = {slot})",
+                 WHERE NOT EXISTS (SELECT 1 FROM pg_replication_slots \
+                 WHERE slot_name = {slot} AND database = current_database())",
                 slot = literal(&s.slot)
             )
         })
         .collect()
+}
+
+/// Run right after creating `stream`'s slot: rows already in its table were written before the
+/// slot existed and will never come through it, so `run` sends them by a catch-up first.
+pub fn catch_up_statement(plan: &SetupPlan, stream: &StreamObjects) -> String {
+    format!(
+        "UPDATE {} SET catchup_pending = true, catchup_started_at = now(), updated_at = now() \
+         WHERE stream = {} AND EXISTS (SELECT 1 FROM {})",
+        ident(&checkpoint_table(plan)),
+        literal(&stream.table),
+        ident(&stream.table)
+    )
+}
+
+fn checkpoint_table(plan: &SetupPlan) -> String {
+    format!("{}_checkpoint", plan.prefix)
 }
 
 /// `<prefix>_enqueue(topic, key, payload, headers, shard)`: inserts into the partition table of
@@ -172,8 +192,11 @@ pub async fn apply(client: &mut Client, plan: &SetupPlan) -> Result<(), tokio_po
         tx.batch_execute(&stmt).await?;
     }
     tx.commit().await?;
-    for stmt in slot_statements(plan) {
-        client.batch_execute(&stmt).await?;
+    for (stream, stmt) in plan.streams.iter().zip(slot_statements(plan)) {
+        let created = client.query(&stmt, &[]).await?.len() == 1;
+        if created {
+            client.batch_execute(&catch_up_statement(plan, stream)).await?;
+        }
     }
     Ok(())
 }
@@ -207,7 +230,8 @@ pub async fn check_server(client: &Client, plan: &SetupPlan) -> Result<Vec<Check
         .query_one(
             "SELECT current_setting('max_replication_slots')::int,
                     (SELECT count(*) FROM pg_replication_slots)::int,
-                    (SELECT count(*) FROM pg_replication_slots WHERE slot_name = ANY($1))::int,
+                    (SELECT count(*) FROM pg_replication_slots
+                     WHERE slot_name = ANY($1) AND database = current_database())::int,
                     current_setting('max_wal_senders')::int,
                     (SELECT count(*) FROM pg_stat_replication)::int",
             &[&slot_names],
@@ -267,6 +291,40 @@ pub async fn check_server(client: &Client, plan: &SetupPlan) -> Result<Vec<Check
     Ok(failures)
 }
 
+/// A slot name of the plan that this database cannot use: another database's slot (names are
+/// cluster-wide), a physical slot, or a slot of another output plugin.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TakenSlot {
+    pub slot: String,
+    /// The slot's database; empty for a physical slot.
+    pub database: String,
+    /// The slot is this database's (then its plugin is not pgoutput).
+    pub in_this_database: bool,
+    pub plugin: String,
+}
+
+/// The plan's slot names that exist but are not this database's `pgoutput` slots. `setup`
+/// must refuse them: reporting ready on another database's slot leaves `run` unable to
+/// stream.
+pub async fn taken_slots(client: &Client, plan: &SetupPlan) -> Result<Vec<TakenSlot>, tokio_postgres::Error> {
+    let slot_names: Vec<String> = plan.streams.iter().map(|s| s.slot.clone()).collect();
+    let rows = client
+        .query(
+            "SELECT slot_name::text, coalesce(database::text, ''), database IS NOT DISTINCT FROM current_database(),
+                    coalesce(plugin::text, '')
+             FROM pg_replication_slots
+             WHERE slot_name = ANY($1)
+               AND (database IS DISTINCT FROM current_database() OR plugin IS DISTINCT FROM 'pgoutput')
+             ORDER BY slot_name",
+            &[&slot_names],
+        )
+        .await?;
+    Ok(rows
+        .iter()
+        .map(|r| TakenSlot { slot: r.get(0), database: r.get(1), in_this_database: r.get(2), plugin: r.get(3) })
+        .collect())
+}
+
 /// After setup: the streamer role can read and delete every table (checked, not assumed).
 pub async fn check_privileges(client: &Client, plan: &SetupPlan) -> Result<Vec<CheckFailure>, tokio_postgres::Error> {
     let Some(role) = &plan.streamer_role else { return Ok(Vec::new()) };
@@ -322,5 +380,9 @@ mod tests {
         let slots = slot_statements(&plan());
         assert_eq!(slots.len(), 1);
         assert!(slots[0].contains("pg_create_logical_replication_slot('outbox_0_0', 'pgoutput')"));
+        assert!(slots[0].contains("database = current_database()"), "another database's slot is not ours");
+        let catch_up = catch_up_statement(&plan(), &plan().streams[0]);
+        assert!(catch_up.contains("UPDATE \"outbox_checkpoint\" SET catchup_pending = true"));
+        assert!(catch_up.contains("WHERE stream = 'outbox_0_0' AND EXISTS (SELECT 1 FROM \"outbox_0_0\")"));
     }
 }

@@ -4,9 +4,17 @@ use pgwire_replication::Lsn;
 use tokio_postgres::Client;
 
 /// One slot as `pg_replication_slots` shows it.
+///
+/// Slot names are cluster-wide, but a logical slot decodes one database: a slot of the same
+/// name created in another database is not this database's slot. It is never read, moved,
+/// dropped or taken over from here; [`SlotState::other_database`] names its database so the
+/// caller can refuse with the fix.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SlotState {
+    /// A slot of this name exists in the current database.
     pub exists: bool,
+    /// The database of a slot of this name that belongs elsewhere (`""` for a physical slot).
+    pub other_database: Option<String>,
     pub active_pid: Option<i32>,
     pub confirmed_flush: Option<Lsn>,
     /// `wal_status`: reserved, extended, unreserved or lost.
@@ -18,22 +26,47 @@ pub struct SlotState {
 pub async fn state(client: &Client, slot: &str) -> Result<SlotState, tokio_postgres::Error> {
     let row = client
         .query_opt(
-            "SELECT active_pid, confirmed_flush_lsn::text, wal_status,
+            "SELECT database IS NOT DISTINCT FROM current_database(), coalesce(database, ''),
+                    active_pid, confirmed_flush_lsn::text, wal_status,
                     (pg_current_wal_lsn() - confirmed_flush_lsn)::bigint
              FROM pg_replication_slots WHERE slot_name = $1",
             &[&slot],
         )
         .await?;
+    let missing = SlotState {
+        exists: false,
+        other_database: None,
+        active_pid: None,
+        confirmed_flush: None,
+        wal_status: None,
+        lag_bytes: None,
+    };
     Ok(match row {
-        None => SlotState { exists: false, active_pid: None, confirmed_flush: None, wal_status: None, lag_bytes: None },
+        None => missing,
+        Some(r) if !r.get::<_, bool>(0) => SlotState { other_database: Some(r.get(1)), ..missing },
         Some(r) => SlotState {
             exists: true,
-            active_pid: r.get(0),
-            confirmed_flush: r.get::<_, Option<String>>(1).and_then(|s| Lsn::parse(&s).ok()),
-            wal_status: r.get(2),
-            lag_bytes: r.get(3),
+            other_database: None,
+            active_pid: r.get(2),
+            confirmed_flush: r.get::<_, Option<String>>(3).and_then(|s| Lsn::parse(&s).ok()),
+            wal_status: r.get(4),
+            lag_bytes: r.get(5),
         },
     })
+}
+
+/// Drops `slot` if it is this database's, invalidated (`wal_status = lost`) and not held.
+/// Returns whether it was dropped; the conditions are checked in the same statement, so a slot
+/// of another database, or one that became active meanwhile, is never touched.
+pub async fn drop_lost(client: &Client, slot: &str) -> Result<bool, tokio_postgres::Error> {
+    let n = client
+        .execute(
+            "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots
+             WHERE slot_name = $1 AND database = current_database() AND active_pid IS NULL AND wal_status = 'lost'",
+            &[&slot],
+        )
+        .await?;
+    Ok(n == 1)
 }
 
 /// Moves an inactive slot to `lsn` (never backwards). Used on shutdown, after the replication
@@ -42,7 +75,8 @@ pub async fn advance(client: &Client, slot: &str, lsn: Lsn) -> Result<(), tokio_
     client
         .execute(
             "SELECT pg_replication_slot_advance($1, $2::text::pg_lsn)
-             FROM pg_replication_slots WHERE slot_name = $1 AND confirmed_flush_lsn < $2::text::pg_lsn",
+             FROM pg_replication_slots
+             WHERE slot_name = $1 AND database = current_database() AND confirmed_flush_lsn < $2::text::pg_lsn",
             &[&slot, &lsn.to_pg_string()],
         )
         .await?;
@@ -56,7 +90,8 @@ pub async fn advance_to_current(client: &Client, slot: &str) -> Result<(), tokio
         .execute(
             "SELECT pg_replication_slot_advance($1, pg_current_wal_lsn())
              FROM pg_replication_slots
-             WHERE slot_name = $1 AND active_pid IS NULL AND wal_status IS DISTINCT FROM 'lost'",
+             WHERE slot_name = $1 AND database = current_database() AND active_pid IS NULL
+               AND wal_status IS DISTINCT FROM 'lost'",
             &[&slot],
         )
         .await?;
@@ -71,13 +106,13 @@ pub struct SlotHolder {
     pub application_name: String,
 }
 
-/// Who holds `slot` now, if anyone.
+/// Who holds `slot` of this database now, if anyone.
 pub async fn holder(client: &Client, slot: &str) -> Result<Option<SlotHolder>, tokio_postgres::Error> {
     let row = client
         .query_opt(
             "SELECT s.active_pid, coalesce(a.application_name, '')
              FROM pg_replication_slots s LEFT JOIN pg_stat_activity a ON a.pid = s.active_pid
-             WHERE s.slot_name = $1 AND s.active_pid IS NOT NULL",
+             WHERE s.slot_name = $1 AND s.database = current_database() AND s.active_pid IS NOT NULL",
             &[&slot],
         )
         .await?;

@@ -60,9 +60,27 @@ impl StreamError {
         matches!(self, StreamError::Wire(PgWireError::Server(m)) if m.contains("55006") || m.contains("is active for PID"))
     }
 
-    /// True when the slot does not exist (SQLSTATE 42704).
+    /// True when the slot does not exist (SQLSTATE 42704, which a dropped publication also
+    /// raises: that one is not a lost position).
     pub fn slot_missing(&self) -> bool {
-        matches!(self, StreamError::Wire(PgWireError::Server(m)) if m.contains("42704") || (m.contains("replication slot") && m.contains("does not exist")))
+        matches!(self, StreamError::Wire(PgWireError::Server(m)) if (m.contains("42704") && !m.contains("publication"))
+            || (m.contains("replication slot") && m.contains("does not exist")))
+    }
+
+    /// The server's error as pgwire-replication reports it (`message (SQLSTATE xxxxx)`).
+    pub fn server_text(&self) -> Option<&str> {
+        match self {
+            StreamError::Wire(PgWireError::Server(m)) => Some(m),
+            _ => None,
+        }
+    }
+
+    /// Why the client gave up authenticating (no common method, a SCRAM failure).
+    pub fn auth_text(&self) -> Option<&str> {
+        match self {
+            StreamError::Wire(PgWireError::Auth(m)) => Some(m),
+            _ => None,
+        }
     }
 
     /// True when the slot can no longer stream: invalidated (`max_slot_wal_keep_size`) or the
