@@ -431,7 +431,7 @@ impl Source for MySource {
         }
     }
 
-    async fn finish(&mut self, ids: Vec<i64>, upto: MyPosition) -> Result<u64, SourceError> {
+    async fn finish(&mut self, ids: &[i64], upto: MyPosition) -> Result<u64, SourceError> {
         if ids.is_empty() && self.last_stored.elapsed() < IDLE_STORE_INTERVAL {
             return Ok(0);
         }
@@ -463,6 +463,11 @@ impl Source for MySource {
         }
         within("committing delete and position", tx.commit()).await?;
         self.last_stored = Instant::now();
+        // A prefix a failed session left is finished before anything is read: the reader
+        // started before `upto` and must skip what it covers (a no-op once it read past it).
+        if self.open.is_none() && self.current.is_none() {
+            self.replay_until = Some(upto.done);
+        }
         Ok(deleted)
     }
 

@@ -375,18 +375,18 @@ impl Source for PgSource {
         }
     }
 
-    async fn finish(&mut self, ids: Vec<i64>, upto: Lsn) -> Result<u64, SourceError> {
+    async fn finish(&mut self, ids: &[i64], upto: Lsn) -> Result<u64, SourceError> {
         let covered: Vec<u32> = self.xids.iter().take_while(|(_, lsn)| *lsn < upto).map(|(x, _)| *x).collect();
         let mut deleted = 0;
         if !ids.is_empty() {
             // The published-up-to mark is stored with the delete only when every row was
             // deleted: a row of a transaction committed but not yet visible is not, and a
             // crash before the second try must not leave it behind a mark.
-            let (n, recorded) = self.delete(&ids, upto, true).await?;
+            let (n, recorded) = self.delete(ids, upto, true).await?;
             deleted = n;
             if !recorded {
                 visibility::wait(&self.sql, &covered).await?;
-                let (again, _) = self.delete(&ids, upto, false).await?;
+                let (again, _) = self.delete(ids, upto, false).await?;
                 deleted += again;
                 if (deleted as usize) < ids.len() {
                     tracing::debug!(
@@ -396,7 +396,7 @@ impl Source for PgSource {
                     );
                 }
             }
-            self.published = Some(upto);
+            self.published = self.published.max(Some(upto));
         }
         self.xids.drain(..covered.len());
         // Only now, with the delete committed, may the slot forget these transactions.

@@ -61,6 +61,9 @@ const LAG_POLL_INTERVAL: Duration = Duration::from_secs(5);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(60);
 
 pub async fn run(mut config: Config) -> anyhow::Result<()> {
+    // Listen before anything else: a stop that arrives while starting (a restart right after
+    // a start) must end the process in order, not kill it.
+    let stop_signal = StopSignal::listen();
     if let Some(listen) = config.metrics.listen {
         m::serve(listen).await.with_context(|| format!("metrics.listen: cannot serve metrics on {listen}"))?;
         tracing::info!(%listen, "serving /metrics, /healthz and /readyz");
@@ -112,7 +115,7 @@ pub async fn run(mut config: Config) -> anyhow::Result<()> {
             );
         }
     }
-    wait_for_signal().await;
+    stop_signal.wait().await;
     tracing::info!("stopping: no new changes are read; draining acknowledgements");
     let _ = stop_tx.send(true);
     while let Some(res) = tasks.join_next().await {
@@ -504,7 +507,6 @@ async fn stream_task<S, F, Fut>(
                     producer: &producer,
                     message_timeout,
                     stop: &mut stop,
-                    memory: &mut memory,
                 };
                 match catch_up.run(&mut drain, &reason).await {
                     Ok(Some(_)) => backoff = BACKOFF_START,
@@ -755,19 +757,38 @@ async fn heartbeat(target: PgTarget, interval: Duration, mut stop: watch::Receiv
     }
 }
 
-async fn wait_for_signal() {
-    use tokio::signal::unix::{SignalKind, signal};
-    let mut term = match signal(SignalKind::terminate()) {
-        Ok(s) => s,
-        Err(e) => {
-            tracing::error!(error = %e, "cannot listen for SIGTERM; stop with SIGINT");
-            let _ = tokio::signal::ctrl_c().await;
-            return;
+/// SIGTERM and SIGINT, listened for from the start of `run`; one that arrived early is kept.
+struct StopSignal {
+    term: Option<tokio::signal::unix::Signal>,
+    int: Option<tokio::signal::unix::Signal>,
+}
+
+impl StopSignal {
+    fn listen() -> Self {
+        use tokio::signal::unix::{SignalKind, signal};
+        let listen = |kind: SignalKind, name: &str| match signal(kind) {
+            Ok(s) => Some(s),
+            Err(e) => {
+                tracing::error!(error = %e, "cannot listen for {name}");
+                None
+            }
+        };
+        Self { term: listen(SignalKind::terminate(), "SIGTERM"), int: listen(SignalKind::interrupt(), "SIGINT") }
+    }
+
+    async fn wait(mut self) {
+        async fn recv(s: &mut Option<tokio::signal::unix::Signal>) {
+            match s {
+                Some(s) => {
+                    s.recv().await;
+                }
+                None => std::future::pending().await,
+            }
         }
-    };
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = tokio::signal::ctrl_c() => {}
+        tokio::select! {
+            _ = recv(&mut self.term) => {}
+            _ = recv(&mut self.int) => {}
+        }
     }
 }
 

@@ -99,8 +99,11 @@ pub trait Source: Send {
 
     fn next(&mut self) -> impl Future<Output = Result<Option<SourceEvent<Self::Position>>, SourceError>> + Send;
 
-    /// Deletes `ids`, then stores `upto`. Returns the number of rows deleted.
-    fn finish(&mut self, ids: Vec<i64>, upto: Self::Position) -> impl Future<Output = Result<u64, SourceError>> + Send;
+    /// Deletes `ids`, then stores `upto`. Returns the number of rows deleted. Called again
+    /// with the same prefix in the next session when it failed (see
+    /// [`crate::streamer::StreamMemory`]), before anything is read: later reads must then skip
+    /// what `upto` covers.
+    fn finish(&mut self, ids: &[i64], upto: Self::Position) -> impl Future<Output = Result<u64, SourceError>> + Send;
 
     /// Stores an idle position (see [`SourceEvent::Idle`]); nothing is in flight.
     fn confirm_idle(&mut self, position: Self::Position);

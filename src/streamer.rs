@@ -133,14 +133,23 @@ async fn definite_unknown_topic(producer: &Producer, e: &KafkaError, topic: &str
 }
 
 /// What a shard-partition's task remembers from one session to the next.
-#[derive(Debug, Default)]
-pub struct StreamMemory {
+#[derive(Debug)]
+pub struct StreamMemory<P> {
+    /// A prefix Kafka acknowledged whose delete (and position) failed: the next session
+    /// finishes it before it reads anything, so what was acknowledged is not sent again.
+    unfinished: Option<(Vec<i64>, P)>,
     /// Rows Kafka refused while they travelled with others: until they are deleted, each is
     /// sent on its own, and only a refusal then makes it a bad row (a broker refuses a batch
     /// whole, and every record of it reports the error).
     pub suspects: HashSet<i64>,
     /// The batch-refusal warning was logged.
     warned_batch_refusal: bool,
+}
+
+impl<P> Default for StreamMemory<P> {
+    fn default() -> Self {
+        Self { unfinished: None, suspects: HashSet::new(), warned_batch_refusal: false }
+    }
 }
 
 /// Runs one session until `shutdown` turns true (returns `Ok`) or an error ends it.
@@ -153,8 +162,27 @@ pub async fn run_session<S: Source>(
     producer: &Producer,
     message_timeout: Duration,
     shutdown: &mut watch::Receiver<bool>,
-    memory: &mut StreamMemory,
+    memory: &mut StreamMemory<S::Position>,
 ) -> Result<(), SessionError> {
+    if let Some((ids, upto)) = memory.unfinished.take() {
+        match source.finish(&ids, upto.clone()).await {
+            Ok(deleted) => {
+                tracing::info!(
+                    rows = ids.len(),
+                    deleted,
+                    "finished the acknowledged rows the last session could not delete"
+                );
+                counter!(m::DELETED_ROWS, &labels.metric_labels()).increment(deleted);
+            }
+            Err(e) => {
+                memory.unfinished = Some((ids, upto));
+                if tokio::time::timeout(Duration::from_secs(5), source.close()).await.is_err() {
+                    tracing::warn!("closing the database sessions timed out; dropped them");
+                }
+                return Err(e.into());
+            }
+        }
+    }
     let mut s = Session {
         labels,
         settings,
@@ -187,7 +215,7 @@ struct Session<'a, P> {
     labels: &'a StreamLabels,
     settings: &'a StreamSettings,
     producer: &'a Producer,
-    memory: &'a mut StreamMemory,
+    memory: &'a mut StreamMemory<P>,
     tracker: AckTracker<P>,
     deliveries: FuturesUnordered<Delivery>,
     in_flight_bytes: usize,
@@ -632,11 +660,26 @@ impl<P: Clone + std::fmt::Display + Send + Sync + 'static> Session<'_, P> {
     async fn cleanup<S: Source<Position = P>>(&mut self, source: &mut S) -> Result<(), SessionError> {
         self.labels.lease.check().map_err(SessionError::Revoked)?;
         let Some((ids, position)) = self.tracker.take_ready() else { return Ok(()) };
+        // After a failed finish (the drain tries again), the earlier prefix goes first.
+        let ids = match self.memory.unfinished.take() {
+            Some((mut earlier, _)) => {
+                earlier.extend(ids);
+                earlier
+            }
+            None => ids,
+        };
+        let deleted = match source.finish(&ids, position.clone()).await {
+            Ok(deleted) => deleted,
+            Err(e) => {
+                self.memory.unfinished = Some((ids, position));
+                return Err(e.into());
+            }
+        };
         // A suspect is sent alone until its row is deleted (a replay sends it again).
-        let suspects_done = (!self.memory.suspects.is_empty()).then(|| ids.clone());
-        let deleted = source.finish(ids, position.clone()).await?;
-        for id in suspects_done.unwrap_or_default() {
-            self.memory.suspects.remove(&id);
+        if !self.memory.suspects.is_empty() {
+            for id in &ids {
+                self.memory.suspects.remove(id);
+            }
         }
         self.done = Some(position);
         counter!(m::DELETED_ROWS, &self.metric_labels).increment(deleted);

@@ -125,3 +125,40 @@ async fn mariadb_rows_deleted_by_others_are_still_published() {
     assert!(streamer.stop());
     admin.disconnect().await.unwrap();
 }
+
+/// A delete that fails after Kafka acknowledged its rows (here: the row is locked, and the
+/// streamer's database session is cut while it waits) does not publish the rows again: the
+/// next session finishes the acknowledged prefix before it reads anything. Before, every
+/// failed cleanup re-sent what was pending.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_a_failed_delete_does_not_publish_again() {
+    let w = crate::postgres_cdc::World::new("lf", 1, 1, 1, "cleanup_interval_ms = 3000").await;
+    let table = w.table(0, 0);
+    let streamer = w.start("streamer.log");
+    let insert = format!("INSERT INTO {table} (topic, payload) VALUES ($1, convert_to($2, 'UTF8')) RETURNING id");
+    let id: i64 = w.db.admin.query_one(&insert, &[&w.topic, &"locked"]).await.unwrap().get(0);
+    kafka::read_at_least(&w.topic, 1, 1, ARRIVAL).await;
+    // Hold the row's lock before the (slow) cleanup comes; then cut the session it waits in.
+    let locker = crate::support::pg::connect(&w.db.admin_url).await;
+    locker.batch_execute("BEGIN").await.unwrap();
+    locker.execute(&format!("SELECT 1 FROM {table} WHERE id = $1 FOR UPDATE"), &[&id]).await.unwrap();
+    let role = w.db.streamer_url.split("//").nth(1).and_then(|u| u.split(':').next()).unwrap().to_string();
+    let pid: i32 = crate::support::wait_until("the cleanup to wait for the row lock", ARRIVAL, || async {
+        let row =
+            w.db.admin
+                .query_opt("SELECT pid FROM pg_stat_activity WHERE usename = $1 AND wait_event_type = 'Lock'", &[&role])
+                .await
+                .unwrap();
+        row.map(|r| r.get::<_, i32>(0))
+    })
+    .await;
+    w.db.admin.execute("SELECT pg_terminate_backend($1)", &[&pid]).await.unwrap();
+    streamer.wait_for_log("stream interrupted", ARRIVAL).await;
+    locker.batch_execute("COMMIT").await.unwrap();
+    w.wait_drained(&table).await;
+    w.db.admin.query_one(&insert, &[&w.topic, &"after"]).await.unwrap();
+    let records = kafka::read_at_least(&w.topic, 1, 2, ARRIVAL).await;
+    assert_eq!(payloads(&records), ["locked", "after"], "the acknowledged row is not published again");
+    streamer.wait_for_log("finished the acknowledged rows the last session could not delete", ARRIVAL).await;
+    assert!(streamer.stop());
+}

@@ -103,11 +103,14 @@ impl Expect {
 
 /// Restarts or kills the streamer, and restarts a halted one (the operator's part: the bad
 /// row was fixed in the table right after it was written).
-fn churn(streamer: &mut Option<Running>, start: &dyn Fn(usize) -> Running, runs: &mut usize, kill: bool) {
+async fn churn(streamer: &mut Option<Running>, start: &dyn Fn(usize) -> Running, runs: &mut usize, kill: bool) {
     let old = streamer.take().expect("a running streamer");
     if kill {
         old.kill();
     } else {
+        // SIGTERM is handled from the start of `run`; before it, the process is only parsing
+        // its configuration, and a signal would end it without a clean exit code.
+        old.wait_for_log("outbox-streamer running", ARRIVAL).await;
         assert!(old.stop(), "clean exit on SIGTERM");
     }
     *runs += 1;
@@ -218,16 +221,16 @@ async fn postgres_randomised_workload() {
             }
             85..=92 => {
                 if streamer.as_ref().is_some_and(|s| s.log_text().contains("halted")) {
-                    churn(&mut streamer, &start, &mut runs, false);
+                    churn(&mut streamer, &start, &mut runs, false).await;
                 }
             }
-            93..=96 => churn(&mut streamer, &start, &mut runs, false),
-            _ => churn(&mut streamer, &start, &mut runs, true),
+            93..=96 => churn(&mut streamer, &start, &mut runs, false).await,
+            _ => churn(&mut streamer, &start, &mut runs, true).await,
         }
     }
     // The operator's last look: a halted stream is restarted once the row is fixed.
     if streamer.as_ref().is_some_and(|s| s.log_text().contains("halted")) {
-        churn(&mut streamer, &start, &mut runs, false);
+        churn(&mut streamer, &start, &mut runs, false).await;
     }
     let records = kafka::read_until_payloads(&w.topic, 3, &expect.committed, ARRIVAL).await;
     expect.check(&records, &[], seed);
@@ -356,8 +359,8 @@ async fn mariadb_randomised_workload() {
                 db.exec_drop(&insert, (None::<String>, &key, &p)).await.unwrap();
                 expect.dead_letter.insert(p);
             }
-            91..=96 => churn(&mut streamer, &start, &mut runs, false),
-            _ => churn(&mut streamer, &start, &mut runs, true),
+            91..=96 => churn(&mut streamer, &start, &mut runs, false).await,
+            _ => churn(&mut streamer, &start, &mut runs, true).await,
         }
     }
     for (mut conn, xid, rows) in prepared {

@@ -47,7 +47,6 @@ pub struct Drain<'a> {
     pub producer: &'a Producer,
     pub message_timeout: Duration,
     pub stop: &'a mut watch::Receiver<bool>,
-    pub memory: &'a mut StreamMemory,
 }
 
 impl Drain<'_> {
@@ -63,7 +62,8 @@ impl Drain<'_> {
             metric_labels: self.labels.metric_labels(),
         };
         let source = PollSource::new(reader, cleaner, settings);
-        run_session(self.labels, self.settings, source, self.producer, self.message_timeout, self.stop, self.memory)
+        let mut memory = StreamMemory::default();
+        run_session(self.labels, self.settings, source, self.producer, self.message_timeout, self.stop, &mut memory)
             .await?;
         if *self.stop.borrow() {
             return Ok(None);

@@ -1,9 +1,15 @@
-//! PostgreSQL catch-up: mark, re-create the slot, wait out the table's writers, drain.
+//! PostgreSQL catch-up: mark, make sure a slot exists, take a bound, wait out the table's
+//! writers, drain, then move the stream's position to the bound.
 //!
-//! The slot is created (a) before anything is read. Every transaction that committed before
-//! the slot's consistent point either is visible already or still holds its lock on the table;
-//! once the writers seen right after (a) have all ended, the highest id in the table bounds
-//! every row (b) must send.
+//! The slot is created (a) before anything is read. Then the WAL insert position `L` is read,
+//! and after it the transactions writing the table. A transaction whose commit is before `L`
+//! is either visible already or, not yet visible, still holds its lock on the table (a
+//! transaction releases its locks only after it became visible), so it is among those writers;
+//! once they have all ended, every row committed before `L` is visible, and the highest id in
+//! the table bounds every row (b) must send. After the drain, `L` becomes the published-up-to
+//! mark and the slot moves to it: the stream (c) starts with the transactions committed after
+//! `L`, and nothing the drain sent from before `L` is sent twice — not even when the slot was
+//! older (a return from polling mode, whose slot lags behind what polling sent).
 
 use std::time::{Duration, Instant};
 
@@ -78,6 +84,13 @@ pub async fn run(
     ensure_slot(&client, &names.slot).await?;
     let mut reader = PgPollTable::connect(target, &names.table).await?;
     let cleaner = PgPollTable::connect(target, &names.table).await?;
+    let bound: String = client
+        .query_one("SELECT pg_current_wal_insert_lsn()::text", &[])
+        .await
+        .map_err(|e| SourceError::from_db("reading the WAL position", &e))?
+        .get(0);
+    let bound = outbox_postgres::Lsn::parse(&bound)
+        .map_err(|e| SourceError::Transient(format!("reading the WAL position: {e}")))?;
     let writers = reader.writers().await?.unwrap_or_default();
     let waiting_since = Instant::now();
     let mut logged = Instant::now();
@@ -86,7 +99,7 @@ pub async fn run(
             logged = Instant::now();
             tracing::warn!(
                 waited_s = waiting_since.elapsed().as_secs(),
-                "catch-up waits for transactions that were writing to {} when the slot was created",
+                "catch-up waits for transactions that were writing to {} when it started",
                 names.table
             );
         }
@@ -102,13 +115,19 @@ pub async fn run(
             None => return Ok(None),
         },
     };
+    // Everything committed before the bound was sent by the drain (or deleted by someone
+    // else before it could be, which in a catch-up only the table can tell).
+    slot::advance(&client, &names.slot, bound)
+        .await
+        .map_err(|e| SourceError::from_db(&format!("moving slot {} to {bound}", names.slot), &e))?;
     let sql = format!(
-        "UPDATE {} SET catchup_pending = false, last_catchup_at = now(), last_catchup_rows = $2, updated_at = now()
+        "UPDATE {} SET catchup_pending = false, last_catchup_at = now(), last_catchup_rows = $2,
+                published_lsn = greatest(published_lsn, $3::text::pg_lsn), updated_at = now()
          WHERE stream = $1",
         ident(checkpoint_table)
     );
     client
-        .execute(&sql, &[&names.table, &(rows as i64)])
+        .execute(&sql, &[&names.table, &(rows as i64), &bound.to_pg_string()])
         .await
         .map_err(|e| SourceError::from_db(&format!("updating {checkpoint_table}"), &e))?;
     Ok(Some(report(drain.labels, started, rows)))

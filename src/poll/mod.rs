@@ -353,9 +353,10 @@ impl<T: PollTable> Source for PollSource<T> {
         }
     }
 
-    async fn finish(&mut self, ids: Vec<i64>, upto: PollPosition) -> Result<u64, SourceError> {
-        let deleted = if ids.is_empty() { 0 } else { self.cleaner.delete(&ids).await? };
-        self.finished = self.finished.max(upto.rows_through);
+    async fn finish(&mut self, ids: &[i64], upto: PollPosition) -> Result<u64, SourceError> {
+        let deleted = if ids.is_empty() { 0 } else { self.cleaner.delete(ids).await? };
+        // A prefix an earlier session left carries that session's count: never past ours.
+        self.finished = self.finished.max(upto.rows_through.min(self.emitted));
         self.settings.rows_sent.fetch_add(ids.len() as u64, Ordering::Relaxed);
         Ok(deleted)
     }

@@ -108,7 +108,7 @@ async fn batch(src: &mut PollSource<Fake>) -> Option<Vec<i64>> {
             SourceEvent::Begin { .. } | SourceEvent::Idle(_) => {}
             SourceEvent::Row(row) => ids.push(row.unwrap().id),
             SourceEvent::Commit(position) => {
-                src.finish(ids.clone(), position).await.unwrap();
+                src.finish(&ids, position).await.unwrap();
                 return Some(ids);
             }
             SourceEvent::Drained => return None,
@@ -193,7 +193,7 @@ async fn a_drain_reads_full_batches_on_from_the_last_id() {
         held.push((ids, position));
     }
     for (ids, position) in held {
-        src.finish(ids, position).await.unwrap();
+        src.finish(&ids, position).await.unwrap();
     }
     assert!(db.0.lock().unwrap().rows.is_empty());
     assert_eq!(db.reads()[..3], [0, 4, 8], "reads went on from the last id");
@@ -215,7 +215,7 @@ async fn polling_reads_in_lock_step() {
     db.commit("slow");
     let waited = tokio::time::timeout(Duration::from_millis(200), src.next()).await;
     assert!(waited.is_err(), "no read while the first batch is not deleted");
-    src.finish(ids, position).await.unwrap();
+    src.finish(&ids, position).await.unwrap();
     assert_eq!(next_batch(&mut src).await, vec![1, 6, 7, 8], "the late row first, in id order");
 }
 

@@ -210,3 +210,38 @@ impl Producer {
         self.inner.in_flight_count()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use super::*;
+
+    /// The caller's check runs right before every hand-over, so a right to publish lost while
+    /// waiting for room in a full queue stops the record (no broker is needed: the queue of
+    /// one record fills at once).
+    #[tokio::test]
+    async fn the_callers_check_runs_again_after_waiting_for_room() {
+        let settings = ProducerSettings {
+            brokers: "127.0.0.1:1".into(),
+            client_id: "test".into(),
+            compression: "none".into(),
+            linger_ms: 0,
+            message_timeout_ms: 60_000,
+            properties: [("queue.buffering.max.messages".to_string(), "1".to_string())].into(),
+        };
+        let producer = Producer::new(&settings).unwrap();
+        let rec = Outgoing { topic: "t", key: None, payload: Some(b"p"), partition: Some(0), headers: &[] };
+        let _first = producer.enqueue(&rec, || Ok(())).await.expect("room for one");
+        let checks = AtomicUsize::new(0);
+        let refused = producer
+            .enqueue(&rec, || match checks.fetch_add(1, Ordering::SeqCst) {
+                0 => Ok(()),
+                _ => Err("the lease is gone".into()),
+            })
+            .await;
+        assert!(matches!(refused, Err(Refused::NotAllowed(ref r)) if r == "the lease is gone"));
+        assert_eq!(checks.load(Ordering::SeqCst), 2, "checked once before the queue was full, once after");
+        assert_eq!(producer.in_flight(), 1, "the refused record was never handed over");
+    }
+}
