@@ -25,6 +25,7 @@ pub const STREAM_STATE: &str = "outbox_stream_state";
 pub const CATCHUPS: &str = "outbox_catchups_total";
 pub const CATCHUP_ROWS: &str = "outbox_catchup_rows_total";
 pub const POLL_QUERY_SECONDS: &str = "outbox_poll_query_seconds";
+pub const POLL_ROWS_BELOW_MARK: &str = "outbox_poll_rows_below_mark_total";
 pub const OWNED_STREAMS: &str = "outbox_owned_streams";
 pub const LEASE_CHANGES: &str = "outbox_lease_changes_total";
 pub const OWNER_EPOCH: &str = "outbox_owner_epoch";
@@ -96,6 +97,11 @@ pub fn describe() {
     );
     describe_counter!(CATCHUP_ROWS, Unit::Count, "rows sent by catch-ups");
     describe_histogram!(POLL_QUERY_SECONDS, Unit::Seconds, "duration of each oldest-rows query in polling mode");
+    describe_counter!(
+        POLL_ROWS_BELOW_MARK,
+        Unit::Count,
+        "polling: rows found below the low-water mark by the periodic rescan from the lowest id"
+    );
     describe_gauge!(OWNED_STREAMS, Unit::Count, "shard-partitions this instance holds the ZooKeeper lease of");
     describe_counter!(
         LEASE_CHANGES,
@@ -183,6 +189,7 @@ mod tests {
         super::CATCHUPS,
         super::CATCHUP_ROWS,
         super::POLL_QUERY_SECONDS,
+        super::POLL_ROWS_BELOW_MARK,
         super::OWNED_STREAMS,
         super::LEASE_CHANGES,
         super::OWNER_EPOCH,

@@ -255,10 +255,10 @@ fn postgres_jobs(
         if settings.mode == Mode::Polling {
             polled_slots.push(names.slot.clone());
             let (target, checkpoint, poll) = (target.clone(), checkpoint.clone(), poll_settings(&settings, &labels));
-            let table = names.table.clone();
+            let (table, slot) = (names.table.clone(), names.slot.clone());
             let connect = move |_lease: OwnerLease| {
-                let (target, table, checkpoint, poll) =
-                    (target.clone(), table.clone(), checkpoint.clone(), poll.clone());
+                let (target, table, checkpoint, poll, slot) =
+                    (target.clone(), table.clone(), checkpoint.clone(), poll.clone(), slot.clone());
                 async move {
                     // Streaming from the slot again later must first send what polling left.
                     let client = target
@@ -266,7 +266,7 @@ fn postgres_jobs(
                         .await
                         .map_err(|e| SourceError::from_db(&format!("connecting to {}", target.display()), &e))?;
                     catchup::postgres::mark_pending(&client, &checkpoint, &table).await?;
-                    let reader = PgPollTable::connect(&target, &table).await?;
+                    let reader = PgPollTable::connect(&target, &table).await?.moving_slot(&slot);
                     let cleaner = PgPollTable::connect(&target, &table).await?;
                     Ok(PollSource::new(reader, cleaner, poll))
                 }
@@ -305,8 +305,8 @@ fn postgres_jobs(
     if let Some(ms) = source.heartbeat_interval_ms {
         tasks.spawn(heartbeat(target.clone(), Duration::from_millis(ms), stop.clone()));
     }
-    slots.extend(polled_slots.iter().cloned());
-    tasks.spawn(lag_poller(source.name.clone(), target, slots, polled_slots, stop.clone()));
+    slots.extend(polled_slots);
+    tasks.spawn(lag_poller(source.name.clone(), target, slots, stop.clone()));
     Ok(jobs)
 }
 
@@ -365,6 +365,7 @@ fn poll_settings(settings: &StreamSettings, labels: &StreamLabels) -> PollSettin
     PollSettings {
         batch: settings.poll_batch,
         interval: Duration::from_millis(settings.poll_interval_ms),
+        full_rescan_every: crate::poll::FULL_RESCAN_EVERY,
         drain_upto: None,
         rows_sent: Default::default(),
         metric_labels: labels.metric_labels(),
@@ -671,27 +672,15 @@ pub(crate) fn binlog_bytes_after(logs: &[(String, u64)], file: &str, offset: u64
     logs[at].1.saturating_sub(offset) + logs[at + 1..].iter().map(|(_, size)| size).sum::<u64>()
 }
 
-/// Publishes each slot's lag in bytes every few seconds. Slots of shard-partitions in polling
-/// mode are moved to the current WAL position each time, so they do not hold WAL while unused
-/// (switching back to `cdc` catches up by polling first, so nothing is skipped).
-async fn lag_poller(
-    source: String,
-    target: PgTarget,
-    slots: Vec<String>,
-    polled_slots: Vec<String>,
-    mut stop: watch::Receiver<bool>,
-) {
+/// Publishes each slot's lag in bytes every few seconds. (The slot of a shard-partition in
+/// polling mode is moved along by its own polling session, that is by its owner only.)
+async fn lag_poller(source: String, target: PgTarget, slots: Vec<String>, mut stop: watch::Receiver<bool>) {
     let mut client = None;
     loop {
         if client.is_none() {
             client = target.connect().await.ok();
         }
         if let Some(c) = &client {
-            for name in &polled_slots {
-                if let Err(e) = outbox_postgres::slot::advance_to_current(c, name).await {
-                    tracing::debug!(slot = %name, error = %e, "could not move the unused slot forward");
-                }
-            }
             for name in &slots {
                 match outbox_postgres::slot::state(c, name).await {
                     Ok(st) => {

@@ -580,3 +580,49 @@ async fn yielding_moves_leases_over_time_without_loss() {
     let duplicates = c.finish(writer).await;
     eprintln!("yielding: {} grants, {duplicates} duplicate records", epochs.len());
 }
+
+/// An instance that does not own a stream never moves that stream's slot, even when its own
+/// configuration says the stream polls: only the owner's polling session moves it. Before, the
+/// lag poller of every instance advanced every slot its own config had in polling mode
+/// whenever the slot was idle, and rows in between were never streamed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_the_owner_moves_a_polling_streams_slot() {
+    let mut c = Cluster::new("zs", 1, 1, false).await;
+    // Someone else holds the lease (a member of another deployment, or one about to stream).
+    let other = lease::acquire(&c.zk, &c.paths, &c.keys[0], "another-instance", Duration::from_secs(5))
+        .await
+        .expect("taking the lease by hand")
+        .expect("the lease was free");
+    let polling = config_with(
+        &c.w.config,
+        "status_interval_ms = 100",
+        "status_interval_ms = 100\nmode = \"polling\"",
+        "polling.toml",
+    );
+    let a = c.start_with(&polling);
+    let metrics = c.instance(a).metrics;
+    let table = c.tables[0].clone();
+    let insert = format!(
+        "INSERT INTO {table} (topic, payload) SELECT $1, convert_to('p' || i, 'UTF8') FROM generate_series(1, 200) i"
+    );
+    c.w.db.admin.execute(&insert, &[&c.w.topic]).await.unwrap();
+    // The instance's lag poller runs every few seconds; once it reports the slot behind by
+    // the rows just written, it has looked at the slot after they were written — and, not
+    // owning the stream, left it where it was.
+    let slot = table.clone();
+    wait_until("the non-owner to report the slot behind the new rows", ARRIVAL, || async {
+        let text = scrape(metrics).await?;
+        let line = text
+            .lines()
+            .find(|l| l.starts_with("outbox_replication_lag_bytes") && l.contains(&format!("slot=\"{slot}\"")))?;
+        let lag: f64 = line.rsplit(' ').next()?.parse().ok()?;
+        (lag > 10_000.0).then_some(())
+    })
+    .await;
+    let owners = c.owners().await;
+    assert_eq!(owners, vec![None], "the lease stays with the other holder");
+    other.release().await.unwrap();
+    // Now the instance owns the stream and polls it: every row arrives.
+    let records = kafka::read_distinct(&c.w.topic, 3, 200, ARRIVAL).await;
+    assert_eq!(records.len(), 200);
+}

@@ -12,6 +12,8 @@ use crate::support::streamer::{Running, run_cli, scratch, source_config};
 use crate::support::{kafka, mysql, shared_services, unique, wait_until};
 
 const ARRIVAL: Duration = Duration::from_secs(120);
+/// The documented least-privilege global grants of the streamer's user.
+pub const STREAMER_GRANTS: &str = "REPLICATION SLAVE, REPLICATION CLIENT";
 
 pub struct World {
     _services: Option<tokio::sync::RwLockReadGuard<'static, ()>>,
@@ -30,12 +32,18 @@ impl World {
 
     pub async fn with_extra(name: &str, topic_partitions: i32, extra: &str) -> Self {
         let services = Some(shared_services().await);
-        Self::build(services, name, topic_partitions, extra).await
+        Self::build(services, name, topic_partitions, extra, STREAMER_GRANTS).await
+    }
+
+    /// With the streamer user's global privileges spelled out (for example adding `PROCESS`).
+    pub async fn with_grants(name: &str, topic_partitions: i32, extra: &str, grants: &str) -> Self {
+        let services = Some(shared_services().await);
+        Self::build(services, name, topic_partitions, extra, grants).await
     }
 
     /// For a test that holds the services exclusively (it stops one of them).
     pub async fn alone(name: &str, topic_partitions: i32, extra: &str) -> Self {
-        Self::build(None, name, topic_partitions, extra).await
+        Self::build(None, name, topic_partitions, extra, STREAMER_GRANTS).await
     }
 
     async fn build(
@@ -43,9 +51,10 @@ impl World {
         name: &str,
         topic_partitions: i32,
         extra: &str,
+        grants: &str,
     ) -> Self {
         let mut db = mysql::fresh_db().await;
-        let url = db.streamer_user("REPLICATION SLAVE, REPLICATION CLIENT").await;
+        let url = db.streamer_user(grants).await;
         let prefix = unique(name);
         let topic = kafka::fresh_topic(name, topic_partitions).await;
         let dir = scratch(&prefix);

@@ -57,6 +57,7 @@ impl Drain<'_> {
         let settings = PollSettings {
             batch: self.settings.poll_batch,
             interval: Duration::from_millis(self.settings.poll_interval_ms),
+            full_rescan_every: crate::poll::FULL_RESCAN_EVERY,
             drain_upto: Some(upto),
             rows_sent: rows_sent.clone(),
             metric_labels: self.labels.metric_labels(),

@@ -21,8 +21,8 @@ use tokio_postgres::Client;
 use super::{CatchUpReport, Drain, report};
 use crate::dberror::{self, Channel};
 use crate::names::StreamNames;
-use crate::poll::PollTable;
 use crate::poll::postgres::PgPollTable;
+use crate::poll::{PollTable, Writers};
 use crate::source::SourceError;
 use crate::streamer::SessionError;
 
@@ -91,7 +91,10 @@ pub async fn run(
         .get(0);
     let bound = outbox_postgres::Lsn::parse(&bound)
         .map_err(|e| SourceError::Transient(format!("reading the WAL position: {e}")))?;
-    let writers = reader.writers().await?.unwrap_or_default();
+    let writers = match reader.writers().await? {
+        Writers::Known(writers) => writers,
+        Writers::Hidden | Writers::Unknown => Vec::new(),
+    };
     let waiting_since = Instant::now();
     let mut logged = Instant::now();
     while reader.any_running(&writers).await? {

@@ -59,6 +59,15 @@ use crate::source::{self, Source, SourceError, SourceEvent};
 /// The longest a run of pipelined reads may go on before a rescan from the low-water mark.
 pub const RESCAN_EVERY: Duration = Duration::from_secs(1);
 
+/// How often a polling session maintains the stream's log position ([`PollTable::maintain`]).
+pub const MAINTAIN_EVERY: Duration = Duration::from_secs(5);
+
+/// How often a rescan starts from the lowest id instead of the low-water mark: a row can get
+/// an id below the mark without ever showing up as a writer (an explicit id, an identity
+/// restarted lower, ids cached per session by a sequence, a prepared transaction), and this
+/// bounds how long it can wait. With the primary key it reads only what is still there.
+pub const FULL_RESCAN_EVERY: Duration = Duration::from_secs(10);
+
 /// A row read by polling: a record, or why it cannot be one.
 pub type PolledRow = Result<OutboxRecord, InvalidRow>;
 
@@ -81,12 +90,29 @@ pub trait PollTable: Send + 'static {
     /// The rows `ids` as they are now (ids not in the table are left out), ascending.
     fn rows(&mut self, ids: &[i64]) -> impl Future<Output = Result<Vec<PolledRow>, SourceError>> + Send;
 
-    /// Opaque ids of the transactions that may still commit rows into the table, or `None` when
-    /// the database does not show them to this role.
-    fn writers(&mut self) -> impl Future<Output = Result<Option<Vec<String>>, SourceError>> + Send;
+    /// Opaque ids of the transactions that may still commit rows into the table.
+    fn writers(&mut self) -> impl Future<Output = Result<Writers, SourceError>> + Send;
 
     /// Whether any of `writers` is still running.
     fn any_running(&mut self, writers: &[String]) -> impl Future<Output = Result<bool, SourceError>> + Send;
+
+    /// Housekeeping of the stream's log position while polling, called every
+    /// [`MAINTAIN_EVERY`] by the session that owns the stream (PostgreSQL: its unused slot is
+    /// moved to the current WAL position, so it does not hold WAL).
+    fn maintain(&mut self) -> impl Future<Output = ()> + Send {
+        async {}
+    }
+}
+
+/// The transactions writing the table, as far as the database shows them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Writers {
+    /// Every transaction that may still commit rows into the table, by opaque id.
+    Known(Vec<String>),
+    /// This role cannot see them (MySQL/MariaDB without `PROCESS`): rescans start at 0.
+    Hidden,
+    /// The database could not give a fresh answer this time; ask again at the next rescan.
+    Unknown,
 }
 
 /// How a polling source runs.
@@ -96,6 +122,8 @@ pub struct PollSettings {
     pub batch: u32,
     /// The longest wait after a read that was not full (`poll_interval_ms`).
     pub interval: Duration,
+    /// How often a rescan starts from the lowest id ([`FULL_RESCAN_EVERY`]).
+    pub full_rescan_every: Duration,
     /// Catch-up: read only rows with `id <= upto`, and end the session (with
     /// [`SourceEvent::Drained`]) at the first rescan that finds none.
     pub drain_upto: Option<i64>,
@@ -129,15 +157,18 @@ struct Request {
     settle: Option<Vec<String>>,
     /// Read the current writers after reading (a new probe).
     probe: bool,
+    /// A rescan from the lowest id although the low-water mark is above it.
+    below_mark: Option<i64>,
 }
 
 #[derive(Debug)]
 struct Response {
     rows: Vec<PolledRow>,
     rescan: bool,
+    below_mark: Option<i64>,
     settled: bool,
-    /// `Some` when the request asked for a probe: the writers, or `None` if not visible.
-    writers: Option<Option<Vec<String>>>,
+    /// `Some` when the request asked for a probe.
+    writers: Option<Writers>,
 }
 
 /// Ids at or below `bound` are settled once `writers` have all ended.
@@ -165,6 +196,8 @@ pub struct PollSource<T: PollTable> {
     batches: u64,
     last_full: bool,
     last_rescan: Instant,
+    /// The last rescan from the lowest id (see [`FULL_RESCAN_EVERY`]).
+    last_full_rescan: Instant,
     next_poll_at: Instant,
     probe: Option<Probe>,
     sees_writers: bool,
@@ -179,7 +212,12 @@ impl<T: PollTable> PollSource<T> {
         let worker = tokio::spawn(async move {
             let mut reader = reader;
             let labels = settings_labels;
+            let mut maintained: Option<Instant> = None;
             while let Some(req) = rx.recv().await {
+                if maintained.is_none_or(|at| at.elapsed() >= MAINTAIN_EVERY) {
+                    reader.maintain().await;
+                    maintained = Some(Instant::now());
+                }
                 let result = serve(&mut reader, req, &labels).await;
                 let failed = result.is_err();
                 if tx.send(result).await.is_err() || failed {
@@ -203,6 +241,7 @@ impl<T: PollTable> PollSource<T> {
             batches: 0,
             last_full: false,
             last_rescan: now,
+            last_full_rescan: now,
             next_poll_at: now,
             probe: None,
             sees_writers: true,
@@ -228,12 +267,19 @@ impl<T: PollTable> PollSource<T> {
                 rescan: false,
                 settle: None,
                 probe: false,
+                below_mark: None,
             }
         } else {
             tokio::time::sleep_until(self.next_poll_at.into()).await;
             self.last_rescan = Instant::now();
+            let below_mark = (self.low_water > 0 && self.last_full_rescan.elapsed() >= self.settings.full_rescan_every)
+                .then_some(self.low_water);
+            if below_mark.is_some() {
+                self.last_full_rescan = Instant::now();
+            }
             Request {
-                after: self.low_water,
+                after: if below_mark.is_some() { 0 } else { self.low_water },
+                below_mark,
                 upto,
                 limit: self.settings.batch,
                 rescan: true,
@@ -252,15 +298,30 @@ impl<T: PollTable> PollSource<T> {
         self.last_full = full;
         self.next_poll_at = if full { now } else { now + self.settings.interval };
         let last_id = resp.rows.last().map(row_id);
+        if let Some(mark) = resp.below_mark {
+            let below = resp.rows.iter().filter(|r| row_id(r) <= mark).count();
+            if below > 0 {
+                // Start again from the lowest id until a probe settles a new mark.
+                self.low_water = 0;
+                self.probe = None;
+                metrics::counter!(crate::metrics::POLL_ROWS_BELOW_MARK, &self.settings.metric_labels)
+                    .increment(below as u64);
+                tracing::warn!(
+                    rows = below,
+                    mark,
+                    "rows appeared below the polling low-water mark (an explicit id, an identity restarted lower, ids cached per session, a prepared transaction); publishing them now"
+                );
+            }
+        }
         if resp.rescan {
             self.move_low_water(resp.settled, full, last_id);
             match resp.writers {
-                Some(Some(writers)) if self.probe.is_none() => {
+                Some(Writers::Known(writers)) if self.probe.is_none() => {
                     if let Some(bound) = last_id {
                         self.probe = Some(Probe { bound, writers });
                     }
                 }
-                Some(None) => {
+                Some(Writers::Hidden) => {
                     self.sees_writers = false;
                     tracing::info!(
                         "this database role cannot see which transactions write the outbox table; polling rescans from the lowest id (see docs/polling.md)"
@@ -323,7 +384,7 @@ async fn serve<T: PollTable>(
     let rows = table.oldest(req.after, req.upto, req.limit).await?;
     metrics::histogram!(crate::metrics::POLL_QUERY_SECONDS, labels).record(started.elapsed().as_secs_f64());
     let writers = if req.probe { Some(table.writers().await?) } else { None };
-    Ok(Response { rows, rescan: req.rescan, settled, writers })
+    Ok(Response { rows, rescan: req.rescan, below_mark: req.below_mark, settled, writers })
 }
 
 impl<T: PollTable> Source for PollSource<T> {

@@ -7,13 +7,15 @@
 //! having modified rows. Reading it needs the `PROCESS` privilege; without it the low-water
 //! mark stays at 0 (see `docs/polling.md` for the trade-off).
 
+use std::time::Duration;
+
 use outbox_mysql::binlog::Cell;
 use outbox_mysql::decode::cell_of;
 use outbox_mysql::mysql_async::prelude::Queryable;
 use outbox_mysql::mysql_async::{Conn, Error as MyError, IsolationLevel, Opts, Row, TxOpts};
 use outbox_mysql::setup::ident;
 
-use super::{PollTable, PolledRow};
+use super::{PollTable, PolledRow, Writers};
 use crate::mysql::id_list;
 use crate::source::{DELETE_CHUNK, STATEMENT_TIMEOUT, SourceError, within};
 
@@ -99,6 +101,43 @@ pub async fn rows_by_id(
     rows.into_iter().map(polled).collect()
 }
 
+/// How often a stale `INNODB_TRX` is read again before the probe is left for the next rescan.
+const FRESH_ATTEMPTS: u32 = 8;
+/// Longer than InnoDB's 100 ms: the cache may be refreshed once nobody read it for that long.
+const STALE_RETRY: Duration = Duration::from_millis(150);
+
+impl MyPollTable {
+    /// One read of the writers inside a canary transaction: `None` when the answer is older
+    /// than the canary (stale).
+    async fn read_writers(&mut self) -> Result<Option<Writers>, SourceError> {
+        let what = "reading the table's writers";
+        within(what, self.conn.query_drop("START TRANSACTION WITH CONSISTENT SNAPSHOT")).await?;
+        let read = self.conn.query::<(String, u64, bool), _>(
+            "SELECT CAST(trx_id AS CHAR), trx_mysql_thread_id,
+                    trx_tables_locked > 0 OR trx_rows_modified > 0 OR trx_rows_locked > 0
+             FROM information_schema.INNODB_TRX",
+        );
+        let result = tokio::time::timeout(STATEMENT_TIMEOUT, read).await;
+        let me: Option<u64> = within(what, self.conn.query_first("SELECT CONNECTION_ID()")).await?;
+        within(what, self.conn.query_drop("COMMIT")).await?;
+        let rows = match result {
+            Err(_) => return Err(SourceError::Transient(format!("{what}: no answer; presumed dead"))),
+            Ok(Ok(rows)) => rows,
+            Ok(Err(MyError::Server(s))) if s.code == ACCESS_DENIED_NEED_PRIVILEGE => return Ok(Some(Writers::Hidden)),
+            Ok(Err(e)) => return Err(SourceError::from_db(what, &e)),
+        };
+        if !rows.iter().any(|(_, thread, _)| Some(*thread) == me) {
+            return Ok(None);
+        }
+        Ok(Some(Writers::Known(
+            rows.into_iter()
+                .filter(|(_, thread, writing)| *writing && Some(*thread) != me)
+                .map(|(id, _, _)| id)
+                .collect(),
+        )))
+    }
+}
+
 impl PollTable for MyPollTable {
     async fn oldest(&mut self, after: i64, upto: i64, limit: u32) -> Result<Vec<PolledRow>, SourceError> {
         let read = tokio::time::timeout(STATEMENT_TIMEOUT, self.conn.exec(&self.select, (after, upto, limit)));
@@ -132,19 +171,21 @@ impl PollTable for MyPollTable {
         rows_by_id(&mut self.conn, &self.table, ids, false).await
     }
 
-    async fn writers(&mut self) -> Result<Option<Vec<String>>, SourceError> {
-        let query = self.conn.query(
-            "SELECT CAST(trx_id AS CHAR) FROM information_schema.INNODB_TRX
-             WHERE trx_tables_locked > 0 OR trx_rows_modified > 0 OR trx_rows_locked > 0",
-        );
-        let Ok(result) = tokio::time::timeout(STATEMENT_TIMEOUT, query).await else {
-            return Err(SourceError::Transient("reading the table's writers: no answer; presumed dead".into()));
-        };
-        match result {
-            Ok(ids) => Ok(Some(ids)),
-            Err(MyError::Server(s)) if s.code == ACCESS_DENIED_NEED_PRIVILEGE => Ok(None),
-            Err(e) => Err(SourceError::from_db("reading the table's writers", &e)),
+    async fn writers(&mut self) -> Result<Writers, SourceError> {
+        // INNODB_TRX is a cache that InnoDB refreshes only once nobody read it for 100 ms, so
+        // frequent readers (this poller among them) can be shown an old list that lacks a
+        // writer. A transaction of this session's own, started before the read, must be in
+        // the answer: then the list is newer than the moment the writers are wanted for.
+        for attempt in 0..FRESH_ATTEMPTS {
+            if attempt > 0 {
+                tokio::time::sleep(STALE_RETRY).await;
+            }
+            match self.read_writers().await? {
+                Some(writers) => return Ok(writers),
+                None => continue,
+            }
         }
+        Ok(Writers::Unknown)
     }
 
     async fn any_running(&mut self, writers: &[String]) -> Result<bool, SourceError> {

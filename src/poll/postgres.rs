@@ -14,7 +14,7 @@ use outbox_postgres::connect::PgTarget;
 use outbox_postgres::setup::ident;
 use tokio_postgres::{Client, Row, Statement};
 
-use super::{PollTable, PolledRow};
+use super::{PollTable, PolledRow, Writers};
 use crate::record::RawRow;
 use crate::source::{DELETE_CHUNK, SourceError, within};
 
@@ -23,6 +23,8 @@ use crate::source::{DELETE_CHUNK, SourceError, within};
 pub struct PgPollTable {
     client: Client,
     table: String,
+    /// The stream's slot, unused while polling: moved along (see [`Self::moving_slot`]).
+    slot: Option<String>,
     select: Statement,
     deleter: cleanup::RowDeleter,
 }
@@ -50,7 +52,16 @@ impl PgPollTable {
             .prepare(&sql)
             .await
             .map_err(|e| SourceError::from_db(&format!("preparing the polling query on {table}"), &e))?;
-        Ok(Self { client, table: table.to_string(), select, deleter: cleanup::RowDeleter::new(table) })
+        Ok(Self { client, table: table.to_string(), slot: None, select, deleter: cleanup::RowDeleter::new(table) })
+    }
+
+    /// Moves `slot` to the current WAL position every few seconds while this polls, so the
+    /// unused slot of a polling stream does not hold WAL. Only the stream's owner polls, so
+    /// only the owner ever moves its slot; a catch-up drain (about to stream from the slot)
+    /// never does.
+    pub fn moving_slot(mut self, slot: &str) -> Self {
+        self.slot = Some(slot.to_string());
+        self
     }
 
     /// The highest id in the table now (`None` when it is empty).
@@ -140,17 +151,25 @@ impl PollTable for PgPollTable {
         rows_by_id(&self.client, &self.table, ids).await
     }
 
-    async fn writers(&mut self) -> Result<Option<Vec<String>>, SourceError> {
+    async fn writers(&mut self) -> Result<Writers, SourceError> {
         let table = ident(&self.table);
         let params: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&table];
         let query = self.client.query_one(
             "SELECT coalesce(array_agg(virtualtransaction), '{}') FROM pg_locks
              WHERE locktype = 'relation' AND relation = $1::text::regclass
-               AND mode = 'RowExclusiveLock' AND granted AND pid <> pg_backend_pid()",
+               AND mode = 'RowExclusiveLock' AND granted AND pid IS DISTINCT FROM pg_backend_pid()",
             &params,
         );
         let row = within("reading the table's writers from pg_locks", query).await?;
-        Ok(Some(row.get(0)))
+        Ok(Writers::Known(row.get(0)))
+    }
+
+    async fn maintain(&mut self) {
+        if let Some(slot) = &self.slot
+            && let Err(e) = outbox_postgres::slot::advance_to_current(&self.client, slot).await
+        {
+            tracing::debug!(%slot, error = %e, "could not move the unused slot forward");
+        }
     }
 
     async fn any_running(&mut self, writers: &[String]) -> Result<bool, SourceError> {

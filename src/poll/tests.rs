@@ -78,8 +78,8 @@ impl PollTable for Fake {
         Ok(self.existing(ids).await?.into_iter().map(|id| Ok(record(id))).collect())
     }
 
-    async fn writers(&mut self) -> Result<Option<Vec<String>>, SourceError> {
-        Ok(Some(self.0.lock().unwrap().running.iter().map(|t| t.to_string()).collect()))
+    async fn writers(&mut self) -> Result<Writers, SourceError> {
+        Ok(Writers::Known(self.0.lock().unwrap().running.iter().map(|t| t.to_string()).collect()))
     }
 
     async fn any_running(&mut self, writers: &[String]) -> Result<bool, SourceError> {
@@ -89,9 +89,14 @@ impl PollTable for Fake {
 }
 
 fn source(db: &Fake, batch: u32, drain_upto: Option<i64>) -> PollSource<Fake> {
+    source_rescanning_every(db, batch, drain_upto, Duration::from_secs(3600))
+}
+
+fn source_rescanning_every(db: &Fake, batch: u32, drain_upto: Option<i64>, every: Duration) -> PollSource<Fake> {
     let settings = PollSettings {
         batch,
         interval: Duration::from_millis(1),
+        full_rescan_every: every,
         drain_upto,
         rows_sent: Arc::default(),
         metric_labels: [("source", "s".into()), ("shard", "0".into()), ("partition", "0".into())],
@@ -175,6 +180,33 @@ async fn the_low_water_mark_moves_once_writers_have_ended() {
     }
     let last = *db.reads().last().unwrap();
     assert!(last >= 9, "the mark keeps moving, probe after probe: {:?}", db.reads());
+}
+
+/// A row can get an id below the mark without ever being a writer the probe saw (an explicit
+/// id, an identity restarted lower, ids cached per session): the periodic rescan from the
+/// lowest id finds it, and the mark starts over.
+#[tokio::test]
+async fn a_row_below_the_low_water_mark_is_found_by_a_full_rescan() {
+    let db = Fake::default();
+    for id in 10..=15 {
+        db.insert("a", id);
+    }
+    db.commit("a");
+    let mut src = source_rescanning_every(&db, 100, None, Duration::from_millis(200));
+    assert_eq!(next_batch(&mut src).await, (10..=15).collect::<Vec<_>>());
+    for id in [16, 17] {
+        db.insert("b", id);
+        db.commit("b");
+        assert_eq!(next_batch(&mut src).await, vec![id]);
+    }
+    assert_eq!(*db.reads().last().unwrap(), 15, "the mark moved above 15");
+    // Id 3 appears without ever having been seen as a writer.
+    db.insert("explicit", 3);
+    db.commit("explicit");
+    assert_eq!(next_batch(&mut src).await, vec![3], "found by the rescan from the lowest id");
+    db.insert("c", 18);
+    db.commit("c");
+    assert_eq!(next_batch(&mut src).await, vec![18]);
 }
 
 #[tokio::test]
