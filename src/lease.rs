@@ -12,7 +12,7 @@
 //! are covered by capping `message.timeout.ms` below the same bound (see `run.rs`).
 
 use std::collections::HashSet;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock, RwLock};
 use std::time::{Duration, Instant};
 
@@ -67,17 +67,25 @@ impl SessionLease {
 pub struct OwnerLease {
     /// `None` without coordination: this instance owns everything, always.
     held: Option<(i64, Arc<SessionLease>)>,
+    /// Set when the lease node itself is gone (deleted by an operator, a ZooKeeper restore)
+    /// while the session lives: the lease may be granted again, so nothing more is produced.
+    lost: Arc<AtomicBool>,
 }
 
 impl OwnerLease {
     /// No coordination: the single instance owns every shard-partition at epoch 0.
     pub fn embedded() -> Self {
-        Self { held: None }
+        Self { held: None, lost: Arc::default() }
     }
 
     /// Held through ZooKeeper at `epoch` (the lease node's creation zxid).
     pub fn held(epoch: i64, session: Arc<SessionLease>) -> Self {
-        Self { held: Some((epoch, session)) }
+        Self { held: Some((epoch, session)), lost: Arc::default() }
+    }
+
+    /// The lease node is gone: from now on [`Self::check`] fails.
+    pub fn mark_lost(&self) {
+        self.lost.store(true, Ordering::SeqCst);
     }
 
     /// The epoch stamped as `outbox-owner-epoch`, if coordinated.
@@ -98,6 +106,9 @@ impl OwnerLease {
     /// Ok while this instance may produce records and write positions.
     pub fn check(&self) -> Result<(), String> {
         match &self.held {
+            Some((epoch, _)) if self.lost.load(Ordering::SeqCst) => Err(format!(
+                "the lease node (epoch {epoch}) is gone from ZooKeeper (deleted by hand, or a restore), so the lease may be granted to another instance; it stops without producing or writing a position"
+            )),
             Some((epoch, session)) if !session.is_valid() => Err(format!(
                 "this instance can no longer confirm its ZooKeeper session, so its lease (epoch {epoch}) may already be another instance's; it stops without producing or writing a position"
             )),
@@ -112,6 +123,13 @@ impl OwnerLease {
             Some((_, session)) => session.live.read().unwrap_or_else(|e| e.into_inner()).contains(instance),
             None => true,
         }
+    }
+}
+
+#[cfg(test)]
+impl OwnerLease {
+    fn session_for_test(&self) -> &Arc<SessionLease> {
+        &self.held.as_ref().expect("held").1
     }
 }
 
@@ -136,6 +154,11 @@ mod tests {
         assert!(lease.check().is_ok(), "an older answer never shortens the deadline");
         session.revoke();
         assert!(lease.check().unwrap_err().contains("epoch 7"));
+        let lease = OwnerLease::held(8, SessionLease::new("c", Duration::from_secs(10)));
+        lease.session_for_test().renew(Instant::now());
+        let copy = lease.clone();
+        lease.mark_lost();
+        assert!(copy.check().unwrap_err().contains("lease node"), "every copy of the lease sees the loss");
         let stale = SessionLease::new("b", Duration::from_secs(10));
         stale.renew(Instant::now() - Duration::from_secs(6));
         assert!(!stale.is_valid(), "an answer to a request sent 6 s ago is no proof any more");

@@ -256,7 +256,7 @@ fn postgres_jobs(
             polled_slots.push(names.slot.clone());
             let (target, checkpoint, poll) = (target.clone(), checkpoint.clone(), poll_settings(&settings, &labels));
             let (table, slot) = (names.table.clone(), names.slot.clone());
-            let connect = move |_lease: OwnerLease| {
+            let connect = move |lease: OwnerLease| {
                 let (target, table, checkpoint, poll, slot) =
                     (target.clone(), table.clone(), checkpoint.clone(), poll.clone(), slot.clone());
                 async move {
@@ -265,9 +265,10 @@ fn postgres_jobs(
                         .connect()
                         .await
                         .map_err(|e| SourceError::from_db(&format!("connecting to {}", target.display()), &e))?;
-                    catchup::postgres::mark_pending(&client, &checkpoint, &table).await?;
+                    let epoch = lease.db_epoch();
+                    catchup::postgres::mark_pending(&client, &checkpoint, &table, epoch).await?;
                     let reader = PgPollTable::connect(&target, &table).await?.moving_slot(&slot);
-                    let cleaner = PgPollTable::connect(&target, &table).await?;
+                    let cleaner = PgPollTable::connect(&target, &table).await?.fenced_by(&checkpoint, epoch);
                     Ok(PollSource::new(reader, cleaner, poll))
                 }
             };
@@ -337,7 +338,7 @@ fn mysql_jobs(
                 async move {
                     let mut reader = MyPollTable::connect(&opts, &table).await?;
                     catchup::mysql::mark_pending(reader.conn(), &checkpoint, &table, lease.db_epoch()).await?;
-                    let cleaner = MyPollTable::connect(&opts, &table).await?;
+                    let cleaner = MyPollTable::connect(&opts, &table).await?.fenced_by(&checkpoint, lease.db_epoch());
                     Ok(PollSource::new(reader, cleaner, poll))
                 }
             };
@@ -384,7 +385,7 @@ impl CatchUpPlan {
         let epoch = drain.labels.lease.db_epoch();
         match self {
             CatchUpPlan::Postgres { target, names, checkpoint } => {
-                catchup::postgres::run(target, names, checkpoint, drain, reason).await
+                catchup::postgres::run(target, names, checkpoint, epoch, drain, reason).await
             }
             CatchUpPlan::Mysql { opts, names, checkpoint } => {
                 catchup::mysql::run(opts, names, checkpoint, epoch, drain, reason).await

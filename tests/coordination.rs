@@ -626,3 +626,37 @@ async fn only_the_owner_moves_a_polling_streams_slot() {
     let records = kafka::read_distinct(&c.w.topic, 3, 200, ARRIVAL).await;
     assert_eq!(records.len(), 200);
 }
+
+/// An owner's lease node deleted by hand (an operator, a ZooKeeper restore) while its session
+/// lives: the owner stops at once, the lease is granted again, and no record of the old epoch
+/// lands after one of the new — in PostgreSQL polling too, which has no slot to fence it.
+/// Before, the old owner never noticed and both published for as long as the test ran.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_lease_node_stops_its_owner_before_the_lease_is_granted_again() {
+    let mut c = Cluster::new("zd", 1, 1, false).await;
+    let polling = config_with(
+        &c.w.config,
+        "status_interval_ms = 100",
+        "status_interval_ms = 100\nmode = \"polling\"",
+        "polling.toml",
+    );
+    let writer = Writer::start(&c.w.db.admin_url, &c.tables, &c.w.topic);
+    c.start_with(&polling);
+    c.start_with(&polling);
+    let held = c.wait_for_balance(SETTLE).await;
+    let (owner, epoch) = held[0];
+    kafka::wait_for_header(&c.w.topic, 3, "outbox-owner-epoch", &epoch.to_string(), ARRIVAL).await;
+    let dir = c.paths.lease(&c.keys[0]);
+    let children = c.zk.list_children(&dir).await.expect("lease directory");
+    let node = children.iter().find(|n| n.contains("lock-")).expect("the lock node");
+    c.zk.delete(&format!("{dir}/{node}"), None).await.expect("deleting the lock node by hand");
+    let (_, new_epoch) = wait_until("the lease to be granted again", SETTLE, || async {
+        c.owners().await[0].filter(|(_, e)| *e != epoch)
+    })
+    .await;
+    kafka::wait_for_header(&c.w.topic, 3, "outbox-owner-epoch", &new_epoch.to_string(), ARRIVAL).await;
+    let duplicates = c.finish(writer).await;
+    eprintln!("lease node deleted: {duplicates} duplicates");
+    let log = c.instance(owner).run.log_text();
+    assert!(log.contains("the lease node was deleted while this instance held it"), "{log}");
+}

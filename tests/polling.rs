@@ -277,3 +277,25 @@ async fn polling_publishes_rows_whose_ids_land_below_the_low_water_mark() {
     assert!(log.contains("rows appeared below the polling low-water mark"), "{log}");
     assert!(streamer.stop());
 }
+
+/// PostgreSQL polling has a database fence like MariaDB's checkpoint: once a newer owner
+/// epoch is stored for the stream, an older owner's next delete is refused and it stops —
+/// here without coordination, so it halts and says how to reset the epoch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn polling_stops_at_a_newer_owner_epoch() {
+    let w = World::new("pfe", 1, 1, 1, POLLING).await;
+    let table = w.table(0, 0);
+    let streamer = w.start("streamer.log");
+    insert(&w, payloads(0..5)).await;
+    kafka::read_at_least(&w.topic, 1, 5, ARRIVAL).await;
+    w.wait_drained(&table).await;
+    w.db.admin
+        .execute(&format!("UPDATE {}_checkpoint SET owner_epoch = 5 WHERE stream = $1", w.prefix), &[&table])
+        .await
+        .unwrap();
+    insert(&w, payloads(5..6)).await;
+    let log = streamer.wait_for_log("halted", ARRIVAL).await;
+    assert!(log.contains("newer owner epoch") && log.contains("SET owner_epoch = 0"), "{log}");
+    assert_eq!(w.db.count(&table).await, 1, "the fenced delete left the row");
+    assert!(streamer.stop());
+}

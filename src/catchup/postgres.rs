@@ -51,18 +51,23 @@ pub async fn pending(client: &Client, checkpoint_table: &str, table: &str) -> Re
     }
 }
 
-/// Marks a catch-up of `table` as needed before it streams again.
-pub async fn mark_pending(client: &Client, checkpoint_table: &str, table: &str) -> Result<(), SourceError> {
+/// Marks a catch-up of `table` as needed before it streams again, and claims the stream for
+/// owner `epoch`: from then on the polling deletes of an older owner are refused (the fence
+/// PostgreSQL polling has instead of a slot; see `PgPollTable::fenced_by`).
+pub async fn mark_pending(client: &Client, checkpoint_table: &str, table: &str, epoch: i64) -> Result<(), SourceError> {
     let sql = format!(
-        "UPDATE {} SET catchup_pending = true, catchup_started_at = now(), updated_at = now() WHERE stream = $1",
+        "UPDATE {} SET catchup_pending = true, catchup_started_at = now(), owner_epoch = $2, updated_at = now()
+         WHERE stream = $1 AND owner_epoch <= $2",
         ident(checkpoint_table)
     );
     let n = client
-        .execute(&sql, &[&table])
+        .execute(&sql, &[&table, &epoch])
         .await
         .map_err(|e| SourceError::from_db(&format!("updating {checkpoint_table}"), &e))?;
     if n == 0 {
-        return Err(missing_checkpoint(checkpoint_table, format!("{checkpoint_table} has no row for {table}")));
+        // Either there is no row, or a newer owner claimed it.
+        pending(client, checkpoint_table, table).await?;
+        return Err(crate::mysql::fenced(table, epoch));
     }
     Ok(())
 }
@@ -73,6 +78,7 @@ pub async fn run(
     target: &PgTarget,
     names: &StreamNames,
     checkpoint_table: &str,
+    epoch: i64,
     drain: &mut Drain<'_>,
     reason: &str,
 ) -> Result<Option<CatchUpReport>, SessionError> {
@@ -80,7 +86,7 @@ pub async fn run(
     tracing::warn!(reason, table = %names.table, "catching up by polling before streaming resumes");
     let client =
         target.connect().await.map_err(|e| SourceError::from_db(&format!("connecting to {}", target.display()), &e))?;
-    mark_pending(&client, checkpoint_table, &names.table).await?;
+    mark_pending(&client, checkpoint_table, &names.table, epoch).await?;
     ensure_slot(&client, &names.slot).await?;
     let mut reader = PgPollTable::connect(target, &names.table).await?;
     let cleaner = PgPollTable::connect(target, &names.table).await?;

@@ -25,7 +25,7 @@ use outbox_zookeeper::lease::{self, Lease};
 use outbox_zookeeper::members::{self, Member};
 use outbox_zookeeper::paths::ClusterPaths;
 use outbox_zookeeper::{SessionSettings, zk};
-use tokio::sync::watch;
+use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
 use crate::config::CoordinationConfig;
@@ -75,8 +75,15 @@ pub async fn run(config: &CoordinationConfig, jobs: Vec<StreamJob>, mut stop: wa
         if failing_since.take().is_some() {
             tracing::info!("ZooKeeper reachable again");
         }
-        let mut member =
-            Membership { client, paths: &paths, instance: &instance, jobs: &jobs, owned: BTreeMap::new(), yield_after };
+        let mut member = Membership {
+            client,
+            paths: &paths,
+            instance: &instance,
+            jobs: &jobs,
+            owned: BTreeMap::new(),
+            yield_after,
+            lost: mpsc::unbounded_channel(),
+        };
         member.run(&mut stop).await;
     }
 }
@@ -85,7 +92,18 @@ struct Owned {
     lease: Lease,
     stop: watch::Sender<bool>,
     task: JoinHandle<()>,
+    /// Watches the lease node ([`guard_lease`]) for as long as this is owned.
+    _guard: Guard,
     since: Instant,
+}
+
+/// A lease guard's task, stopped when the lease is no longer owned.
+struct Guard(JoinHandle<()>);
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 /// One ZooKeeper session's membership.
@@ -96,7 +114,12 @@ struct Membership<'a> {
     jobs: &'a [StreamJob],
     owned: BTreeMap<usize, Owned>,
     yield_after: Option<Duration>,
+    /// Lease guards report a lease node gone here.
+    lost: (mpsc::UnboundedSender<LeaseGone>, mpsc::UnboundedReceiver<LeaseGone>),
 }
+
+/// A lease node gone: (job index, epoch).
+type LeaseGone = (usize, i64);
 
 type Changed = Pin<Box<dyn Future<Output = zk::WatchedEvent> + Send>>;
 
@@ -162,6 +185,7 @@ impl Membership<'_> {
                     other => tracing::info!(state = ?other, "ZooKeeper connection state"),
                 },
                 _ = async { changed.as_mut().expect("set above").await }, if changed.is_some() => changed = None,
+                Some((index, epoch)) = self.lost.1.recv() => self.lease_gone(index, epoch),
                 _ = tick.tick() => {}
             }
         }
@@ -236,9 +260,37 @@ impl Membership<'_> {
         tracing::info!(stream = %job.key, epoch = lease.epoch, "lease acquired; streaming");
         counter!(m::LEASE_CHANGES, "event" => "acquired").increment(1);
         gauge!(m::OWNER_EPOCH, "stream" => job.key.clone()).set(lease.epoch as f64);
+        self.spawn(index, lease, session, Instant::now());
+    }
+
+    /// Starts the task of `index` under `lease`, with the guard that watches its node.
+    fn spawn(&mut self, index: usize, lease: Lease, session: &Arc<SessionLease>, since: Instant) {
+        let owner = OwnerLease::held(lease.epoch, session.clone());
+        let guard = Guard(tokio::spawn(guard_lease(
+            self.client.clone(),
+            lease.path().to_string(),
+            lease.epoch,
+            owner.clone(),
+            index,
+            self.lost.0.clone(),
+        )));
         let (stop, stop_rx) = watch::channel(false);
-        let task = job.spawn(OwnerLease::held(lease.epoch, session.clone()), stop_rx);
-        self.owned.insert(index, Owned { lease, stop, task, since: Instant::now() });
+        let task = self.jobs[index].spawn(owner, stop_rx);
+        self.owned.insert(index, Owned { lease, stop, task, _guard: guard, since });
+    }
+
+    /// A guard saw the lease node of `index` gone while the session lives: the lease may be
+    /// granted again at once, so the task stops at once (it already refuses to produce).
+    fn lease_gone(&mut self, index: usize, epoch: i64) {
+        if self.owned.get(&index).is_none_or(|o| o.lease.epoch != epoch) {
+            return;
+        }
+        let owned = self.owned.remove(&index).expect("checked above");
+        owned.task.abort();
+        let key = &self.jobs[index].key;
+        tracing::error!(stream = %key, epoch, "the lease node was deleted while this instance held it (by hand, or a ZooKeeper restore): the shard-partition stopped at once; ownership is decided again");
+        counter!(m::LEASE_CHANGES, "event" => "lost").increment(1);
+        gauge!(m::OWNER_EPOCH, "stream" => key.clone()).set(0.0);
     }
 
     /// A task that ended by itself stopped because the session could not be confirmed: start
@@ -251,9 +303,8 @@ impl Membership<'_> {
                 Ok(true) => {
                     tracing::info!(stream = %self.jobs[index].key, epoch = owned.lease.epoch, "the lease survived; streaming again");
                     gauge!(m::OWNER_EPOCH, "stream" => self.jobs[index].key.clone()).set(owned.lease.epoch as f64);
-                    let (stop, stop_rx) = watch::channel(false);
-                    let task = self.jobs[index].spawn(OwnerLease::held(owned.lease.epoch, session.clone()), stop_rx);
-                    self.owned.insert(index, Owned { lease: owned.lease, stop, task, since: owned.since });
+                    let Owned { lease, since, .. } = owned;
+                    self.spawn(index, lease, session, since);
                 }
                 _ => {
                     tracing::warn!(stream = %self.jobs[index].key, "the lease is gone; another instance may take the shard-partition");
@@ -299,6 +350,42 @@ impl Membership<'_> {
             owned.task.abort();
             counter!(m::LEASE_CHANGES, "event" => "lost").increment(1);
             gauge!(m::OWNER_EPOCH, "stream" => self.jobs[index].key.clone()).set(0.0);
+        }
+    }
+}
+
+/// Watches the node of a held lease. When it is gone, or is another node now, while the
+/// session lives (an operator deleted it, a ZooKeeper restore lost it), marks the lease lost —
+/// the task refuses to produce from its next record on — and tells the coordinator, which
+/// stops the task. A broken session ends the guard: the session lease covers that case.
+async fn guard_lease(
+    client: zk::Client,
+    path: String,
+    epoch: i64,
+    owner: OwnerLease,
+    index: usize,
+    lost: mpsc::UnboundedSender<LeaseGone>,
+) {
+    loop {
+        match client.check_and_watch_stat(&path).await {
+            Ok((Some(stat), watcher)) if stat.czxid == epoch => {
+                let event = watcher.changed().await;
+                if event.event_type == zk::EventType::Session
+                    && matches!(
+                        event.session_state,
+                        zk::SessionState::Expired | zk::SessionState::Closed | zk::SessionState::AuthFailed
+                    )
+                {
+                    return;
+                }
+            }
+            Ok(_) => {
+                owner.mark_lost();
+                let _ = lost.send((index, epoch));
+                return;
+            }
+            Err(zk::Error::SessionExpired | zk::Error::ClientClosed | zk::Error::AuthFailed) => return,
+            Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
         }
     }
 }

@@ -28,6 +28,8 @@ pub struct MyPollTable {
     conn: Conn,
     table: String,
     select: String,
+    /// The checkpoint table and owner epoch that guard deletes (see [`Self::fenced_by`]).
+    fence: Option<(String, i64)>,
 }
 
 impl MyPollTable {
@@ -42,7 +44,14 @@ impl MyPollTable {
              FROM {} FORCE INDEX (PRIMARY) WHERE id > ? AND id <= ? ORDER BY id LIMIT ?",
             ident(table)
         );
-        Ok(Self { conn, table: table.to_string(), select })
+        Ok(Self { conn, table: table.to_string(), select, fence: None })
+    }
+
+    /// Deletes only while `<checkpoint_table>` holds no newer owner epoch than `epoch` for
+    /// this stream (read with a share lock in the delete's transaction).
+    pub fn fenced_by(mut self, checkpoint_table: &str, epoch: i64) -> Self {
+        self.fence = Some((checkpoint_table.to_string(), epoch));
+        self
     }
 
     /// The highest id in the table now (`None` when it is empty).
@@ -153,12 +162,30 @@ impl PollTable for MyPollTable {
     }
 
     async fn delete(&mut self, ids: &[i64]) -> Result<u64, SourceError> {
+        let what = format!("deleting published rows from {}", self.table);
+        let mut opts = TxOpts::default();
+        opts.with_isolation_level(IsolationLevel::ReadCommitted);
+        let mut tx = within(&what, self.conn.start_transaction(opts)).await?;
+        if let Some((checkpoint, epoch)) = &self.fence {
+            let stored: Option<i64> = within(
+                &what,
+                tx.exec_first(
+                    format!("SELECT owner_epoch FROM {} WHERE stream = ? LOCK IN SHARE MODE", ident(checkpoint)),
+                    (&self.table,),
+                ),
+            )
+            .await?;
+            if stored.is_none_or(|stored| stored > *epoch) {
+                let _ = tx.rollback().await;
+                return Err(crate::mysql::fenced(&self.table, *epoch));
+            }
+        }
         let mut deleted = 0;
         for chunk in ids.chunks(DELETE_CHUNK) {
-            let what = format!("deleting published rows from {}", self.table);
-            within(&what, self.conn.query_drop(outbox_mysql::cleanup::delete_by_ids(&self.table, chunk))).await?;
-            deleted += self.conn.affected_rows();
+            within(&what, tx.query_drop(outbox_mysql::cleanup::delete_by_ids(&self.table, chunk))).await?;
+            deleted += tx.affected_rows();
         }
+        within(&what, tx.commit()).await?;
         Ok(deleted)
     }
 

@@ -25,6 +25,8 @@ pub struct PgPollTable {
     table: String,
     /// The stream's slot, unused while polling: moved along (see [`Self::moving_slot`]).
     slot: Option<String>,
+    /// The delete guarded by the owner epoch (see [`Self::fenced_by`]), and that epoch.
+    fence: Option<(String, i64)>,
     select: Statement,
     deleter: cleanup::RowDeleter,
 }
@@ -52,7 +54,29 @@ impl PgPollTable {
             .prepare(&sql)
             .await
             .map_err(|e| SourceError::from_db(&format!("preparing the polling query on {table}"), &e))?;
-        Ok(Self { client, table: table.to_string(), slot: None, select, deleter: cleanup::RowDeleter::new(table) })
+        Ok(Self {
+            client,
+            table: table.to_string(),
+            slot: None,
+            fence: None,
+            select,
+            deleter: cleanup::RowDeleter::new(table),
+        })
+    }
+
+    /// Deletes only while `<checkpoint_table>` holds no newer owner epoch than `epoch` for
+    /// this stream (checked in the delete's own statement): an owner that lost its lease
+    /// without knowing stops at its next delete instead of publishing on beside the new one.
+    pub fn fenced_by(mut self, checkpoint_table: &str, epoch: i64) -> Self {
+        let sql = format!(
+            "WITH f AS (SELECT owner_epoch <= $3 AS ok FROM {cp} WHERE stream = $2 FOR SHARE),
+                  d AS (DELETE FROM {t} WHERE id = ANY($1) AND coalesce((SELECT ok FROM f), false) RETURNING 1)
+             SELECT coalesce((SELECT ok FROM f), false), (SELECT count(*) FROM d)",
+            cp = ident(checkpoint_table),
+            t = ident(&self.table)
+        );
+        self.fence = Some((sql, epoch));
+        self
     }
 
     /// Moves `slot` to the current WAL position every few seconds while this polls, so the
@@ -138,7 +162,16 @@ impl PollTable for PgPollTable {
         let mut deleted = 0;
         for chunk in ids.chunks(DELETE_CHUNK) {
             let what = format!("deleting published rows from {}", self.table);
-            deleted += within(&what, self.deleter.delete(&self.client, chunk)).await?;
+            match &self.fence {
+                None => deleted += within(&what, self.deleter.delete(&self.client, chunk)).await?,
+                Some((sql, epoch)) => {
+                    let row = within(&what, self.client.query_one(sql, &[&chunk, &self.table, epoch])).await?;
+                    if !row.get::<_, bool>(0) {
+                        return Err(crate::mysql::fenced(&self.table, *epoch));
+                    }
+                    deleted += row.get::<_, i64>(1) as u64;
+                }
+            }
         }
         Ok(deleted)
     }
