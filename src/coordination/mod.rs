@@ -57,6 +57,9 @@ pub async fn run(config: &CoordinationConfig, jobs: Vec<StreamJob>, mut stop: wa
     let yield_after = config.yield_interval_s.map(Duration::from_secs);
     tracing::info!(%instance, cluster = %paths.base(), streams = jobs.len(), "joining the cluster through ZooKeeper");
     let mut failing_since: Option<Instant> = None;
+    // Grows while joining keeps failing (a missing chroot, a name taken), so a broken setup
+    // does not open a ZooKeeper session (a quorum write) many times a second.
+    let mut join_backoff = JOIN_BACKOFF_START;
     while !*stop.borrow() {
         let client = match outbox_zookeeper::connect(&settings).await {
             Ok(client) => client,
@@ -84,9 +87,29 @@ pub async fn run(config: &CoordinationConfig, jobs: Vec<StreamJob>, mut stop: wa
             yield_after,
             lost: mpsc::unbounded_channel(),
         };
-        member.run(&mut stop).await;
+        match member.run(&mut stop).await {
+            Joined::Served => join_backoff = JOIN_BACKOFF_START,
+            Joined::Refused => {
+                tokio::select! {
+                    _ = tokio::time::sleep(join_backoff) => {}
+                    _ = stop.changed() => {}
+                }
+                join_backoff = (join_backoff * 2).min(JOIN_BACKOFF_MAX);
+            }
+        }
     }
 }
+
+/// How one session's membership ended.
+enum Joined {
+    /// It served until stopped or until the session was lost.
+    Served,
+    /// It could not join (registration failed, or the instance name is taken): try again later.
+    Refused,
+}
+
+const JOIN_BACKOFF_START: Duration = Duration::from_secs(1);
+const JOIN_BACKOFF_MAX: Duration = Duration::from_secs(30);
 
 struct Owned {
     lease: Lease,
@@ -124,16 +147,10 @@ type LeaseGone = (usize, i64);
 type Changed = Pin<Box<dyn Future<Output = zk::WatchedEvent> + Send>>;
 
 impl Membership<'_> {
-    async fn run(&mut self, stop: &mut watch::Receiver<bool>) {
+    async fn run(&mut self, stop: &mut watch::Receiver<bool>) -> Joined {
         let session = SessionLease::new(self.instance, self.client.session_timeout());
         let sent = Instant::now();
-        let node = match members::register(&self.client, self.paths, self.instance).await {
-            Ok(node) => node,
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot register as a member; opening a new session");
-                return;
-            }
-        };
+        let Some(mut node) = self.register().await else { return Joined::Refused };
         session.renew(sent);
         tracing::info!(member = %node, session_timeout_ms = self.client.session_timeout().as_millis() as u64, "registered as a cluster member");
         let renewer = tokio::spawn(renew(self.client.clone(), self.paths.members(), session.clone()));
@@ -151,6 +168,23 @@ impl Membership<'_> {
                 Ok((list, watcher)) => {
                     if let Some(w) = watcher {
                         changed = Some(Box::pin(w.changed()));
+                    }
+                    if session.is_valid() && !list.iter().any(|m| m.node == node) {
+                        // The member node was deleted by hand while the session lives: the
+                        // leases are still this instance's; it only has to be a member again.
+                        tracing::warn!(member = %node, "this instance's member node was deleted; registering again");
+                        match self.register().await {
+                            Some(again) => {
+                                tracing::info!(member = %again, "registered again as a cluster member");
+                                node = again;
+                            }
+                            None => {
+                                session.revoke();
+                                self.abort_all();
+                                break;
+                            }
+                        }
+                        continue;
                     }
                     if session.is_valid() {
                         self.rebalance(&list, &node, &session, &mut yielded).await;
@@ -191,6 +225,42 @@ impl Membership<'_> {
         }
         renewer.abort();
         gauge!(m::OWNED_STREAMS).set(0.0);
+        Joined::Served
+    }
+
+    /// Registers this instance's member node, unless a live member already has its name.
+    async fn register(&self) -> Option<String> {
+        let node = match bounded(members::register(&self.client, self.paths, self.instance)).await {
+            Ok(node) => node,
+            Err(e) => {
+                let hint = if e == zk::Error::NoNode {
+                    " (a chroot in coordination.connect that does not exist? create it, or leave the chroot out)"
+                } else {
+                    ""
+                };
+                tracing::error!(error = %e, path = %self.paths.members(), "cannot register as a cluster member{hint}; trying again with backoff");
+                return None;
+            }
+        };
+        let list = match bounded(members::list(&self.client, self.paths)).await {
+            Ok(list) => list,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot list the cluster members after registering; trying again with backoff");
+                return None;
+            }
+        };
+        let mine = list.iter().find(|m| m.node == node).map_or(i64::MAX, |m| m.seq);
+        if let Some(other) = list.iter().find(|m| m.instance == self.instance && m.node != node && m.seq < mine) {
+            tracing::error!(
+                instance = %self.instance,
+                registered_as = %other.node,
+                "another live instance of the cluster has this instance name: names must be unique (set coordination.instance to another name, or leave it out for <hostname>-<pid>); this instance owns nothing and tries again"
+            );
+            let member = format!("{}/{node}", self.paths.members());
+            let _ = bounded(self.client.delete(&member, None)).await;
+            return None;
+        }
+        Some(node)
     }
 
     /// Reaps stopped tasks, then gives up or takes leases to reach this member's quota.
@@ -203,7 +273,7 @@ impl Membership<'_> {
     ) {
         session.set_live_members(list.iter().map(|m| m.instance.clone()));
         let Some(rank) = list.iter().position(|m| m.node == node) else {
-            tracing::warn!(member = %node, "this instance's member node is missing; waiting for the session to be declared lost");
+            // Deleted by hand while the session lives: register again (below, by the caller).
             return;
         };
         self.restart_stopped(session).await;
