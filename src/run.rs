@@ -599,6 +599,20 @@ async fn revoked(
         halt(labels, metric_labels, &msg, stop).await;
         return;
     }
+    if labels.lease.check().is_ok() {
+        // Fenced by a stored epoch while this instance holds the lease in ZooKeeper and its
+        // session is trusted: no owner of this ensemble can have a newer epoch (leases are
+        // granted in zxid order and this one is held), so the stored one comes from another
+        // ensemble — ZooKeeper replaced, or restored from an older backup — or from a hand.
+        // Retrying would be fenced for ever.
+        let msg = format!(
+            "{msg}, although this instance holds the lease (epoch {}) in ZooKeeper now: the stored epoch was written under another ZooKeeper ensemble (replaced, or restored from an older backup) or by hand; fix: make sure no instance still runs against the old ensemble, then reset the epoch: UPDATE <prefix>_checkpoint SET owner_epoch = 0 WHERE stream = '{}', and restart (see docs/ownership.md)",
+            labels.lease.db_epoch(),
+            labels.table
+        );
+        halt(labels, metric_labels, &msg, stop).await;
+        return;
+    }
     stopped(labels, metric_labels);
     gauge!(m::OWNER_EPOCH, "stream" => labels.key()).set(0.0);
     tracing::warn!(reason = %msg, "stopped: ownership can no longer be confirmed");

@@ -738,3 +738,36 @@ async fn a_missing_chroot_is_named_and_retried_with_backoff() {
     };
     assert!(at(failures[2]) - at(failures[0]) >= 2.5, "backoff between attempts:\n{}", failures.join("\n"));
 }
+
+/// The checkpoint holds an owner epoch from another ZooKeeper ensemble (ZooKeeper replaced,
+/// or restored from an older backup: its zxids are lower): the owner holding the lease now
+/// halts once, saying what happened and how to reset it, instead of being fenced again every
+/// half second for ever; the documented reset brings the stream back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mariadb_an_epoch_from_another_ensemble_halts_with_the_reset() {
+    use mysql_async::prelude::Queryable;
+    let cluster = unique("ze");
+    let w = crate::mysql_cdc::World::with_extra("ze", 1, &coordination(&cluster, &env("OUTBOX_ZK_CONNECT"))).await;
+    let table = w.table();
+    let mut admin = w.admin().await;
+    let checkpoint = format!("{}_checkpoint", w.prefix);
+    admin
+        .exec_drop(format!("UPDATE {checkpoint} SET owner_epoch = ? WHERE stream = ?"), (1i64 << 50, &table))
+        .await
+        .unwrap();
+    let first = Running::start(&w.config, &w.dir.join("first.log"));
+    let log = first.wait_for_log("halted", SETTLE).await;
+    assert!(log.contains("another ZooKeeper ensemble") && log.contains("SET owner_epoch = 0"), "{log}");
+    assert_eq!(log.matches("ERROR").count(), 1, "one ERROR, not a retry loop:\n{log}");
+    assert!(first.stop());
+    admin.exec_drop(format!("UPDATE {checkpoint} SET owner_epoch = 0 WHERE stream = ?"), (&table,)).await.unwrap();
+    let second = Running::start(&w.config, &w.dir.join("second.log"));
+    admin
+        .exec_drop(format!("INSERT INTO {table} (topic, payload) VALUES (?, 'after the reset')"), (&w.topic,))
+        .await
+        .unwrap();
+    let records = kafka::read_at_least(&w.topic, 1, 1, ARRIVAL).await;
+    assert_eq!(records[0].payload_str(), "after the reset");
+    assert!(second.stop());
+    admin.disconnect().await.unwrap();
+}
