@@ -109,7 +109,9 @@ pub async fn run(mut config: Config) -> anyhow::Result<()> {
         }
         Some(c) => {
             let (c, stop) = (c.clone(), stop_rx.clone());
-            tasks.spawn(async move { crate::coordination::run(&c, jobs, stop).await });
+            let sources =
+                config.sources.iter().map(|s| (s.name.clone(), crate::coordination::fingerprint(s))).collect();
+            tasks.spawn(async move { crate::coordination::run(&c, jobs, sources, stop).await });
             tracing::info!(
                 "outbox-streamer running under ZooKeeper ownership; SIGTERM or SIGINT stops it after draining"
             );

@@ -771,3 +771,39 @@ async fn mariadb_an_epoch_from_another_ensemble_halts_with_the_reset() {
     assert!(second.stop());
     admin.disconnect().await.unwrap();
 }
+
+/// Members whose configurations differ — a rolling change of `shards`, half the instances
+/// restarted — balance over the union of what they serve: no shard-partition that some member
+/// serves is left without an owner. Before, each computed its quota from its own list, and a
+/// shard stayed unowned while both ran.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn members_with_different_shards_leave_no_shard_partition_unowned() {
+    let mut c = Cluster::new("zu", 3, 1, false).await;
+    let two = config_with(&c.w.config, "shards = 3", "shards = 2", "two-shards.toml");
+    let writer = Writer::start(&c.w.db.admin_url, &c.tables, &c.w.topic);
+    c.start_with(&two);
+    c.start();
+    let held = wait_until("every shard-partition to have an owner", SETTLE, || async {
+        let owners = c.owners().await;
+        owners.iter().all(Option::is_some).then_some(owners)
+    })
+    .await;
+    assert_eq!(held[2].map(|(o, _)| o), Some(1), "only the instance with 3 shards serves shard 2");
+    c.finish(writer).await;
+}
+
+/// Two deployments with different sources under one cluster name: the younger refuses to join,
+/// loudly, instead of splitting the work so that some shard-partitions stay unowned.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_deployment_under_the_same_cluster_name_is_refused() {
+    let mut c = Cluster::new("zx", 1, 1, false).await;
+    let first = c.start();
+    c.wait_for_counts(&[1], SETTLE).await;
+    let other = config_with(&c.w.config, "name = \"test\"", "name = \"billing\"", "other.toml");
+    let second = c.start_with(&other);
+    let log = c.instance(second).run.wait_for_log("another deployment shares this cluster", SETTLE).await;
+    assert!(log.contains("ERROR") && log.contains("cluster_name"), "{log}");
+    let members = c.zk.list_children(&c.paths.members()).await.expect("members");
+    assert_eq!(members.len(), 1, "the other deployment's instance is not a member");
+    let _ = first;
+}

@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use metrics::{counter, gauge};
 use outbox_zookeeper::lease::{self, Lease};
-use outbox_zookeeper::members::{self, Member};
+use outbox_zookeeper::members::{self, Member, MemberView};
 use outbox_zookeeper::paths::ClusterPaths;
 use outbox_zookeeper::{SessionSettings, zk};
 use tokio::sync::{mpsc, watch};
@@ -50,9 +50,19 @@ pub fn session_settings(config: &CoordinationConfig) -> SessionSettings {
 }
 
 /// Runs ownership until `stop` turns true; then stops every owned task and gives its lease up.
-pub async fn run(config: &CoordinationConfig, jobs: Vec<StreamJob>, mut stop: watch::Receiver<bool>) {
+pub async fn run(
+    config: &CoordinationConfig,
+    jobs: Vec<StreamJob>,
+    sources: BTreeMap<String, String>,
+    mut stop: watch::Receiver<bool>,
+) {
     let paths = ClusterPaths::new(&config.root, &config.cluster_name);
     let instance = config.instance_name();
+    let view = MemberView {
+        instance: instance.clone(),
+        streams: Some(jobs.iter().map(|j| j.key.clone()).collect()),
+        sources: Some(sources),
+    };
     let settings = session_settings(config);
     let yield_after = config.yield_interval_s.map(Duration::from_secs);
     tracing::info!(%instance, cluster = %paths.base(), streams = jobs.len(), "joining the cluster through ZooKeeper");
@@ -82,6 +92,7 @@ pub async fn run(config: &CoordinationConfig, jobs: Vec<StreamJob>, mut stop: wa
             client,
             paths: &paths,
             instance: &instance,
+            view: &view,
             jobs: &jobs,
             owned: BTreeMap::new(),
             yield_after,
@@ -134,6 +145,8 @@ struct Membership<'a> {
     client: zk::Client,
     paths: &'a ClusterPaths,
     instance: &'a str,
+    /// What this instance's member node says (its streams and sources).
+    view: &'a MemberView,
     jobs: &'a [StreamJob],
     owned: BTreeMap<usize, Owned>,
     yield_after: Option<Duration>,
@@ -230,7 +243,7 @@ impl Membership<'_> {
 
     /// Registers this instance's member node, unless a live member already has its name.
     async fn register(&self) -> Option<String> {
-        let node = match bounded(members::register(&self.client, self.paths, self.instance)).await {
+        let node = match bounded(members::register(&self.client, self.paths, self.view)).await {
             Ok(node) => node,
             Err(e) => {
                 let hint = if e == zk::Error::NoNode {
@@ -260,6 +273,27 @@ impl Membership<'_> {
             let _ = bounded(self.client.delete(&member, None)).await;
             return None;
         }
+        if let Some(other) = list.iter().find(|m| m.seq < mine && another_deployment(self.view, &m.view)) {
+            tracing::error!(
+                cluster = %self.paths.base(),
+                other_member = %other.instance,
+                other_sources = ?other.view.sources.as_ref().map(|s| s.keys().collect::<Vec<_>>()),
+                sources = ?self.view.sources.as_ref().map(|s| s.keys().collect::<Vec<_>>()),
+                "another deployment shares this cluster: a member serves none of this instance's sources; give each deployment its own coordination.cluster_name. This instance owns nothing and tries again"
+            );
+            let member = format!("{}/{node}", self.paths.members());
+            let _ = bounded(self.client.delete(&member, None)).await;
+            return None;
+        }
+        for m in &list {
+            for (name, fingerprint) in self.view.sources.iter().flatten() {
+                if let Some(theirs) = m.view.sources.as_ref().and_then(|s| s.get(name))
+                    && theirs != fingerprint
+                {
+                    tracing::warn!(source = %name, member = %m.instance, "another member configures this source with another database address; if it is not the same database under another name, the two deployments need their own cluster_name");
+                }
+            }
+        }
         Some(node)
     }
 
@@ -277,9 +311,7 @@ impl Membership<'_> {
             return;
         };
         self.restart_stopped(session).await;
-        let total = self.jobs.len();
-        let quota = assign::quota(total, list.len(), rank);
-        let order = assign::preference(total, list.len(), rank);
+        let (quota, order) = self.share(list, rank);
         // Give up the least preferred first.
         while self.owned.len() > quota {
             let Some(&index) = order.iter().rev().find(|i| self.owned.contains_key(i)) else { break };
@@ -323,6 +355,31 @@ impl Membership<'_> {
             }
         }
         gauge!(m::OWNED_STREAMS).set(self.owned.len() as f64);
+    }
+
+    /// This member's share of the work: how many shard-partitions it should own and the order
+    /// in which it prefers its own (its planned ones first). The plan is over the union of
+    /// what the members serve ([`assign::plan`]), so members whose configurations differ (a
+    /// rolling change of `shards`) never leave a shard-partition that one of them serves
+    /// without an owner. An older member whose node lists nothing is taken to serve what this
+    /// one does.
+    fn share(&self, list: &[Member], rank: usize) -> (usize, Vec<usize>) {
+        let mine: Vec<String> = self.jobs.iter().map(|j| j.key.clone()).collect();
+        let serves: Vec<&[String]> =
+            list.iter().map(|m| m.view.streams.as_deref().unwrap_or(mine.as_slice())).collect();
+        let union: Vec<&String> =
+            serves.iter().flat_map(|s| s.iter()).collect::<std::collections::BTreeSet<_>>().into_iter().collect();
+        let index_of = |key: &String| union.binary_search(&key).ok();
+        let sets: Vec<Vec<usize>> = serves.iter().map(|s| s.iter().filter_map(index_of).collect()).collect();
+        let targets = &assign::plan(union.len(), &sets)[rank];
+        let job_of: BTreeMap<&String, usize> = self.jobs.iter().enumerate().map(|(i, j)| (&j.key, i)).collect();
+        let mut order: Vec<usize> = targets.iter().filter_map(|&u| job_of.get(union[u]).copied()).collect();
+        for index in assign::preference(self.jobs.len(), list.len(), rank) {
+            if !order.contains(&index) {
+                order.push(index);
+            }
+        }
+        (targets.len(), order)
     }
 
     fn start(&mut self, index: usize, lease: Lease, session: &Arc<SessionLease>) {
@@ -421,6 +478,26 @@ impl Membership<'_> {
             counter!(m::LEASE_CHANGES, "event" => "lost").increment(1);
             gauge!(m::OWNER_EPOCH, "stream" => self.jobs[index].key.clone()).set(0.0);
         }
+    }
+}
+
+/// Which database a source streams, as member nodes show it: kind, host, port, database and
+/// table prefix — never the login or the password.
+pub fn fingerprint(source: &crate::config::SourceConfig) -> String {
+    let url = source.url.redacted();
+    let rest = url.split_once("://").map_or(url.as_str(), |(_, r)| r);
+    let (authority, path) = rest.split_once('/').unwrap_or((rest, ""));
+    let host = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+    let database = path.split(['?', '#']).next().unwrap_or_default();
+    format!("{:?} {host}/{database} {}", source.kind, source.table_prefix)
+}
+
+/// Whether `theirs` belongs to another deployment: it serves none of the sources of `mine`
+/// (both views name their sources; an older member's does not, and is taken to be ours).
+fn another_deployment(mine: &MemberView, theirs: &MemberView) -> bool {
+    match (&mine.sources, &theirs.sources) {
+        (Some(a), Some(b)) => !b.is_empty() && !a.keys().any(|name| b.contains_key(name)),
+        _ => false,
     }
 }
 

@@ -1,9 +1,35 @@
-//! Membership: one ephemeral-sequential node per live instance.
+//! Membership: one ephemeral-sequential node per live instance, whose data says what the
+//! instance is and serves (so members that disagree can balance over the union of what they
+//! serve, and notice when two deployments share a cluster name).
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
 
 use crate::paths::ClusterPaths;
 use crate::{directory_options, zk};
 
 const PREFIX: &str = "member-";
+
+/// What a member node holds: the instance name, the shard-partitions it can serve
+/// (`<source>.<table>`), and a fingerprint of each source (which database it is).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MemberView {
+    pub instance: String,
+    /// `None` for a member of an older version, whose node holds only its name.
+    #[serde(default)]
+    pub streams: Option<Vec<String>>,
+    #[serde(default)]
+    pub sources: Option<BTreeMap<String, String>>,
+}
+
+impl MemberView {
+    /// Reads a member node's data: this JSON, or an older member's bare instance name.
+    pub fn parse(data: &[u8]) -> Self {
+        serde_json::from_slice(data)
+            .unwrap_or_else(|_| Self { instance: String::from_utf8_lossy(data).into_owned(), ..Self::default() })
+    }
+}
 
 /// A live instance as seen in ZooKeeper.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -13,15 +39,17 @@ pub struct Member {
     pub instance: String,
     /// The member node's name.
     pub node: String,
+    pub view: MemberView,
 }
 
 /// Registers this instance; returns its node name. The node lives as long as the session.
-pub async fn register(client: &zk::Client, paths: &ClusterPaths, instance: &str) -> Result<String, zk::Error> {
+pub async fn register(client: &zk::Client, paths: &ClusterPaths, view: &MemberView) -> Result<String, zk::Error> {
     let dir = paths.members();
     client.mkdir(&dir, &directory_options()).await?;
     let options = zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::anyone_all());
     let prefix = format!("{dir}/{PREFIX}");
-    let (_, seq) = client.create(&prefix, instance.as_bytes(), &options).await?;
+    let data = serde_json::to_vec(view).expect("a member view serialises");
+    let (_, seq) = client.create(&prefix, &data, &options).await?;
     Ok(format!("{PREFIX}{seq}"))
 }
 
@@ -48,7 +76,10 @@ async fn read(client: &zk::Client, dir: &str, names: Vec<String>) -> Result<Vec<
     for node in names {
         let Some(seq) = node.strip_prefix(PREFIX).and_then(|s| s.parse::<i64>().ok()) else { continue };
         match client.get_data(&format!("{dir}/{node}")).await {
-            Ok((data, _)) => members.push(Member { seq, instance: String::from_utf8_lossy(&data).into_owned(), node }),
+            Ok((data, _)) => {
+                let view = MemberView::parse(&data);
+                members.push(Member { seq, instance: view.instance.clone(), node, view });
+            }
             // Left between the listing and the read.
             Err(zk::Error::NoNode) => {}
             Err(e) => return Err(e),
@@ -56,4 +87,21 @@ async fn read(client: &zk::Client, dir: &str, names: Vec<String>) -> Result<Vec<
     }
     members.sort_by_key(|m| m.seq);
     Ok(members)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn views_round_trip_and_older_members_are_read_by_name() {
+        let view = MemberView {
+            instance: "a".into(),
+            streams: Some(vec!["app.outbox_0_0".into()]),
+            sources: Some(BTreeMap::from([("app".into(), "postgres db@h:5432".into())])),
+        };
+        assert_eq!(MemberView::parse(&serde_json::to_vec(&view).unwrap()), view);
+        let old = MemberView::parse(b"host-1234");
+        assert_eq!((old.instance.as_str(), old.streams, old.sources), ("host-1234", None, None));
+    }
 }
