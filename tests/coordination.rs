@@ -579,6 +579,11 @@ async fn yielding_moves_leases_over_time_without_loss() {
     let epochs = epochs.into_inner().unwrap();
     let duplicates = c.finish(writer).await;
     eprintln!("yielding: {} grants, {duplicates} duplicate records", epochs.len());
+    // Each yield hands the lease to a member already queued for it (before, the yielded
+    // lease sat free for seconds while every other member was at its quota).
+    let logs: String = (0..2).map(|i| c.instance(i).run.log_text()).collect();
+    assert!(logs.contains("yielding: handed over to the member waiting for the lease"), "{logs}");
+    assert!(logs.contains("took over a lease yielded to this instance"), "{logs}");
 }
 
 /// An instance that does not own a stream never moves that stream's slot, even when its own

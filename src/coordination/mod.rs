@@ -171,7 +171,7 @@ impl Membership<'_> {
         let mut changed: Option<Changed> = None;
         let mut tick = tokio::time::interval(REBALANCE_EVERY);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut yielded: BTreeMap<usize, Instant> = BTreeMap::new();
+        let mut handoffs = Handoffs::default();
         loop {
             let listed = match changed {
                 Some(_) => bounded(members::list(&self.client, self.paths)).await.map(|m| (m, None)),
@@ -200,7 +200,7 @@ impl Membership<'_> {
                         continue;
                     }
                     if session.is_valid() {
-                        self.rebalance(&list, &node, &session, &mut yielded).await;
+                        self.rebalance(&list, &node, &session, &mut handoffs).await;
                     } else {
                         // The tasks stop producing on their own; report them as not owned.
                         for index in self.owned.keys() {
@@ -233,6 +233,8 @@ impl Membership<'_> {
                 },
                 _ = async { changed.as_mut().expect("set above").await }, if changed.is_some() => changed = None,
                 Some((index, epoch)) = self.lost.1.recv() => self.lease_gone(index, epoch),
+                // A lease offered to this instance was granted: start it now, not at the tick.
+                _ = handoffs.granted.notified() => {}
                 _ = tick.tick() => {}
             }
         }
@@ -298,20 +300,19 @@ impl Membership<'_> {
     }
 
     /// Reaps stopped tasks, then gives up or takes leases to reach this member's quota.
-    async fn rebalance(
-        &mut self,
-        list: &[Member],
-        node: &str,
-        session: &Arc<SessionLease>,
-        yielded: &mut BTreeMap<usize, Instant>,
-    ) {
+    async fn rebalance(&mut self, list: &[Member], node: &str, session: &Arc<SessionLease>, handoffs: &mut Handoffs) {
         session.set_live_members(list.iter().map(|m| m.instance.clone()));
         let Some(rank) = list.iter().position(|m| m.node == node) else {
             // Deleted by hand while the session lives: register again (below, by the caller).
             return;
         };
         self.restart_stopped(session).await;
-        let (quota, order) = self.share(list, rank);
+        self.take_offers(handoffs, session).await;
+        let (quota, mut order) = self.share(list, rank);
+        // What was just handed to this instance is preferred for a while, so that being over
+        // its share gives up something else (which the yielding instance then takes).
+        handoffs.taken.retain(|_, at| at.elapsed() < TAKEN_PREFERRED_FOR);
+        order.sort_by_key(|i| !handoffs.taken.contains_key(i));
         // Give up the least preferred first.
         while self.owned.len() > quota {
             let Some(&index) = order.iter().rev().find(|i| self.owned.contains_key(i)) else { break };
@@ -320,20 +321,13 @@ impl Membership<'_> {
         if let Some(after) = self.yield_after
             && list.len() > 1
         {
-            let due: Vec<usize> =
-                self.owned.iter().filter(|(_, o)| o.since.elapsed() >= after).map(|(i, _)| *i).collect();
-            for index in due {
-                self.release(index, "yielded").await;
-                yielded.insert(index, Instant::now());
-            }
+            self.hand_over(list, rank, after, handoffs).await;
         }
-        // A yielded lease is left to the others for a while.
-        yielded.retain(|_, at| at.elapsed() < REBALANCE_EVERY * 10);
         for index in order {
             if self.owned.len() >= quota {
                 break;
             }
-            if self.owned.contains_key(&index) || yielded.contains_key(&index) {
+            if self.owned.contains_key(&index) || handoffs.accepting.contains_key(&index) {
                 continue;
             }
             let key = &self.jobs[index].key;
@@ -355,6 +349,91 @@ impl Membership<'_> {
             }
         }
         gauge!(m::OWNED_STREAMS).set(self.owned.len() as f64);
+    }
+
+    /// Yielding without a gap: a lease owned for `after` is offered to the next member that
+    /// serves it; this instance keeps streaming until that member queues for the lease, then
+    /// gives it up, and the queued member gets it the moment its lock node is deleted. An
+    /// offer nobody takes within [`OFFER_TIMEOUT`] is withdrawn and the lease kept.
+    async fn hand_over(&mut self, list: &[Member], rank: usize, after: Duration, handoffs: &mut Handoffs) {
+        let due: Vec<usize> = self
+            .owned
+            .iter()
+            .filter(|(i, o)| o.since.elapsed() >= after && !handoffs.offered.contains_key(i))
+            .map(|(i, _)| *i)
+            .collect();
+        for index in due {
+            let key = &self.jobs[index].key;
+            let successor = (1..list.len())
+                .map(|step| &list[(rank + step) % list.len()])
+                .find(|m| m.view.streams.as_ref().is_none_or(|s| s.contains(key)));
+            let Some(successor) = successor else { continue };
+            match bounded(lease::offer(&self.client, self.paths, key, &successor.instance)).await {
+                Ok(()) => {
+                    handoffs.offered.insert(index, (successor.instance.clone(), Instant::now()));
+                }
+                Err(e) => tracing::debug!(stream = %key, error = %e, "cannot offer the lease"),
+            }
+        }
+        let offered: Vec<(usize, String, Instant)> =
+            handoffs.offered.iter().map(|(i, (s, at))| (*i, s.clone(), *at)).collect();
+        for (index, successor, at) in offered {
+            let key = self.jobs[index].key.clone();
+            if !self.owned.contains_key(&index) {
+                handoffs.offered.remove(&index);
+                continue;
+            }
+            match bounded(lease::contenders(&self.client, self.paths, &key)).await {
+                Ok(n) if n >= 2 => {
+                    handoffs.offered.remove(&index);
+                    tracing::info!(stream = %key, %successor, "yielding: handed over to the member waiting for the lease");
+                    self.release(index, "yielded").await;
+                }
+                _ if at.elapsed() >= OFFER_TIMEOUT => {
+                    handoffs.offered.remove(&index);
+                    let _ = bounded(lease::withdraw(&self.client, self.paths, &successor, &key)).await;
+                    if let Some(owned) = self.owned.get_mut(&index) {
+                        owned.since = Instant::now();
+                    }
+                    tracing::info!(stream = %key, %successor, "yielding: nobody took the offered lease; keeping it");
+                }
+                _ => {}
+            }
+        }
+    }
+
+    /// Queues for every lease offered to this instance (in the background, so a yielding
+    /// owner that gives it up is followed at once), and starts the ones that were granted.
+    async fn take_offers(&mut self, handoffs: &mut Handoffs, session: &Arc<SessionLease>) {
+        let finished: Vec<usize> =
+            handoffs.accepting.iter().filter(|(_, t)| t.is_finished()).map(|(i, _)| *i).collect();
+        for index in finished {
+            let task = handoffs.accepting.remove(&index).expect("listed above");
+            let key = self.jobs[index].key.clone();
+            let _ = bounded(lease::withdraw(&self.client, self.paths, self.instance, &key)).await;
+            if let Ok(Ok(Some(lease))) = task.await {
+                tracing::info!(stream = %key, "took over a lease yielded to this instance");
+                handoffs.taken.insert(index, Instant::now());
+                self.start(index, lease, session);
+            }
+        }
+        let Ok(offered) = bounded(lease::offers(&self.client, self.paths, self.instance)).await else { return };
+        for key in offered {
+            let Some(index) = self.jobs.iter().position(|j| j.key == key) else { continue };
+            if self.owned.contains_key(&index) || handoffs.accepting.contains_key(&index) {
+                continue;
+            }
+            let (client, paths, instance) = (self.client.clone(), self.paths.clone(), self.instance.to_string());
+            let granted = handoffs.granted.clone();
+            handoffs.accepting.insert(
+                index,
+                tokio::spawn(async move {
+                    let result = lease::acquire(&client, &paths, &key, &instance, OFFER_TIMEOUT).await;
+                    granted.notify_one();
+                    result
+                }),
+            );
+        }
     }
 
     /// This member's share of the work: how many shard-partitions it should own and the order
@@ -536,6 +615,32 @@ async fn guard_lease(
         }
     }
 }
+
+/// Leases moving by yield: offered by this instance, being taken by it, and just taken.
+#[derive(Default)]
+struct Handoffs {
+    /// Offered to another member: (its instance name, since when).
+    offered: BTreeMap<usize, (String, Instant)>,
+    /// Offered to this instance, queued for in the background.
+    accepting: BTreeMap<usize, JoinHandle<Result<Option<Lease>, zk::Error>>>,
+    /// Taken over recently (preferred, see [`TAKEN_PREFERRED_FOR`]).
+    taken: BTreeMap<usize, Instant>,
+    /// Woken when a lease queued for in `accepting` is granted (or the wait ends).
+    granted: Arc<tokio::sync::Notify>,
+}
+
+impl Drop for Handoffs {
+    fn drop(&mut self) {
+        for task in self.accepting.values() {
+            task.abort();
+        }
+    }
+}
+
+/// How long an offered lease waits for its successor to queue before it is kept.
+const OFFER_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a lease taken over by yield is preferred to this instance's others.
+const TAKEN_PREFERRED_FOR: Duration = Duration::from_secs(10);
 
 /// The longest one ZooKeeper call of the coordinator may take: while ZooKeeper is away, calls
 /// wait for the connection, and the coordinator must still answer a shutdown.

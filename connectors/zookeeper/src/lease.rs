@@ -106,6 +106,48 @@ pub async fn holder(client: &zk::Client, paths: &ClusterPaths, stream: &str) -> 
     Ok(None)
 }
 
+/// How many contenders (the holder included) are queued for `stream`'s lease.
+pub async fn contenders(client: &zk::Client, paths: &ClusterPaths, stream: &str) -> Result<usize, zk::Error> {
+    match client.list_children(&paths.lease(stream)).await {
+        Ok(children) => Ok(children.iter().filter(|c| c.contains(LOCK_NAME)).count()),
+        Err(zk::Error::NoNode) => Ok(0),
+        Err(e) => Err(e),
+    }
+}
+
+/// Offers `stream` to `successor`: a yielding owner keeps streaming until the successor queues
+/// for the lease, then gives it up, so the stream changes hands without an idle gap.
+pub async fn offer(client: &zk::Client, paths: &ClusterPaths, stream: &str, successor: &str) -> Result<(), zk::Error> {
+    let dir = paths.offers(successor);
+    client.mkdir(&dir, &directory_options()).await?;
+    match client.create(&format!("{dir}/{stream}"), b"", &directory_options()).await {
+        Ok(_) | Err(zk::Error::NodeExists) => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+/// The streams offered to `instance`.
+pub async fn offers(client: &zk::Client, paths: &ClusterPaths, instance: &str) -> Result<Vec<String>, zk::Error> {
+    match client.list_children(&paths.offers(instance)).await {
+        Ok(streams) => Ok(streams),
+        Err(zk::Error::NoNode) => Ok(Vec::new()),
+        Err(e) => Err(e),
+    }
+}
+
+/// Removes the offer of `stream` to `instance` (taken, or given up).
+pub async fn withdraw(
+    client: &zk::Client,
+    paths: &ClusterPaths,
+    instance: &str,
+    stream: &str,
+) -> Result<(), zk::Error> {
+    match client.delete(&format!("{}/{stream}", paths.offers(instance)), None).await {
+        Ok(()) | Err(zk::Error::NoNode) => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
 /// The ten-digit sequence suffix ZooKeeper appends to a sequential node's name.
 fn sequence(name: &str) -> i64 {
     name.rsplit(LOCK_NAME).next().and_then(|s| s.parse().ok()).unwrap_or(i64::MAX)

@@ -25,6 +25,11 @@ impl ClusterPaths {
     pub fn lease(&self, stream: &str) -> String {
         format!("{}/leases/{}", self.base, segment(stream))
     }
+
+    /// The streams offered to `instance` by yielding owners: one child per stream.
+    pub fn offers(&self, instance: &str) -> String {
+        format!("{}/offers/{}", self.base, segment(instance))
+    }
 }
 
 /// A znode name made of `s`: `/` would start a child, so it becomes `_`.
