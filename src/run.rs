@@ -369,6 +369,7 @@ fn poll_settings(settings: &StreamSettings, labels: &StreamLabels) -> PollSettin
         batch: settings.poll_batch,
         interval: Duration::from_millis(settings.poll_interval_ms),
         full_rescan_every: crate::poll::FULL_RESCAN_EVERY,
+        max_batch_bytes: settings.max_in_flight_bytes as usize,
         drain_upto: None,
         rows_sent: Default::default(),
         metric_labels: labels.metric_labels(),

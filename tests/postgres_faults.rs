@@ -460,3 +460,40 @@ impl Drop for NeverAnsweringStandby {
         .expect("reset thread");
     }
 }
+
+/// Large rows with a small in-flight budget: 60 rows of 800 kB, `max_in_flight_bytes` = 2 MB.
+/// The budget bounds what is produced and not yet acknowledged; polling also lowers its rows
+/// per read to what the budget holds (before, it read 60 rows — 48 MB — at once). The peak is
+/// printed for docs/benchmarks.md and checked only against a generous bound.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_rows_stay_within_the_in_flight_budget() {
+    for (name, mode) in [("lr", ""), ("lrp", "mode = \"polling\"")] {
+        let extra = format!("max_in_flight_bytes = 2000000\n{mode}");
+        let w = World::new(name, 1, 1, 1, &extra).await;
+        let table = w.table(0, 0);
+        // Incompressible, so neither lz4 nor the database can shrink it.
+        w.db.admin
+            .execute(
+                &format!(
+                    "INSERT INTO {table} (topic, payload)
+                     SELECT $1, (SELECT string_agg(md5(i::text || '-' || j::text), '')::bytea FROM generate_series(1, 25000) j)
+                     FROM generate_series(1, 60) i"
+                ),
+                &[&w.topic as &(dyn ToSql + Sync)],
+            )
+            .await
+            .unwrap();
+        let streamer = w.start("streamer.log");
+        let (records, distinct) = kafka::count_distinct_ids(&w.topic, 1, 60, ARRIVAL).await;
+        w.wait_drained(&table).await;
+        let peak = streamer.peak_rss_bytes();
+        eprintln!(
+            "large rows ({}): 60 x 800 kB, budget 2 MB: {records} records, peak RSS {} MiB",
+            if mode.is_empty() { "cdc" } else { "polling" },
+            peak / (1 << 20)
+        );
+        assert_eq!(distinct, 60);
+        assert!(peak < 200 * (1 << 20), "peak RSS {} MiB", peak / (1 << 20));
+        assert!(streamer.stop());
+    }
+}

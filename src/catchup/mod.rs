@@ -58,6 +58,7 @@ impl Drain<'_> {
             batch: self.settings.poll_batch,
             interval: Duration::from_millis(self.settings.poll_interval_ms),
             full_rescan_every: crate::poll::FULL_RESCAN_EVERY,
+            max_batch_bytes: self.settings.max_in_flight_bytes as usize,
             drain_upto: Some(upto),
             rows_sent: rows_sent.clone(),
             metric_labels: self.labels.metric_labels(),

@@ -124,6 +124,9 @@ pub struct PollSettings {
     pub interval: Duration,
     /// How often a rescan starts from the lowest id ([`FULL_RESCAN_EVERY`]).
     pub full_rescan_every: Duration,
+    /// The bytes one read may bring (`max_in_flight_bytes`): rows are read by count, so the
+    /// count is lowered to what this allows at the size of the rows last read.
+    pub max_batch_bytes: usize,
     /// Catch-up: read only rows with `id <= upto`, and end the session (with
     /// [`SourceEvent::Drained`]) at the first rescan that finds none.
     pub drain_upto: Option<i64>,
@@ -195,6 +198,8 @@ pub struct PollSource<T: PollTable> {
     finished: u64,
     batches: u64,
     last_full: bool,
+    /// The average size of the rows last read (see [`PollSettings::max_batch_bytes`]).
+    row_bytes: usize,
     last_rescan: Instant,
     /// The last rescan from the lowest id (see [`FULL_RESCAN_EVERY`]).
     last_full_rescan: Instant,
@@ -240,6 +245,7 @@ impl<T: PollTable> PollSource<T> {
             finished: 0,
             batches: 0,
             last_full: false,
+            row_bytes: 0,
             last_rescan: now,
             last_full_rescan: now,
             next_poll_at: now,
@@ -252,23 +258,21 @@ impl<T: PollTable> PollSource<T> {
         self.emitted - self.finished
     }
 
+    /// Rows per read: `poll_batch`, fewer when the rows last read were large.
+    fn limit(&self) -> u32 {
+        rows_that_fit(self.settings.batch, self.settings.max_batch_bytes, self.row_bytes)
+    }
+
     /// Sends the next read if one is due; `false` means wait for deletes first.
     async fn send_read(&mut self) -> Result<bool, SourceError> {
         let upto = self.settings.drain_upto.unwrap_or(i64::MAX);
+        let limit = self.limit();
         let req = if self.outstanding() > 0 {
             let drain = self.settings.drain_upto.is_some();
             if !(drain && self.last_full && self.last_rescan.elapsed() < RESCAN_EVERY) {
                 return Ok(false);
             }
-            Request {
-                after: self.last_read,
-                upto,
-                limit: self.settings.batch,
-                rescan: false,
-                settle: None,
-                probe: false,
-                below_mark: None,
-            }
+            Request { after: self.last_read, upto, limit, rescan: false, settle: None, probe: false, below_mark: None }
         } else {
             tokio::time::sleep_until(self.next_poll_at.into()).await;
             self.last_rescan = Instant::now();
@@ -281,7 +285,7 @@ impl<T: PollTable> PollSource<T> {
                 after: if below_mark.is_some() { 0 } else { self.low_water },
                 below_mark,
                 upto,
-                limit: self.settings.batch,
+                limit,
                 rescan: true,
                 settle: self.probe.as_ref().map(|p| p.writers.clone()),
                 probe: self.probe.is_none() && self.sees_writers,
@@ -294,7 +298,11 @@ impl<T: PollTable> PollSource<T> {
 
     fn on_response(&mut self, resp: Response) -> Option<SourceEvent<PollPosition>> {
         let now = Instant::now();
-        let full = resp.rows.len() as u64 >= u64::from(self.settings.batch);
+        let full = resp.rows.len() as u64 >= u64::from(self.limit());
+        if !resp.rows.is_empty() {
+            let bytes: usize = resp.rows.iter().map(|r| r.as_ref().map_or(64, OutboxRecord::weight)).sum();
+            self.row_bytes = bytes / resp.rows.len();
+        }
         self.last_full = full;
         self.next_poll_at = if full { now } else { now + self.settings.interval };
         let last_id = resp.rows.last().map(row_id);
@@ -363,6 +371,19 @@ impl<T: PollTable> PollSource<T> {
         }
     }
 }
+
+/// At most `batch` rows, and no more than `max_bytes` at `row_bytes` each (at least one row).
+/// Before any row was read (`row_bytes` 0) the size is unknown: the first read takes
+/// [`FIRST_READ_ROWS`], and the next ones know.
+fn rows_that_fit(batch: u32, max_bytes: usize, row_bytes: usize) -> u32 {
+    match max_bytes.checked_div(row_bytes) {
+        None => batch.min(FIRST_READ_ROWS),
+        Some(fits) => batch.min(u32::try_from(fits.max(1)).unwrap_or(u32::MAX)),
+    }
+}
+
+/// Rows read before their size is known.
+const FIRST_READ_ROWS: u32 = 16;
 
 fn row_id(row: &PolledRow) -> i64 {
     match row {

@@ -97,6 +97,7 @@ fn source_rescanning_every(db: &Fake, batch: u32, drain_upto: Option<i64>, every
         batch,
         interval: Duration::from_millis(1),
         full_rescan_every: every,
+        max_batch_bytes: usize::MAX,
         drain_upto,
         rows_sent: Arc::default(),
         metric_labels: [("source", "s".into()), ("shard", "0".into()), ("partition", "0".into())],
@@ -207,6 +208,17 @@ async fn a_row_below_the_low_water_mark_is_found_by_a_full_rescan() {
     db.insert("c", 18);
     db.commit("c");
     assert_eq!(next_batch(&mut src).await, vec![18]);
+}
+
+/// Rows are read by count; large rows lower the count so a read stays within the in-flight
+/// budget (60 rows of 800 kB with a 2 MB budget read 2 at a time, not 60).
+#[test]
+fn large_rows_lower_the_rows_per_read() {
+    assert_eq!(rows_that_fit(1024, 2_000_000, 0), FIRST_READ_ROWS, "nothing read yet: a small first read");
+    assert_eq!(rows_that_fit(4, 2_000_000, 0), 4);
+    assert_eq!(rows_that_fit(1024, 2_000_000, 800_000), 2);
+    assert_eq!(rows_that_fit(1024, 2_000_000, 5_000_000), 1, "always at least one row");
+    assert_eq!(rows_that_fit(1024, 64 * 1024 * 1024, 100), 1024);
 }
 
 #[tokio::test]
