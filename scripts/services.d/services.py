@@ -484,7 +484,9 @@ def pg_command() -> list[str]:
     tls = STATE / "postgres" / "tls"
     return [str(PG_BIN / "postgres"), "-D", str(STATE / "postgres" / "data"), "-p", str(PG_PORT),
             "-c", "ssl=on", "-c", f"ssl_cert_file={tls / 'server.pem'}", "-c", f"ssl_key_file={tls / 'server.key'}",
-            "-c", f"ssl_ca_file={tls / 'ca.pem'}"]
+            "-c", f"ssl_ca_file={tls / 'ca.pem'}",
+            # Two-phase transactions (PREPARE TRANSACTION) are part of the tested workload.
+            "-c", "max_prepared_transactions=16"]
 
 
 def psql(sql: str, db: str = "postgres") -> subprocess.CompletedProcess:

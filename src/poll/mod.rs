@@ -31,7 +31,7 @@
 //! ever be committed is visible; the next rescan reads them all, and after it the mark may move
 //! to `B`. A transaction that stays open and wrote a row holds the mark below its row — exactly
 //! what must not be skipped — but readers, however long, do not. Databases that do not show
-//! their writers to the streamer's role keep the mark at 0 (always correct, slower under
+//! their writers to the streamer's role keep the mark below every id (always correct, slower under
 //! long transactions).
 //!
 //! # Order
@@ -67,6 +67,11 @@ pub const MAINTAIN_EVERY: Duration = Duration::from_secs(5);
 /// restarted lower, ids cached per session by a sequence, a prepared transaction), and this
 /// bounds how long it can wait. With the primary key it reads only what is still there.
 pub const FULL_RESCAN_EVERY: Duration = Duration::from_secs(10);
+
+/// The mark below every id: ids are whatever the table's key holds, zero and negative ids
+/// included (an explicit `OVERRIDING SYSTEM VALUE`, a sequence with a negative start), and a
+/// read from here reads them all.
+const BEFORE_EVERY_ID: i64 = i64::MIN;
 
 /// A row read by polling: a record, or why it cannot be one.
 pub type PolledRow = Result<OutboxRecord, InvalidRow>;
@@ -109,7 +114,7 @@ pub trait PollTable: Send + 'static {
 pub enum Writers {
     /// Every transaction that may still commit rows into the table, by opaque id.
     Known(Vec<String>),
-    /// This role cannot see them (MySQL/MariaDB without `PROCESS`): rescans start at 0.
+    /// This role cannot see them (MySQL/MariaDB without `PROCESS`): rescans start below every id.
     Hidden,
     /// The database could not give a fresh answer this time; ask again at the next rescan.
     Unknown,
@@ -239,8 +244,8 @@ impl<T: PollTable> PollSource<T> {
             settings,
             request_out: false,
             queued: VecDeque::new(),
-            low_water: 0,
-            last_read: 0,
+            low_water: BEFORE_EVERY_ID,
+            last_read: BEFORE_EVERY_ID,
             emitted: 0,
             finished: 0,
             batches: 0,
@@ -276,13 +281,14 @@ impl<T: PollTable> PollSource<T> {
         } else {
             tokio::time::sleep_until(self.next_poll_at.into()).await;
             self.last_rescan = Instant::now();
-            let below_mark = (self.low_water > 0 && self.last_full_rescan.elapsed() >= self.settings.full_rescan_every)
+            let below_mark = (self.low_water > BEFORE_EVERY_ID
+                && self.last_full_rescan.elapsed() >= self.settings.full_rescan_every)
                 .then_some(self.low_water);
             if below_mark.is_some() {
                 self.last_full_rescan = Instant::now();
             }
             Request {
-                after: if below_mark.is_some() { 0 } else { self.low_water },
+                after: if below_mark.is_some() { BEFORE_EVERY_ID } else { self.low_water },
                 below_mark,
                 upto,
                 limit,
@@ -310,7 +316,7 @@ impl<T: PollTable> PollSource<T> {
             let below = resp.rows.iter().filter(|r| row_id(r) <= mark).count();
             if below > 0 {
                 // Start again from the lowest id until a probe settles a new mark.
-                self.low_water = 0;
+                self.low_water = BEFORE_EVERY_ID;
                 self.probe = None;
                 metrics::counter!(crate::metrics::POLL_ROWS_BELOW_MARK, &self.settings.metric_labels)
                     .increment(below as u64);

@@ -153,7 +153,10 @@ async fn a_row_whose_transaction_commits_late_is_still_read() {
     assert_eq!(next_batch(&mut src).await, vec![4]);
     db.commit("slow");
     assert_eq!(next_batch(&mut src).await, vec![1], "id 1 committed last and is read after 2, 3 and 4");
-    assert!(db.reads().iter().all(|&after| after == 0), "no rescan skipped past the open transaction's id");
+    assert!(
+        db.reads().iter().all(|&after| after == BEFORE_EVERY_ID),
+        "no rescan skipped past the open transaction's id"
+    );
 }
 
 #[tokio::test]
@@ -172,7 +175,7 @@ async fn the_low_water_mark_moves_once_writers_have_ended() {
     db.commit("c");
     assert_eq!(next_batch(&mut src).await, vec![7]);
     let reads = db.reads();
-    assert_eq!(reads[..2], [0, 0]);
+    assert_eq!(reads[..2], [BEFORE_EVERY_ID, BEFORE_EVERY_ID]);
     assert_eq!(*reads.last().unwrap(), 5, "later rescans start above id 5: {reads:?}");
     for id in 8..=12 {
         db.insert("d", id);
@@ -185,7 +188,7 @@ async fn the_low_water_mark_moves_once_writers_have_ended() {
 
 /// A row can get an id below the mark without ever being a writer the probe saw (an explicit
 /// id, an identity restarted lower, ids cached per session): the periodic rescan from the
-/// lowest id finds it, and the mark starts over.
+/// lowest id finds it (zero and negative ids too), and the mark starts over.
 #[tokio::test]
 async fn a_row_below_the_low_water_mark_is_found_by_a_full_rescan() {
     let db = Fake::default();
@@ -201,10 +204,13 @@ async fn a_row_below_the_low_water_mark_is_found_by_a_full_rescan() {
         assert_eq!(next_batch(&mut src).await, vec![id]);
     }
     assert_eq!(*db.reads().last().unwrap(), 15, "the mark moved above 15");
-    // Id 3 appears without ever having been seen as a writer.
-    db.insert("explicit", 3);
+    // Ids 3, 0 and -5 appear without ever having been seen as writers; ids at or below zero
+    // are ids like any other.
+    for id in [3, 0, -5] {
+        db.insert("explicit", id);
+    }
     db.commit("explicit");
-    assert_eq!(next_batch(&mut src).await, vec![3], "found by the rescan from the lowest id");
+    assert_eq!(next_batch(&mut src).await, vec![-5, 0, 3], "found by the rescan from the lowest id");
     db.insert("c", 18);
     db.commit("c");
     assert_eq!(next_batch(&mut src).await, vec![18]);
@@ -240,7 +246,7 @@ async fn a_drain_reads_full_batches_on_from_the_last_id() {
         src.finish(&ids, position).await.unwrap();
     }
     assert!(db.0.lock().unwrap().rows.is_empty());
-    assert_eq!(db.reads()[..3], [0, 4, 8], "reads went on from the last id");
+    assert_eq!(db.reads()[..3], [BEFORE_EVERY_ID, 4, 8], "reads went on from the last id");
 }
 
 /// Outside a drain a full batch is not followed by a read from its last id: a row of a

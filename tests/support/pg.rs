@@ -66,8 +66,28 @@ async fn drop_stale_slots_once(root: &Client) {
             let slot: String = row.get(0);
             let _ = root.execute("SELECT pg_drop_replication_slot($1)", &[&slot]).await;
         }
+        // A prepared transaction left by a failed test makes every new logical slot wait for it.
+        let prepared = root
+            .query(
+                "SELECT gid, database FROM pg_prepared_xacts WHERE database LIKE 't\\_%' AND database NOT LIKE $1",
+                &[&mine],
+            )
+            .await
+            .expect("listing stale prepared transactions");
+        for row in prepared {
+            let (gid, db): (String, String) = (row.get(0), row.get(1));
+            roll_back_prepared(&with_database(&env("OUTBOX_PG_URL"), &db), &[gid]).await;
+        }
     })
     .await;
+}
+
+/// Rolls back two-phase transactions of one database (gone already: fine).
+pub async fn roll_back_prepared(url: &str, gids: &[String]) {
+    let client = connect(url).await;
+    for gid in gids {
+        let _ = client.batch_execute(&format!("ROLLBACK PREPARED '{gid}'")).await;
+    }
 }
 
 impl PgDb {
