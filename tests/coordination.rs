@@ -331,6 +331,11 @@ fn config_with(config: &Path, from: &str, to: &str, name: &str) -> PathBuf {
     path
 }
 
+/// The world's configuration in polling mode.
+fn polling_config(config: &Path) -> PathBuf {
+    config_with(config, "status_interval_ms = 100", "status_interval_ms = 100\nmode = \"polling\"", "polling.toml")
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn instances_share_shard_partitions_evenly_as_they_join_and_leave() {
     let mut c = Cluster::new("zb", 3, 2, false).await;
@@ -598,12 +603,7 @@ async fn only_the_owner_moves_a_polling_streams_slot() {
         .await
         .expect("taking the lease by hand")
         .expect("the lease was free");
-    let polling = config_with(
-        &c.w.config,
-        "status_interval_ms = 100",
-        "status_interval_ms = 100\nmode = \"polling\"",
-        "polling.toml",
-    );
+    let polling = polling_config(&c.w.config);
     let a = c.start_with(&polling);
     let metrics = c.instance(a).metrics;
     let table = c.tables[0].clone();
@@ -639,12 +639,7 @@ async fn only_the_owner_moves_a_polling_streams_slot() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_deleted_lease_node_stops_its_owner_before_the_lease_is_granted_again() {
     let mut c = Cluster::new("zd", 1, 1, false).await;
-    let polling = config_with(
-        &c.w.config,
-        "status_interval_ms = 100",
-        "status_interval_ms = 100\nmode = \"polling\"",
-        "polling.toml",
-    );
+    let polling = polling_config(&c.w.config);
     let writer = Writer::start(&c.w.db.admin_url, &c.tables, &c.w.topic);
     c.start_with(&polling);
     c.start_with(&polling);
@@ -811,4 +806,90 @@ async fn another_deployment_under_the_same_cluster_name_is_refused() {
     let members = c.zk.list_children(&c.paths.members()).await.expect("members");
     assert_eq!(members.len(), 1, "the other deployment's instance is not a member");
     let _ = first;
+}
+
+/// The randomised workload of ownership, seeded like `tests/workload.rs`: instances join with
+/// different configurations (fewer shards, polling mode), leave, are killed, and lose their
+/// lease or member node to an operator's hand, while a writer commits. After every step each
+/// shard-partition gets a live owner again; at the end every row arrived, each table's first
+/// deliveries kept commit order, and no record of an older owner follows a newer one's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn randomised_ownership_workload() {
+    let (seed, ops) = crate::workload::settings();
+    let steps = (ops / 15).max(6);
+    eprintln!("ownership workload: OUTBOX_WORKLOAD_SEED={seed} OUTBOX_WORKLOAD_OPS={ops} ({steps} steps)");
+    let mut rng = crate::workload::Rng(seed);
+    let mut c = Cluster::new("zw", 3, 1, false).await;
+    let two = config_with(&c.w.config, "shards = 3", "shards = 2", "two-shards.toml");
+    let polling = polling_config(&c.w.config);
+    let writer = Writer::start(&c.w.db.admin_url, &c.tables, &c.w.topic);
+    // Per instance: whether it serves every shard (the two-shard one does not serve shard 2).
+    let mut serves_all = vec![true];
+    c.start();
+    for step in 0..steps {
+        let running: Vec<usize> = (0..c.instances.len()).filter(|i| c.instances[*i].is_some()).collect();
+        let pick = running[rng.below(running.len() as u64) as usize];
+        let what = match rng.below(7) {
+            0 | 1 if running.len() < 4 => {
+                let (config, all) = match rng.below(3) {
+                    0 => (c.w.config.clone(), true),
+                    1 => (two.clone(), false),
+                    _ => (polling.clone(), true),
+                };
+                let n = c.start_with(&config);
+                serves_all.push(all);
+                format!("instance {n} joins with {}", config.display())
+            }
+            2 if running.len() > 1 => {
+                let gone = c.instances[pick].take().expect("running");
+                // Before `run` starts, the process only parses its configuration: a signal then
+                // ends it without a clean exit code.
+                gone.run.wait_for_log("outbox-streamer running", SETTLE).await;
+                assert!(gone.run.stop(), "instance {pick} exits 0 on SIGTERM");
+                format!("instance {pick} leaves")
+            }
+            3 if running.len() > 1 => {
+                c.instances[pick].take().expect("running").run.kill();
+                format!("instance {pick} is killed")
+            }
+            4 => {
+                let dir = c.paths.lease(&c.keys[rng.below(c.keys.len() as u64) as usize]);
+                let children = c.zk.list_children(&dir).await.unwrap_or_default();
+                match children.iter().find(|n| n.contains("lock-")) {
+                    Some(node) => {
+                        let _ = c.zk.delete(&format!("{dir}/{node}"), None).await;
+                        format!("lease node {dir}/{node} deleted")
+                    }
+                    None => "no lease node to delete".to_string(),
+                }
+            }
+            5 => {
+                let members = c.paths.members();
+                let nodes = c.zk.list_children(&members).await.unwrap_or_default();
+                match nodes.get(rng.below(nodes.len().max(1) as u64) as usize) {
+                    Some(node) => {
+                        let _ = c.zk.delete(&format!("{members}/{node}"), None).await;
+                        format!("member node {node} deleted")
+                    }
+                    None => "no member node to delete".to_string(),
+                }
+            }
+            _ => "writes only".to_string(),
+        };
+        // Some running member must serve every shard, or shard 2 rightly has no owner.
+        if !(0..c.instances.len()).any(|i| c.instances[i].is_some() && serves_all[i]) {
+            c.start();
+            serves_all.push(true);
+        }
+        eprintln!("ownership workload step {step}: {what}");
+        wait_until(&format!("every shard-partition owned after step {step} ({what})"), SETTLE, || async {
+            c.owners().await.iter().all(Option::is_some).then_some(())
+        })
+        .await;
+    }
+    c.finish(writer).await;
+    for instance in c.instances.iter_mut().filter_map(Option::take) {
+        instance.run.wait_for_log("outbox-streamer running", SETTLE).await;
+        assert!(instance.run.stop(), "every remaining instance exits 0 on SIGTERM");
+    }
 }

@@ -14,7 +14,7 @@
 
 pub mod assign;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -309,6 +309,7 @@ impl Membership<'_> {
         self.restart_stopped(session).await;
         self.take_offers(handoffs, session).await;
         let (quota, mut order) = self.share(list, rank);
+        let planned: BTreeSet<usize> = order.iter().take(quota).copied().collect();
         // What was just handed to this instance is preferred for a while, so that being over
         // its share gives up something else (which the yielding instance then takes).
         handoffs.taken.retain(|_, at| at.elapsed() < TAKEN_PREFERRED_FOR);
@@ -317,6 +318,27 @@ impl Membership<'_> {
         while self.owned.len() > quota {
             let Some(&index) = order.iter().rev().find(|i| self.owned.contains_key(i)) else { break };
             self.release(index, "released").await;
+        }
+        // At quota with a stream planned for another member while one planned for this one has
+        // no owner (perhaps this member is the only one that serves it: a rolling change of
+        // `shards`): give the other's back, so the counts can never leave a stream unowned.
+        let mut given_back = BTreeSet::new();
+        if self.owned.len() >= quota {
+            for &index in &planned {
+                if self.owned.contains_key(&index) || handoffs.accepting.contains_key(&index) {
+                    continue;
+                }
+                if !matches!(bounded(lease::is_free(&self.client, self.paths, &self.jobs[index].key)).await, Ok(true)) {
+                    continue;
+                }
+                let Some(&other) = order.iter().rev().find(|i| self.owned.contains_key(i) && !planned.contains(i))
+                else {
+                    break;
+                };
+                tracing::info!(stream = %self.jobs[other].key, planned = %self.jobs[index].key, "giving back a lease planned for another member to take an unowned one planned for this one");
+                self.release(other, "released").await;
+                given_back.insert(other);
+            }
         }
         if let Some(after) = self.yield_after
             && list.len() > 1
@@ -327,7 +349,8 @@ impl Membership<'_> {
             if self.owned.len() >= quota {
                 break;
             }
-            if self.owned.contains_key(&index) || handoffs.accepting.contains_key(&index) {
+            if self.owned.contains_key(&index) || handoffs.accepting.contains_key(&index) || given_back.contains(&index)
+            {
                 continue;
             }
             let key = &self.jobs[index].key;
@@ -446,8 +469,7 @@ impl Membership<'_> {
         let mine: Vec<String> = self.jobs.iter().map(|j| j.key.clone()).collect();
         let serves: Vec<&[String]> =
             list.iter().map(|m| m.view.streams.as_deref().unwrap_or(mine.as_slice())).collect();
-        let union: Vec<&String> =
-            serves.iter().flat_map(|s| s.iter()).collect::<std::collections::BTreeSet<_>>().into_iter().collect();
+        let union: Vec<&String> = serves.iter().flat_map(|s| s.iter()).collect::<BTreeSet<_>>().into_iter().collect();
         let index_of = |key: &String| union.binary_search(&key).ok();
         let sets: Vec<Vec<usize>> = serves.iter().map(|s| s.iter().filter_map(index_of).collect()).collect();
         let targets = &assign::plan(union.len(), &sets)[rank];
