@@ -231,6 +231,9 @@ fn overlap_sampler(cluster: Arc<tokio::sync::RwLock<Cluster>>, stop: Arc<AtomicB
 
 /// Inserts, round robin over `tables`, payloads `<table>:<n>` keyed by the table, until
 /// stopped; returns how many rows each table got.
+/// The rounds a [`Writer`] writes before it may stop.
+const MIN_ROUNDS: u32 = 20;
+
 struct Writer {
     stop: watch::Sender<bool>,
     task: JoinHandle<BTreeMap<String, u64>>,
@@ -244,11 +247,19 @@ impl Writer {
             let client = pg::connect(&url).await;
             let mut sent: BTreeMap<String, u64> = tables.iter().map(|t| (t.clone(), 0)).collect();
             let mut pace = tokio::time::interval(Duration::from_millis(4));
-            while !*stopped.borrow() {
+            // A few rounds are written whatever happens: a test whose steps were quick (or a
+            // connection that was slow under load) must still have rows to check.
+            let mut rounds = 0u32;
+            loop {
+                let written_enough = rounds >= MIN_ROUNDS;
+                if written_enough && *stopped.borrow() {
+                    break;
+                }
                 tokio::select! {
                     _ = pace.tick() => {}
-                    _ = stopped.changed() => break,
+                    _ = stopped.changed(), if written_enough => break,
                 }
+                rounds += 1;
                 for table in &tables {
                     let n = sent[table] + 1;
                     let payload = format!("{table}:{n}");

@@ -486,7 +486,10 @@ def pg_command() -> list[str]:
             "-c", "ssl=on", "-c", f"ssl_cert_file={tls / 'server.pem'}", "-c", f"ssl_key_file={tls / 'server.key'}",
             "-c", f"ssl_ca_file={tls / 'ca.pem'}",
             # Two-phase transactions (PREPARE TRANSACTION) are part of the tested workload.
-            "-c", "max_prepared_transactions=16"]
+            "-c", "max_prepared_transactions=16",
+            # Test slots are dropped when the next test process starts; a full run needs more
+            # than 64 of them at once.
+            "-c", "max_replication_slots=256", "-c", "max_wal_senders=128"]
 
 
 def psql(sql: str, db: str = "postgres") -> subprocess.CompletedProcess:
