@@ -181,15 +181,24 @@ async fn a_held_slot_is_retried_with_backoff_and_reported_once() {
     kafka::read_at_least(&w.topic, 1, 1, ARRIVAL).await;
     let second = w.start("second.log");
     second.wait_for_log("another instance may hold", ARRIVAL).await;
-    // An observation window, not a synchronisation: what the second instance does meanwhile.
-    tokio::time::sleep(Duration::from_secs(12)).await;
-    let log = second.log_text();
+    // Six attempts, then the gaps between them: they must grow (backoff), not repeat.
+    let log = crate::support::wait_until("six attempts at the held slot", ARRIVAL, || async {
+        let log = second.log_text();
+        (log.lines().filter(|l| l.contains("in use by another session")).count() >= 6).then_some(log)
+    })
+    .await;
     let warnings: Vec<&str> =
         lines_at(&log, "WARN").into_iter().filter(|l| l.contains("another instance may hold")).collect();
-    assert_eq!(warnings.len(), 1, "one WARN within 30 s:\n{log}");
+    assert_eq!(warnings.len(), 1, "one WARN for six attempts:\n{log}");
     assert!(warnings[0].contains("in use by another session"), "{}", warnings[0]);
     assert!(lines_at(&log, "ERROR").is_empty(), "no ERROR for a held slot:\n{log}");
-    let attempts = log.lines().filter(|l| l.contains("in use by another session")).count();
-    assert!(attempts <= 10, "{attempts} attempts in about 12 s: no backoff?\n{log}");
+    let seconds = |line: &str| -> f64 {
+        let time = line.split_whitespace().next().and_then(|t| t.split('T').nth(1)).unwrap_or_default();
+        let mut parts = time.trim_end_matches('Z').split(':').map(|p| p.parse::<f64>().unwrap_or(0.0));
+        parts.next().unwrap_or(0.0) * 3600.0 + parts.next().unwrap_or(0.0) * 60.0 + parts.next().unwrap_or(0.0)
+    };
+    let at: Vec<f64> = log.lines().filter(|l| l.contains("in use by another session")).map(seconds).collect();
+    let (first_gap, last_gap) = (at[1] - at[0], at[5] - at[4]);
+    assert!(last_gap >= 2.0 * first_gap && last_gap >= 1.0, "attempts at {at:?}: no backoff?\n{log}");
     assert!(second.stop() && first.stop());
 }
