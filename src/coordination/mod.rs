@@ -329,8 +329,13 @@ impl Membership<'_> {
                     continue;
                 }
                 if !matches!(bounded(lease::is_free(&self.client, self.paths, &self.jobs[index].key)).await, Ok(true)) {
+                    handoffs.unowned_since.remove(&index);
                     continue;
                 }
+                if handoffs.unowned_since.entry(index).or_insert_with(Instant::now).elapsed() < GIVE_BACK_AFTER {
+                    continue;
+                }
+                handoffs.unowned_since.remove(&index);
                 let Some(&other) = order.iter().rev().find(|i| self.owned.contains_key(i) && !planned.contains(i))
                 else {
                     break;
@@ -339,6 +344,8 @@ impl Membership<'_> {
                 self.release(other, "released").await;
                 given_back.insert(other);
             }
+        } else {
+            handoffs.unowned_since.clear();
         }
         if let Some(after) = self.yield_after
             && list.len() > 1
@@ -647,6 +654,8 @@ struct Handoffs {
     accepting: BTreeMap<usize, JoinHandle<Result<Option<Lease>, zk::Error>>>,
     /// Taken over recently (preferred, see [`TAKEN_PREFERRED_FOR`]).
     taken: BTreeMap<usize, Instant>,
+    /// Planned for this member and seen without an owner, since when (see [`GIVE_BACK_AFTER`]).
+    unowned_since: BTreeMap<usize, Instant>,
     /// Woken when a lease queued for in `accepting` is granted (or the wait ends).
     granted: Arc<tokio::sync::Notify>,
 }
@@ -663,6 +672,11 @@ impl Drop for Handoffs {
 const OFFER_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long a lease taken over by yield is preferred to this instance's others.
 const TAKEN_PREFERRED_FOR: Duration = Duration::from_secs(10);
+
+/// How long a stream planned for this member must stay without an owner before it gives back
+/// another's to take it: a lease is free for a moment during every handover, and giving back
+/// then would only move leases around.
+const GIVE_BACK_AFTER: Duration = Duration::from_secs(2);
 
 /// The longest one ZooKeeper call of the coordinator may take: while ZooKeeper is away, calls
 /// wait for the connection, and the coordinator must still answer a shutdown.
