@@ -821,7 +821,8 @@ async fn another_deployment_under_the_same_cluster_name_is_refused() {
 
 /// The randomised workload of ownership, seeded like `tests/workload.rs`: instances join with
 /// different configurations (fewer shards, polling mode), leave, are killed, and lose their
-/// lease or member node to an operator's hand, while a writer commits. After every step each
+/// lease or member node to an operator's hand, and ZooKeeper restarts once, while a writer
+/// commits. After every step each
 /// shard-partition gets a live owner again; at the end every row arrived, each table's first
 /// deliveries kept commit order, and no record of an older owner follows a newer one's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -830,17 +831,20 @@ async fn randomised_ownership_workload() {
     let steps = (ops / 15).max(6);
     eprintln!("ownership workload: OUTBOX_WORKLOAD_SEED={seed} OUTBOX_WORKLOAD_OPS={ops} ({steps} steps)");
     let mut rng = crate::workload::Rng(seed);
-    let mut c = Cluster::new("zw", 3, 1, false).await;
+    // Exclusive: one step restarts ZooKeeper under every other test's feet.
+    let mut c = Cluster::new("zw", 3, 1, true).await;
     let two = config_with(&c.w.config, "shards = 3", "shards = 2", "two-shards.toml");
     let polling = polling_config(&c.w.config);
     let writer = Writer::start(&c.w.db.admin_url, &c.tables, &c.w.topic);
     // Per instance: whether it serves every shard (the two-shard one does not serve shard 2).
     let mut serves_all = vec![true];
+    // ZooKeeper restarts once per run, at a step the seed chooses.
+    let restart_at = rng.below(steps as u64) as usize;
     c.start();
     for step in 0..steps {
         let running: Vec<usize> = (0..c.instances.len()).filter(|i| c.instances[*i].is_some()).collect();
         let pick = running[rng.below(running.len() as u64) as usize];
-        let what = match rng.below(7) {
+        let what = match if step == restart_at { 7 } else { rng.below(7) } {
             0 | 1 if running.len() < 4 => {
                 let (config, all) = match rng.below(3) {
                     0 => (c.w.config.clone(), true),
@@ -884,6 +888,15 @@ async fn randomised_ownership_workload() {
                     }
                     None => "no member node to delete".to_string(),
                 }
+            }
+            7 => {
+                services(&["down", "zookeeper"]);
+                services(&["up", "zookeeper"]);
+                // The test's own session may have expired with the restart.
+                c.zk = outbox_zookeeper::connect(&outbox_zookeeper::SessionSettings::new(env("OUTBOX_ZK_CONNECT")))
+                    .await
+                    .expect("ZooKeeper session after the restart");
+                "ZooKeeper restarts".to_string()
             }
             _ => "writes only".to_string(),
         };
