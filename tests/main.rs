@@ -5,6 +5,7 @@
 
 mod support;
 
+mod accounts;
 mod bad_rows;
 mod coordination;
 mod examples;

@@ -61,7 +61,7 @@ async fn setup_names_a_missing_replication_grant_and_the_fix() {
     let config = source_config(&dir, "mysql", &streamer_url, &prefix, 1, 1, "");
     let (ok, out, err) = run_cli(&config, &["setup", "--admin-url", &db.admin_url]);
     assert!(!ok, "setup must fail:\n{out}\n{err}");
-    assert!(err.contains("GRANT REPLICATION SLAVE, REPLICATION CLIENT ON *.*"), "{err}");
+    assert!(err.contains("GRANT REPLICATION SLAVE, BINLOG MONITOR ON *.*"), "{err}");
     assert!(!err.contains("pw-"), "no password in errors: {err}");
     let tables: Vec<String> = db.conn.query("SHOW TABLES").await.unwrap();
     assert!(tables.is_empty(), "nothing is created when a check fails");

@@ -304,7 +304,7 @@ async fn run(
     )?;
     let config = Config::load(&config_path)?;
     let admin = crate::cli::setup::AdminLogin { url: &db.admin_url, password: None };
-    crate::cli::setup::setup(&config, false, Some(admin)).await?;
+    crate::cli::setup::setup(&config, false, Some(admin), &[]).await?;
     let tables: Vec<String> = (0..args.partitions).map(|p| format!("{run_id}_0_{p}")).collect();
     db.separate_id_ranges(&tables).await?;
     if args.shared_keys {

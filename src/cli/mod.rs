@@ -53,6 +53,12 @@ pub enum Command {
         /// --admin-url (or OUTBOX_SETUP_URL) needs none.
         #[arg(long, value_name = "VAR")]
         admin_password_env: Option<String>,
+        /// Grant this application role (PostgreSQL) or account (MariaDB: `name`, a role or
+        /// 'name'@'%', or `name@host`) what enqueuing needs: INSERT on every outbox table and
+        /// EXECUTE on `<prefix>_enqueue`. Repeatable. Roles granted by an earlier setup get the
+        /// same on tables added later (more shards or partitions).
+        #[arg(long = "app-role", value_name = "NAME")]
+        app_roles: Vec<String>,
     },
     /// Stream every shard-partition until SIGTERM or SIGINT.
     Run,
@@ -115,7 +121,7 @@ pub fn init_logging(format: LogFormat) {
 pub async fn execute(cli: Cli) -> anyhow::Result<ExitCode> {
     let load = || Config::load(&cli.config).with_context(|| "loading the configuration (see docs/configuration.md)");
     match cli.command {
-        Command::Setup { dry_run, admin_url, admin_password_env } => {
+        Command::Setup { dry_run, admin_url, admin_password_env, app_roles } => {
             let password =
                 match &admin_password_env {
                     Some(var) => Some(std::env::var(var).map_err(|_| {
@@ -130,7 +136,7 @@ pub async fn execute(cli: Cli) -> anyhow::Result<ExitCode> {
                 }
                 (None, None) => None,
             };
-            setup::setup(&load()?, dry_run, admin).await
+            setup::setup(&load()?, dry_run, admin, &app_roles).await
         }
         Command::Run => {
             crate::run::run(load()?).await?;

@@ -3,8 +3,11 @@
 use std::process::ExitCode;
 
 use anyhow::Context;
+use outbox_mysql::mysql_async::{Opts, OptsBuilder};
+use outbox_mysql::privileges as myprivileges;
 use outbox_mysql::setup as my;
 use outbox_postgres::connect::PgTarget;
+use outbox_postgres::privileges;
 use outbox_postgres::setup::{self as pg, SetupPlan, StreamObjects};
 
 use crate::config::{Config, SourceConfig, SourceKind};
@@ -19,22 +22,29 @@ pub struct AdminLogin<'a> {
     pub password: Option<&'a str>,
 }
 
-pub async fn setup(config: &Config, dry_run: bool, admin: Option<AdminLogin<'_>>) -> anyhow::Result<ExitCode> {
+/// Runs `setup` for every source: checks first, then creates. `app_roles` are granted what
+/// enqueuing needs (`--app-role`).
+pub async fn setup(
+    config: &Config,
+    dry_run: bool,
+    admin: Option<AdminLogin<'_>>,
+    app_roles: &[String],
+) -> anyhow::Result<ExitCode> {
     if !dry_run {
         crate::same_database::refuse_shared_databases(config).await?;
     }
     let mut ok = true;
     for source in &config.sources {
         match source.kind {
-            SourceKind::Postgres => ok &= setup_postgres(source, dry_run, admin).await?,
-            SourceKind::Mysql => ok &= setup_mysql(source, dry_run, admin).await?,
+            SourceKind::Postgres => ok &= setup_postgres(source, dry_run, admin, app_roles).await?,
+            SourceKind::Mysql => ok &= setup_mysql(source, dry_run, admin, app_roles).await?,
         }
     }
     Ok(if ok { ExitCode::SUCCESS } else { ExitCode::FAILURE })
 }
 
 /// The setup plan of a PostgreSQL source; the streamer role is the source URL's user.
-pub fn postgres_plan(source: &SourceConfig, streamer: &PgTarget) -> SetupPlan {
+pub fn postgres_plan(source: &SourceConfig, streamer: &PgTarget, app_roles: &[String]) -> SetupPlan {
     SetupPlan {
         prefix: source.table_prefix.clone(),
         shards: source.shards,
@@ -46,12 +56,18 @@ pub fn postgres_plan(source: &SourceConfig, streamer: &PgTarget) -> SetupPlan {
             })
             .collect(),
         streamer_role: Some(streamer.user().to_string()),
+        app_roles: app_roles.to_vec(),
     }
 }
 
-async fn setup_postgres(source: &SourceConfig, dry_run: bool, admin: Option<AdminLogin<'_>>) -> anyhow::Result<bool> {
+async fn setup_postgres(
+    source: &SourceConfig,
+    dry_run: bool,
+    admin: Option<AdminLogin<'_>>,
+    app_roles: &[String],
+) -> anyhow::Result<bool> {
     let streamer = pg_target(source, None)?;
-    let plan = postgres_plan(source, &streamer);
+    let mut plan = postgres_plan(source, &streamer, app_roles);
     if dry_run {
         println!("-- source {:?}: run in database {:?}", source.name, streamer.database());
         for stmt in pg::schema_statements(&plan) {
@@ -79,16 +95,51 @@ async fn setup_postgres(source: &SourceConfig, dry_run: bool, admin: Option<Admi
     failures.extend(
         pg::taken_slots(&client, &plan).await?.iter().map(|t| taken_slot_failure(source, streamer.database(), t)),
     );
+    failures.extend(privileges::check_admin(&client, &plan).await?);
     if !failures.is_empty() {
-        eprintln!("source {:?}: the server is not ready for outbox-streamer:", source.name);
+        eprintln!(
+            "source {:?}: the server is not ready for outbox-streamer (nothing was created; setup runs as {}):",
+            source.name,
+            admin.display()
+        );
         for f in &failures {
             eprintln!("  - {f}");
         }
         return Ok(false);
     }
-    pg::apply(&mut client, &plan).await.with_context(|| {
-        format!("source {:?}: creating tables, publications and slots as {}", source.name, admin.display())
-    })?;
+    let earlier = privileges::existing_app_roles(&client, &plan).await?;
+    let again: Vec<String> = earlier.into_iter().filter(|r| !plan.app_roles.contains(r)).collect();
+    if !again.is_empty() {
+        println!(
+            "source {:?}: application role(s) {} can enqueue into existing tables; granting them the same on every table",
+            source.name,
+            again.join(", ")
+        );
+        plan.app_roles.extend(again);
+    }
+    let waiting = privileges::open_transactions(&client, OLD_TRANSACTION_S).await?;
+    if !waiting.is_empty() {
+        eprintln!(
+            "source {:?}: a new replication slot waits until these open transactions end: {}",
+            source.name,
+            waiting.join("; ")
+        );
+    }
+    let failed = |e: pg::ApplyError| anyhow::anyhow!("source {:?}: {e}", source.name);
+    pg::apply_schema(&mut client, &plan).await.map_err(failed)?;
+    if privileges::can_replicate(&client).await? {
+        pg::create_slots(&client, &plan).await.map_err(failed)?;
+    } else {
+        // A table owner rarely has REPLICATION; the streamer has, and slots need nothing else.
+        let own = streamer.connect().await.with_context(|| {
+            format!(
+                "source {:?}: the schema is created; connecting as the streamer {} to create the slots (re-running setup completes it)",
+                source.name,
+                streamer.display()
+            )
+        })?;
+        pg::create_slots(&own, &plan).await.map_err(failed)?;
+    }
     let failures = pg::check_privileges(&client, &plan).await?;
     for f in &failures {
         eprintln!("source {:?}: {f}", source.name);
@@ -124,18 +175,34 @@ fn taken_slot_failure(source: &SourceConfig, database: &str, taken: &pg::TakenSl
     pg::CheckFailure { what, fix: crate::dberror::slot_prefix_fix(&source.name, &source.table_prefix, database) }
 }
 
-async fn setup_mysql(source: &SourceConfig, dry_run: bool, admin: Option<AdminLogin<'_>>) -> anyhow::Result<bool> {
+/// Transactions open longer than this are named while a new slot may wait on them.
+const OLD_TRANSACTION_S: f64 = 5.0;
+
+async fn setup_mysql(
+    source: &SourceConfig,
+    dry_run: bool,
+    admin: Option<AdminLogin<'_>>,
+    app_roles: &[String],
+) -> anyhow::Result<bool> {
     let streamer = mysql_opts(source, None)?;
     let database = streamer.db_name().unwrap_or_default().to_string();
-    let plan = my::SetupPlan {
+    let streamer_user = streamer.user().unwrap_or_default().to_string();
+    let mut plan = my::SetupPlan {
         database: database.clone(),
         tables: all_streams(source.shards, source.partitions).map(|id| source.stream_names(id).table).collect(),
         checkpoint_table: checkpoint_table(&source.table_prefix),
-        streamer_user: streamer.user().map(str::to_string),
+        prefix: source.table_prefix.clone(),
+        shards: source.shards,
+        partitions: source.partitions,
+        streamer_accounts: vec![format!("{}@'<host>'", my::literal(&streamer_user))],
+        app_grantees: app_roles.iter().map(|r| myprivileges::app_grantee(r)).collect(),
     };
     if dry_run {
-        println!("-- source {:?}: run in database {database:?}", source.name);
-        for stmt in my::statements(&plan) {
+        println!(
+            "-- source {:?}: run in database {database:?} (<host>: each host of the streamer's account)",
+            source.name
+        );
+        for stmt in my::statements(&plan, true) {
             println!("{stmt};\n");
         }
         println!("-- then, per table, a checkpoint row at the server's current binlog position:");
@@ -150,25 +217,78 @@ async fn setup_mysql(source: &SourceConfig, dry_run: bool, admin: Option<AdminLo
         None => streamer.clone(),
     };
     let mut conn = crate::connect::mysql_connect(&admin).await.with_context(|| format!("source {:?}", source.name))?;
-    let (settings, failures) = my::check_server(&mut conn, &plan).await?;
+    let (settings, mut failures) = my::check_server(&mut conn).await?;
+    failures.extend(myprivileges::check_admin(&mut conn, &database).await?);
+    // The streamer's own session tells which account it matches and what that account holds;
+    // without a default database, since setup has not granted it one yet.
+    let streamer_session: Opts = OptsBuilder::from_opts(streamer.clone()).db_name(None::<String>).into();
+    let streamer_account = match crate::connect::mysql_connect(&streamer_session).await {
+        Ok(mut own) => {
+            failures.extend(myprivileges::check_streamer(&mut own, &database).await?);
+            let account = myprivileges::own_privileges(&mut own, &database).await?.account;
+            own.disconnect().await.ok();
+            Some(account)
+        }
+        Err(e) => {
+            failures.push(my::CheckFailure {
+                what: format!("the streamer's login (the source url) cannot connect: {e}"),
+                fix: format!(
+                    "CREATE USER {}@'%' IDENTIFIED BY '…'; GRANT REPLICATION SLAVE, BINLOG MONITOR ON *.* TO {}@'%'; or correct the url/password (see docs/configure-mysql.md)",
+                    my::literal(&streamer_user),
+                    my::literal(&streamer_user)
+                ),
+            });
+            None
+        }
+    };
     if !failures.is_empty() {
-        eprintln!("source {:?}: the server ({}) is not ready for outbox-streamer:", source.name, settings.version);
+        eprintln!(
+            "source {:?}: the server ({}) is not ready for outbox-streamer (nothing was created):",
+            source.name, settings.version
+        );
         for f in &failures {
             eprintln!("  - {f}");
         }
         return Ok(false);
     }
-    my::apply(&mut conn, &plan, settings.is_mariadb())
-        .await
-        .with_context(|| format!("source {:?}: creating tables and checkpoints", source.name))?;
+    // Grant to every host of the streamer's user when setup may read them, else to the account
+    // its session matched from here.
+    plan.streamer_accounts = match myprivileges::account_hosts(&mut conn, &streamer_user).await? {
+        Some(hosts) if !hosts.is_empty() => {
+            hosts.iter().map(|h| format!("{}@{}", my::literal(&streamer_user), my::literal(h))).collect()
+        }
+        _ => streamer_account.into_iter().collect(),
+    };
+    let mut known = vec![streamer_user.clone()];
+    known.extend(app_roles.iter().map(|r| r.split('@').next().unwrap_or(r).trim_matches('\'').to_string()));
+    match myprivileges::insert_grantees(&mut conn, &database, &plan.tables[0], &known).await? {
+        Some(earlier) if !earlier.is_empty() => {
+            println!(
+                "source {:?}: application account(s) {} can enqueue into existing tables; granting them the same on every table",
+                source.name,
+                earlier.join(", ")
+            );
+            plan.app_grantees.extend(earlier);
+        }
+        Some(_) => {}
+        None if plan.app_grantees.is_empty() => {}
+        None => println!(
+            "source {:?}: setup may not read mysql.tables_priv, so pass --app-role again when you add shards or partitions",
+            source.name
+        ),
+    }
+    my::apply(&mut conn, &plan, settings.is_mariadb()).await.with_context(|| {
+        format!("source {:?}: creating tables and checkpoints (re-running setup completes it)", source.name)
+    })?;
     conn.disconnect().await.ok();
     println!(
-        "source {:?}: {} shard-partition(s) ready in {database} on {} ({}_<shard>_<partition>, {})",
+        "source {:?}: {} shard-partition(s) ready in {database} on {} ({}_<shard>_<partition>, {}, {}_enqueue())",
         source.name,
         plan.tables.len(),
         settings.version,
         source.table_prefix,
-        plan.checkpoint_table
+        plan.checkpoint_table,
+        source.table_prefix
     );
     Ok(true)
 }

@@ -12,6 +12,7 @@ pub mod binlog;
 pub mod cleanup;
 pub mod decode;
 pub mod gtid;
+pub mod privileges;
 pub mod setup;
 pub mod xa;
 

@@ -18,8 +18,23 @@ pub struct SetupPlan {
     pub tables: Vec<String>,
     /// `<prefix>_checkpoint`.
     pub checkpoint_table: String,
-    /// The streamer's login; granted SELECT, DELETE on the tables and write on the checkpoint.
-    pub streamer_user: Option<String>,
+    /// `<prefix>`: tables are `<prefix>_<shard>_<partition>`, the procedure `<prefix>_enqueue`.
+    pub prefix: String,
+    pub shards: u32,
+    pub partitions: u32,
+    /// The streamer's accounts (`'user'@'host'`, quoted as GRANT takes them); granted SELECT,
+    /// DELETE on the tables and write on the checkpoint.
+    pub streamer_accounts: Vec<String>,
+    /// The application's accounts or roles (quoted); granted INSERT on the tables and EXECUTE
+    /// on the enqueue procedure.
+    pub app_grantees: Vec<String>,
+}
+
+impl SetupPlan {
+    /// `<prefix>_enqueue`.
+    pub fn enqueue_procedure(&self) -> String {
+        format!("{}_enqueue", self.prefix)
+    }
 }
 
 /// Quotes an identifier with backticks.
@@ -32,8 +47,9 @@ pub fn literal(value: &str) -> String {
     format!("'{}'", value.replace('\\', "\\\\").replace('\'', "''"))
 }
 
-/// The DDL and grants, in order. `'<host>'` in grants is filled in by [`apply`].
-pub fn statements(plan: &SetupPlan) -> Vec<String> {
+/// The DDL, the enqueue procedure and the grants, in order. `mariadb` replaces the procedure
+/// in one statement; MySQL has no `CREATE OR REPLACE PROCEDURE`, so it is dropped first.
+pub fn statements(plan: &SetupPlan, mariadb: bool) -> Vec<String> {
     let mut sql = Vec::new();
     for table in &plan.tables {
         sql.push(format!(
@@ -64,21 +80,19 @@ pub fn statements(plan: &SetupPlan) -> Vec<String> {
          ) ENGINE=InnoDB",
         ident(&plan.checkpoint_table)
     ));
-    if let Some(user) = &plan.streamer_user {
+    sql.extend(enqueue_procedure(plan, mariadb));
+    let db = ident(&plan.database);
+    for account in &plan.streamer_accounts {
         for table in &plan.tables {
-            sql.push(format!(
-                "GRANT SELECT, DELETE ON {}.{} TO {}@'<host>'",
-                ident(&plan.database),
-                ident(table),
-                literal(user)
-            ));
+            sql.push(format!("GRANT SELECT, DELETE ON {db}.{} TO {account}", ident(table)));
         }
-        sql.push(format!(
-            "GRANT SELECT, INSERT, UPDATE ON {}.{} TO {}@'<host>'",
-            ident(&plan.database),
-            ident(&plan.checkpoint_table),
-            literal(user)
-        ));
+        sql.push(format!("GRANT SELECT, INSERT, UPDATE ON {db}.{} TO {account}", ident(&plan.checkpoint_table)));
+    }
+    for grantee in &plan.app_grantees {
+        for table in &plan.tables {
+            sql.push(format!("GRANT INSERT ON {db}.{} TO {grantee}", ident(table)));
+        }
+        sql.push(format!("GRANT EXECUTE ON PROCEDURE {db}.{} TO {grantee}", ident(&plan.enqueue_procedure())));
     }
     sql
 }
@@ -115,25 +129,58 @@ pub async fn binlog_end(conn: &mut Conn) -> Result<(String, u64), mysql_async::E
         .unwrap_or_default())
 }
 
-/// The host part of the streamer's account (`user@host`), looked up in `mysql.user`.
-async fn streamer_hosts(conn: &mut Conn, user: &str) -> Result<Vec<String>, mysql_async::Error> {
-    conn.exec("SELECT Host FROM mysql.user WHERE User = ?", (user,)).await
+/// `<prefix>_enqueue(topic, key, payload, headers, shard)`: inserts into the partition table
+/// of the key, routed exactly like PostgreSQL's `outbox_enqueue` — partition
+/// `abs(first 4 bytes of md5(key) as a signed big-endian int) % partitions`, 0 for a NULL key —
+/// and returns the new row's id as a one-row result (`id`). It runs with the caller's rights
+/// (`SQL SECURITY INVOKER`): the caller needs INSERT on the tables, as `--app-role` grants.
+pub fn enqueue_procedure(plan: &SetupPlan, mariadb: bool) -> Vec<String> {
+    let name = ident(&plan.enqueue_procedure());
+    let create = if mariadb { "CREATE OR REPLACE PROCEDURE" } else { "CREATE PROCEDURE" };
+    let mut sql = Vec::new();
+    if !mariadb {
+        sql.push(format!("DROP PROCEDURE IF EXISTS {name}"));
+    }
+    sql.push(format!(
+        "{create} {name}(\n\
+         \x20   IN p_topic VARCHAR(249), IN p_key VARBINARY(2048), IN p_payload LONGBLOB,\n\
+         \x20   IN p_headers JSON, IN p_shard INT)\n\
+         SQL SECURITY INVOKER MODIFIES SQL DATA\n\
+         BEGIN\n\
+         \x20   DECLARE part INT DEFAULT 0;\n\
+         \x20   DECLARE h BIGINT;\n\
+         \x20   DECLARE msg VARCHAR(255);\n\
+         \x20   IF p_shard IS NULL OR p_shard < 0 OR p_shard >= {shards} THEN\n\
+         \x20       SET msg = CONCAT('outbox shard ', COALESCE(p_shard, 'NULL'), ' does not exist: shards are 0..{last_shard}; pass a shard below {shards}, or raise shards in the config and rerun outbox-streamer setup');\n\
+         \x20       SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = msg;\n\
+         \x20   END IF;\n\
+         \x20   IF p_key IS NOT NULL AND {partitions} > 1 THEN\n\
+         \x20       SET h = CONV(SUBSTR(MD5(p_key), 1, 8), 16, 10);\n\
+         \x20       IF h >= 2147483648 THEN SET h = h - 4294967296; END IF;\n\
+         \x20       SET part = ABS(h) % {partitions};\n\
+         \x20   END IF;\n\
+         \x20   SET @outbox_enqueue_sql = CONCAT('INSERT INTO `{prefix}_', p_shard, '_', part,\n\
+         \x20       '` (topic, msg_key, payload, headers) VALUES (?, ?, ?, ?)');\n\
+         \x20   SET @outbox_topic = p_topic, @outbox_key = p_key, @outbox_payload = p_payload, @outbox_headers = p_headers;\n\
+         \x20   PREPARE outbox_enqueue_stmt FROM @outbox_enqueue_sql;\n\
+         \x20   EXECUTE outbox_enqueue_stmt USING @outbox_topic, @outbox_key, @outbox_payload, @outbox_headers;\n\
+         \x20   DEALLOCATE PREPARE outbox_enqueue_stmt;\n\
+         \x20   SET @outbox_topic = NULL, @outbox_key = NULL, @outbox_payload = NULL, @outbox_headers = NULL, @outbox_enqueue_sql = NULL;\n\
+         \x20   SELECT LAST_INSERT_ID() AS id;\n\
+         END",
+        shards = plan.shards,
+        last_shard = plan.shards.saturating_sub(1),
+        partitions = plan.partitions,
+        prefix = plan.prefix,
+    ));
+    sql
 }
 
-/// Creates the tables, seeds missing checkpoints with the current position, grants.
+/// Creates the tables and the procedure, grants, and seeds missing checkpoints with the
+/// current position.
 pub async fn apply(conn: &mut Conn, plan: &SetupPlan, mariadb: bool) -> Result<(), mysql_async::Error> {
-    let hosts = match &plan.streamer_user {
-        Some(user) => streamer_hosts(conn, user).await?,
-        None => Vec::new(),
-    };
-    for stmt in statements(plan) {
-        if stmt.contains("'<host>'") {
-            for host in &hosts {
-                conn.query_drop(stmt.replace("'<host>'", &literal(host))).await?;
-            }
-        } else {
-            conn.query_drop(stmt).await?;
-        }
+    for stmt in statements(plan, mariadb) {
+        conn.query_drop(stmt).await?;
     }
     add_missing_columns(conn, plan).await?;
     let position = current_position(conn, mariadb).await?;
@@ -198,11 +245,8 @@ impl std::fmt::Display for CheckFailure {
     }
 }
 
-/// Checks the binlog settings, GTID availability and the streamer's global grants.
-pub async fn check_server(
-    conn: &mut Conn,
-    plan: &SetupPlan,
-) -> Result<(BinlogSettings, Vec<CheckFailure>), mysql_async::Error> {
+/// Checks the binlog settings and GTID availability (the logins: [`crate::privileges`]).
+pub async fn check_server(conn: &mut Conn) -> Result<(BinlogSettings, Vec<CheckFailure>), mysql_async::Error> {
     let settings = check_binlog_settings(conn).await?;
     let mut failures: Vec<CheckFailure> = settings
         .problems()
@@ -221,36 +265,6 @@ pub async fn check_server(
             });
         }
     }
-    if let Some(user) = &plan.streamer_user {
-        let hosts = streamer_hosts(conn, user).await?;
-        if hosts.is_empty() {
-            failures.push(CheckFailure {
-                what: format!("the streamer user {user:?} does not exist"),
-                fix: format!(
-                    "CREATE USER {}@'%' IDENTIFIED BY '…'; GRANT REPLICATION SLAVE, REPLICATION CLIENT ON *.* TO {}@'%' (see docs/configure-mysql.md)",
-                    literal(user),
-                    literal(user)
-                ),
-            });
-        }
-        for host in hosts {
-            let grantee = format!("'{user}'@'{host}'");
-            let privileges: Vec<String> = conn
-                .exec("SELECT PRIVILEGE_TYPE FROM information_schema.USER_PRIVILEGES WHERE GRANTEE = ?", (&grantee,))
-                .await?;
-            let has = |p: &str| privileges.iter().any(|x| x == p || x == "ALL PRIVILEGES");
-            let client = has("REPLICATION CLIENT") || has("BINLOG MONITOR");
-            if !has("REPLICATION SLAVE") || !client {
-                failures.push(CheckFailure {
-                    what: format!(
-                        "{grantee} lacks REPLICATION SLAVE or REPLICATION CLIENT (it has: {})",
-                        privileges.join(", ")
-                    ),
-                    fix: format!("GRANT REPLICATION SLAVE, REPLICATION CLIENT ON *.* TO {grantee}"),
-                });
-            }
-        }
-    }
     Ok((settings, failures))
 }
 
@@ -264,12 +278,20 @@ mod tests {
             database: "app".into(),
             tables: vec!["outbox_0_0".into()],
             checkpoint_table: "outbox_checkpoint".into(),
-            streamer_user: Some("streamer".into()),
+            prefix: "outbox".into(),
+            shards: 1,
+            partitions: 4,
+            streamer_accounts: vec!["'streamer'@'%'".into()],
+            app_grantees: vec!["'orders_app'".into()],
         };
-        let sql = statements(&plan).join(";\n");
+        let sql = statements(&plan, true).join(";\n");
         assert!(sql.contains("CREATE TABLE IF NOT EXISTS `outbox_0_0`"));
         assert!(sql.contains("ENGINE=InnoDB"));
-        assert!(sql.contains("GRANT SELECT, DELETE ON `app`.`outbox_0_0` TO 'streamer'@'<host>'"));
+        assert!(sql.contains("GRANT SELECT, DELETE ON `app`.`outbox_0_0` TO 'streamer'@'%'"));
+        assert!(sql.contains("GRANT INSERT ON `app`.`outbox_0_0` TO 'orders_app'"));
+        assert!(sql.contains("GRANT EXECUTE ON PROCEDURE `app`.`outbox_enqueue` TO 'orders_app'"));
+        assert!(sql.contains("CREATE OR REPLACE PROCEDURE `outbox_enqueue`"));
+        assert!(statements(&plan, false).iter().any(|s| s == "DROP PROCEDURE IF EXISTS `outbox_enqueue`"));
         assert!(sql.contains("GRANT SELECT, INSERT, UPDATE ON `app`.`outbox_checkpoint`"));
         assert_eq!(ident("a`b"), "`a``b`");
         assert_eq!(literal("it's"), "'it''s'");

@@ -28,6 +28,7 @@
 pub mod cleanup;
 pub mod connect;
 pub mod pgoutput;
+pub mod privileges;
 pub mod setup;
 pub mod slot;
 pub mod stream;

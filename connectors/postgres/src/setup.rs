@@ -25,6 +25,26 @@ pub struct SetupPlan {
     pub streams: Vec<StreamObjects>,
     /// The login the streamer runs as; granted SELECT and DELETE on every table.
     pub streamer_role: Option<String>,
+    /// Roles the application enqueues as (`setup --app-role`, and those an earlier setup
+    /// granted): INSERT on every table and EXECUTE on the enqueue function.
+    pub app_roles: Vec<String>,
+}
+
+impl SetupPlan {
+    /// `<prefix>_checkpoint`.
+    pub fn checkpoint_table(&self) -> String {
+        format!("{}_checkpoint", self.prefix)
+    }
+
+    /// `<prefix>_enqueue`.
+    pub fn enqueue_function(&self) -> String {
+        format!("{}_enqueue", self.prefix)
+    }
+
+    /// The enqueue function with its argument types, as GRANT and DROP name it.
+    pub fn enqueue_signature(&self) -> String {
+        format!("{}(text, bytea, bytea, jsonb, int)", ident(&self.enqueue_function()))
+    }
 }
 
 /// Quotes an identifier for SQL (`"name"`, doubling inner quotes).
@@ -81,7 +101,7 @@ pub fn schema_statements(plan: &SetupPlan) -> Vec<String> {
             sql.push(format!("GRANT SELECT, DELETE ON {table} TO {}", ident(role)));
         }
     }
-    let checkpoint = ident(&checkpoint_table(plan));
+    let checkpoint = ident(&plan.checkpoint_table());
     sql.push(format!(
         "CREATE TABLE IF NOT EXISTS {checkpoint} (\n\
          \x20   stream text PRIMARY KEY,\n\
@@ -107,12 +127,9 @@ pub fn schema_statements(plan: &SetupPlan) -> Vec<String> {
     }
     sql.push(enqueue_function(plan));
     if let Some(role) = &plan.streamer_role {
-        sql.push(format!(
-            "GRANT EXECUTE ON FUNCTION {}_enqueue(text, bytea, bytea, jsonb, int) TO {}",
-            plan.prefix,
-            ident(role)
-        ));
+        sql.push(format!("GRANT EXECUTE ON FUNCTION {} TO {}", plan.enqueue_signature(), ident(role)));
     }
+    sql.extend(crate::privileges::app_role_statements(plan));
     sql
 }
 
@@ -140,14 +157,10 @@ pub fn catch_up_statement(plan: &SetupPlan, stream: &StreamObjects) -> String {
     format!(
         "UPDATE {} SET catchup_pending = true, catchup_started_at = now(), updated_at = now() \
          WHERE stream = {} AND EXISTS (SELECT 1 FROM {})",
-        ident(&checkpoint_table(plan)),
+        ident(&plan.checkpoint_table()),
         literal(&stream.table),
         ident(&stream.table)
     )
-}
-
-fn checkpoint_table(plan: &SetupPlan) -> String {
-    format!("{}_checkpoint", plan.prefix)
 }
 
 /// `<prefix>_enqueue(topic, key, payload, headers, shard)`: inserts into the partition table of
@@ -159,7 +172,7 @@ pub fn enqueue_function(plan: &SetupPlan) -> String {
     format!(
         "CREATE OR REPLACE FUNCTION {prefix}_enqueue(\n\
          \x20   p_topic text, p_key bytea, p_payload bytea, p_headers jsonb DEFAULT NULL, p_shard int DEFAULT 0)\n\
-         RETURNS bigint LANGUAGE plpgsql AS $fn$\n\
+         RETURNS bigint LANGUAGE plpgsql SECURITY INVOKER AS $fn$\n\
          DECLARE\n\
          \x20   part int := 0;\n\
          \x20   new_id bigint;\n\
@@ -183,22 +196,88 @@ pub fn enqueue_function(plan: &SetupPlan) -> String {
     )
 }
 
-/// Runs the plan: schema statements in one transaction, then each slot on its own.
-pub async fn apply(client: &mut Client, plan: &SetupPlan) -> Result<(), tokio_postgres::Error> {
+/// Where [`apply`] stopped: the schema step (nothing of it committed) or a slot (the schema
+/// committed, and the slots before it created); re-running `setup` completes either.
+#[derive(Debug)]
+pub enum ApplyError {
+    Schema(tokio_postgres::Error),
+    Slot { slot: String, created: Vec<String>, error: tokio_postgres::Error },
+}
+
+impl std::fmt::Display for ApplyError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Schema(e) => write!(
+                f,
+                "creating tables, publications, grants and the enqueue function failed, and nothing of it was kept: {}",
+                describe(e)
+            ),
+            Self::Slot { slot, created, error } => write!(
+                f,
+                "the tables, publications, grants and enqueue function were created; creating slot {slot:?} failed: {}; {}; fix the cause and run setup again, which completes it",
+                describe(error),
+                if created.is_empty() {
+                    "no slot was created".to_string()
+                } else {
+                    format!("slots created: {}", created.join(", "))
+                }
+            ),
+        }
+    }
+}
+
+impl std::error::Error for ApplyError {}
+
+/// The server's message, SQLSTATE and hint of a database error; the driver's text otherwise.
+pub fn describe(e: &tokio_postgres::Error) -> String {
+    match e.as_db_error() {
+        Some(db) => {
+            let hint = db.hint().map(|h| format!(" (hint: {h})")).unwrap_or_default();
+            format!("{} [SQLSTATE {}]{hint}", db.message(), db.code().code())
+        }
+        None => e.to_string(),
+    }
+}
+
+/// Runs the plan's schema statements in one transaction (as a login that may create and own
+/// them); nothing of it is kept on error.
+pub async fn apply_schema(client: &mut Client, plan: &SetupPlan) -> Result<(), ApplyError> {
+    schema_transaction(client, plan).await.map_err(ApplyError::Schema)
+}
+
+/// Creates each missing slot on its own, after [`apply_schema`], as a login with REPLICATION
+/// (setup's own, or the streamer's when setup's lacks it), and marks a table that already holds
+/// rows for a catch-up.
+pub async fn create_slots(client: &Client, plan: &SetupPlan) -> Result<(), ApplyError> {
+    client.batch_execute("SET client_min_messages = warning").await.map_err(ApplyError::Schema)?;
+    let mut created = Vec::new();
+    for (stream, stmt) in plan.streams.iter().zip(slot_statements(plan)) {
+        let slot = async {
+            let made = client.query(&stmt, &[]).await?.len() == 1;
+            if made {
+                client.batch_execute(&catch_up_statement(plan, stream)).await?;
+            }
+            Ok::<_, tokio_postgres::Error>(made)
+        };
+        match slot.await {
+            Ok(true) => created.push(stream.slot.clone()),
+            Ok(false) => {}
+            Err(error) => return Err(ApplyError::Slot { slot: stream.slot.clone(), created, error }),
+        }
+    }
+    Ok(())
+}
+
+async fn schema_transaction(client: &mut Client, plan: &SetupPlan) -> Result<(), tokio_postgres::Error> {
+    // `IF NOT EXISTS` on a re-run is expected, not news: keep the server's NOTICEs out.
+    client.batch_execute("SET client_min_messages = warning").await?;
     let tx = client.transaction().await?;
     // Two setups racing on a fresh database would both try CREATE TABLE; serialise them.
     tx.batch_execute("SELECT pg_advisory_xact_lock(hashtext('outbox-streamer setup'))").await?;
     for stmt in schema_statements(plan) {
         tx.batch_execute(&stmt).await?;
     }
-    tx.commit().await?;
-    for (stream, stmt) in plan.streams.iter().zip(slot_statements(plan)) {
-        let created = client.query(&stmt, &[]).await?.len() == 1;
-        if created {
-            client.batch_execute(&catch_up_statement(plan, stream)).await?;
-        }
-    }
-    Ok(())
+    tx.commit().await
 }
 
 /// One failed server check: what is wrong and what to change.
@@ -361,6 +440,7 @@ mod tests {
                 slot: "outbox_0_0".into(),
             }],
             streamer_role: Some("outbox_streamer".into()),
+            app_roles: vec!["orders_app".into()],
         }
     }
 
@@ -377,6 +457,10 @@ mod tests {
         assert!(sql.contains("WITH (publish = 'insert')"));
         assert!(sql.contains("GRANT SELECT, DELETE ON \"outbox_0_0\" TO \"outbox_streamer\""));
         assert!(sql.contains("% 3"), "routes over 3 partitions");
+        assert!(sql.contains("GRANT INSERT, SELECT (id) ON \"outbox_0_0\" TO \"orders_app\""));
+        assert!(sql.contains(
+            "GRANT EXECUTE ON FUNCTION \"outbox_enqueue\"(text, bytea, bytea, jsonb, int) TO \"orders_app\""
+        ));
         let slots = slot_statements(&plan());
         assert_eq!(slots.len(), 1);
         assert!(slots[0].contains("pg_create_logical_replication_slot('outbox_0_0', 'pgoutput')"));
