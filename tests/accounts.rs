@@ -126,6 +126,9 @@ async fn postgres_accounts_as_documented_with_app_role() {
     for statement in grants {
         db.admin.batch_execute(&with_names(statement, &names)).await.expect("the documented grant runs");
     }
+    let ghost = format!("{database}_ghost");
+    let (ok, out, err) = setup(&["--app-role", &ghost]);
+    assert!(!ok && err.contains("does not exist") && err.contains("nothing was created"), "{out}\n{err}");
     let (ok, out, err) = setup(&["--app-role", &app]);
     assert!(ok, "setup as the documented owner with --app-role:\n{out}\n{err}");
     assert!(!err.contains("NOTICE") && !out.contains("NOTICE"), "no server notices: {out}{err}");
@@ -251,6 +254,9 @@ async fn mariadb_accounts_as_documented_with_app_role_and_enqueue_procedure() {
     for statement in owner_db_grant {
         db.conn.query_drop(with_names(statement, &names)).await.expect("the documented grant runs");
     }
+    let ghost = format!("{n}_ghost");
+    let (ok, out, err) = run_cli(&config, &["setup", "--admin-url", &url(&owner), "--app-role", &ghost]);
+    assert!(!ok && err.contains("does not exist") && err.contains("nothing was created"), "{out}\n{err}");
     let (ok, out, err) = run_cli(&config, &["setup", "--admin-url", &url(&owner), "--app-role", &app_account]);
     assert!(ok, "setup as the documented owner with --app-role:\n{out}\n{err}");
 
@@ -304,4 +310,43 @@ fn whole_words_only() {
         "GRANT CONNECT ON DATABASE x TO orders_app;"
     );
     assert_eq!(replace_word("ON app.* TO", "app", "db"), "ON db.* TO");
+}
+
+/// Outbox objects created by another login (an earlier setup as a superuser): setup as the new
+/// owner names each object and its owner, and the printed ALTER … OWNER statements, run as
+/// printed, let it complete.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_setup_names_objects_owned_by_another_role() {
+    let _services = shared_services().await;
+    let db = pg::fresh_db().await;
+    let prefix = unique("own");
+    let dir = scratch(&prefix);
+    let config = source_config(&dir, "postgres", &db.streamer_url, &prefix, 1, 1, "");
+    let (ok, out, err) = run_cli(&config, &["setup", "--admin-url", &db.admin_url]);
+    assert!(ok, "{out}{err}");
+    let database: String = db.admin.query_one("SELECT current_database()::text", &[]).await.unwrap().get(0);
+    let owner = format!("{database}_new");
+    let password = format!("pw-{}", unique("o"));
+    db.admin
+        .batch_execute(&format!(
+            "CREATE ROLE {owner} LOGIN PASSWORD '{password}'; GRANT CONNECT, CREATE ON DATABASE {database} TO {owner}; \
+             GRANT CREATE ON SCHEMA public TO {owner}"
+        ))
+        .await
+        .unwrap();
+    let hostport = db.admin_url.split('@').nth(1).unwrap().rsplit_once('/').unwrap().0.to_string();
+    let owner_url = format!("postgres://{owner}:{password}@{hostport}/{database}");
+    let (ok, out, err) = run_cli(&config, &["setup", "--admin-url", &owner_url]);
+    assert!(!ok, "{out}{err}");
+    let fixes: Vec<String> = printed_fixes(&err)
+        .iter()
+        .map(|f| f.rsplit(", or ").next().unwrap().trim_end_matches(';').to_string())
+        .collect();
+    assert_eq!(fixes.len(), 3, "two tables and the function: {err}");
+    assert!(fixes.iter().all(|f| f.starts_with("ALTER ")), "{err}");
+    for fix in &fixes {
+        db.admin.batch_execute(fix).await.unwrap_or_else(|e| panic!("the printed fix {fix:?} runs: {e}"));
+    }
+    let (ok, out, err) = run_cli(&config, &["setup", "--admin-url", &owner_url]);
+    assert!(ok, "setup as the new owner after the printed fixes:\n{out}\n{err}");
 }

@@ -219,6 +219,10 @@ async fn setup_mysql(
     let mut conn = crate::connect::mysql_connect(&admin).await.with_context(|| format!("source {:?}", source.name))?;
     let (settings, mut failures) = my::check_server(&mut conn).await?;
     failures.extend(myprivileges::check_admin(&mut conn, &database).await?);
+    if failures.is_empty() {
+        // Probing needs the grant option that check_admin just confirmed.
+        failures.extend(myprivileges::check_app_accounts(&mut conn, &database, &plan.app_grantees).await?);
+    }
     // The streamer's own session tells which account it matches and what that account holds;
     // without a default database, since setup has not granted it one yet.
     let streamer_session: Opts = OptsBuilder::from_opts(streamer.clone()).db_name(None::<String>).into();

@@ -140,10 +140,10 @@ pub async fn check_admin(conn: &mut Conn, database: &str) -> Result<Vec<CheckFai
         }
         failures.push(CheckFailure {
             what: format!(
-                "setup's login {} may not read the binlog position (SHOW MASTER STATUS), which new checkpoints start at",
+                "setup's login {} may not read the binlog position (SHOW MASTER STATUS), which new checkpoints start at (on MySQL, grant REPLICATION CLIENT)",
                 own.account
             ),
-            fix: format!("GRANT BINLOG MONITOR ON *.* TO {}; (REPLICATION CLIENT on MySQL)", own.account),
+            fix: format!("GRANT BINLOG MONITOR ON *.* TO {};", own.account),
         });
     }
     Ok(failures)
@@ -184,6 +184,31 @@ pub fn app_grantee(given: &str) -> String {
         Some((user, host)) => format!("{}@{}", literal(user.trim_matches('\'')), literal(host.trim_matches('\''))),
         None => literal(given),
     }
+}
+
+/// Application accounts (quoted grantees) that do not exist, as failures. Probed with a grant
+/// of nothing (`USAGE` on the database), which the server refuses for an unknown account and
+/// which changes nothing for a known one — setup's login may not read `mysql.user`.
+pub async fn check_app_accounts(
+    conn: &mut Conn,
+    database: &str,
+    grantees: &[String],
+) -> Result<Vec<CheckFailure>, mysql_async::Error> {
+    let mut failures = Vec::new();
+    for grantee in grantees {
+        match conn.query_drop(format!("GRANT USAGE ON {}.* TO {grantee}", ident(database))).await {
+            Ok(()) => {}
+            Err(mysql_async::Error::Server(s)) if s.code == 1133 => failures.push(CheckFailure {
+                what: format!("the application account {grantee} given with --app-role does not exist"),
+                fix: format!(
+                    "CREATE USER {} IDENTIFIED BY '…'; or pass an existing account as name@host, or a role",
+                    if grantee.contains('@') { grantee.clone() } else { format!("{grantee}@'%'") }
+                ),
+            }),
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(failures)
 }
 
 /// The accounts that may INSERT into `table` according to `mysql.tables_priv`, as grantees;

@@ -122,7 +122,10 @@ pub async fn binlog_end(conn: &mut Conn) -> Result<(String, u64), mysql_async::E
     // SHOW MASTER STATUS is gone in MySQL 8.4; SHOW BINARY LOG STATUS is its new name.
     let row: Option<mysql_async::Row> = match conn.query_first("SHOW MASTER STATUS").await {
         Ok(row) => row,
-        Err(_) => conn.query_first("SHOW BINARY LOG STATUS").await?,
+        // A syntax error: a server that knows only the new name. Any other error (a missing
+        // privilege) is the answer.
+        Err(mysql_async::Error::Server(e)) if e.code == 1064 => conn.query_first("SHOW BINARY LOG STATUS").await?,
+        Err(e) => return Err(e),
     };
     Ok(row
         .map(|mut r| (r.take::<String, _>(0).unwrap_or_default(), r.take::<u64, _>(1).unwrap_or(0)))
