@@ -192,3 +192,29 @@ async fn status_under_zookeeper_asks_the_owner() {
     assert_eq!(rows[0]["streamer"]["reason"], "no instance holds its lease", "{json}");
     assert_eq!(rows[1]["healthy"], true, "nothing waits on test/1/0: {json}");
 }
+
+/// The same on MariaDB: caught up while the streamer runs (0), not running with a row waiting
+/// once it stopped (1); the checkpoint stays `checkpoint` either way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_on_mariadb_tells_a_running_from_a_stopped_streamer() {
+    use mysql_async::prelude::Queryable;
+    let addr = free_addr();
+    let w = crate::mysql_cdc::World::with_extra("stmy", 1, &format!("\n[metrics]\nlisten = \"{addr}\"\n")).await;
+    let insert = format!("INSERT INTO {} (topic, payload) VALUES (?, 'x')", w.table());
+    let mut admin = w.admin().await;
+    let streamer = w.start("streamer.log");
+    admin.exec_drop(&insert, (&w.topic,)).await.unwrap();
+    kafka::read_at_least(&w.topic, 1, 1, ARRIVAL).await;
+    w.wait_drained().await;
+    let rows = wait_for_status(&w.config, 0, &["caught-up"]).await;
+    assert_eq!(rows[0]["state"], "checkpoint", "{rows:?}");
+
+    assert!(streamer.stop());
+    admin.exec_drop(&insert, (&w.topic,)).await.unwrap();
+    let (code, out, err) = run_cli_code(&w.config, &["status"]);
+    assert_eq!(code, 1, "{out}\n{err}");
+    let line = out.lines().find(|l| l.starts_with("test ")).expect("a table row");
+    assert!(line.contains(" not running ") && line.contains(" checkpoint "), "{out}");
+    assert!(out.trim_end().ends_with("exit 1: test/0/0: not running with 1 row waiting"), "{out}");
+    admin.disconnect().await.unwrap();
+}
