@@ -367,14 +367,19 @@ fn print_reasons(rows: &[Row]) {
     }
 }
 
-/// The last line: healthy, or the exit code and every problem.
+/// The last line: healthy, or the exit code and every problem. Shard-partitions whose
+/// streamer could not be asked are counted, so "healthy" is never said of what was not seen.
 fn print_verdict(rows: &[Row], code: u8) {
     let problems: Vec<String> =
         rows.iter().flat_map(|r| r.problems.iter().map(move |p| format!("{}: {p}", r.stream()))).collect();
+    let unseen = match rows.iter().filter(|r| r.streamer.state == Seen::Unknown).count() {
+        0 => String::new(),
+        n => format!(" (the streamer's state of {n} of {} shard-partitions is unknown)", rows.len()),
+    };
     println!();
     if problems.is_empty() {
-        println!("healthy");
+        println!("healthy{unseen}");
     } else {
-        println!("exit {code}: {}", problems.join("; "));
+        println!("exit {code}: {}{unseen}", problems.join("; "));
     }
 }
