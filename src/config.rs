@@ -155,6 +155,55 @@ fn default_message_timeout_ms() -> u64 {
 pub struct MetricsConfig {
     /// Address of the Prometheus endpoint (`/metrics`); keep it on loopback or a private network.
     pub listen: Option<SocketAddr>,
+    /// `/readyz` answers 200 while a shard-partition is halted (off: a halt is not ready).
+    #[serde(default)]
+    pub ready_when_halted: bool,
+    /// `host:port` at which other hosts reach `listen`; published in ZooKeeper so that
+    /// `status` can ask the owner of a shard-partition what it is doing.
+    pub advertise: Option<String>,
+}
+
+impl MetricsConfig {
+    /// Where `status` may ask this instance for its streams: `advertise`, else `listen` (this
+    /// host's name in place of an unspecified address such as `0.0.0.0`).
+    pub fn advertised_address(&self) -> Option<String> {
+        if let Some(advertise) = &self.advertise {
+            return Some(advertise.clone());
+        }
+        let listen = self.listen?;
+        Some(if listen.ip().is_unspecified() {
+            format!("{}:{}", hostname(), listen.port())
+        } else {
+            listen.to_string()
+        })
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        let Some(advertise) = &self.advertise else { return Ok(()) };
+        if self.listen.is_none() {
+            return Err(invalid(
+                "metrics.advertise",
+                "needs metrics.listen: it says where other hosts reach that address",
+            ));
+        }
+        let valid = advertise.rsplit_once(':').is_some_and(|(host, port)| {
+            !host.is_empty()
+                && !host.contains(|c: char| c.is_whitespace() || c.is_control() || c == '/')
+                && port.parse::<u16>().is_ok_and(|p| p > 0)
+        });
+        if !valid {
+            return Err(invalid(
+                "metrics.advertise",
+                "must be host:port, the address other hosts reach metrics.listen at (e.g. \"10.0.0.7:9187\" or \"streamer-1.internal:9187\")",
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// This host's name (`/proc/sys/kernel/hostname`), or `host` when it cannot be read.
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname").map(|h| h.trim().to_string()).unwrap_or_else(|_| "host".into())
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -187,12 +236,7 @@ pub struct CoordinationConfig {
 impl CoordinationConfig {
     /// The configured instance name, or `<hostname>-<pid>`.
     pub fn instance_name(&self) -> String {
-        self.instance.clone().unwrap_or_else(|| {
-            let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
-                .map(|h| h.trim().to_string())
-                .unwrap_or_else(|_| "host".into());
-            format!("{host}-{}", std::process::id())
-        })
+        self.instance.clone().unwrap_or_else(|| format!("{}-{}", hostname(), std::process::id()))
     }
 }
 
@@ -552,6 +596,7 @@ impl Config {
                 "give the SASL password once: properties.\"sasl.password\", sasl_password_env or sasl_password_file",
             ));
         }
+        self.metrics.validate()?;
         if self.sources.is_empty() {
             return Err(invalid("source", "at least one [[source]] is needed"));
         }
@@ -883,6 +928,28 @@ mod tests {
             ));
             assert!(e.starts_with("coordination.instance:"), "{instance:?}: {e}");
         }
+    }
+
+    /// The address published for `status`: `advertise`, else `listen` with this host's name for
+    /// an unspecified address; a malformed or orphaned `advertise` names the field.
+    #[test]
+    fn the_metrics_address_published_for_status() {
+        let load = |metrics: &str| with_env(&format!("[metrics]\n{metrics}\n{MINIMAL}"), &[]);
+        let c = load("listen = \"127.0.0.1:9187\"").unwrap();
+        assert_eq!(c.metrics.advertised_address().as_deref(), Some("127.0.0.1:9187"));
+        assert!(!c.metrics.ready_when_halted, "a halt is not ready by default");
+        let c = load("listen = \"0.0.0.0:9187\"\nready_when_halted = true").unwrap();
+        assert_eq!(c.metrics.advertised_address(), Some(format!("{}:9187", hostname())));
+        assert!(c.metrics.ready_when_halted);
+        let c = load("listen = \"0.0.0.0:9187\"\nadvertise = \"10.0.0.7:9187\"").unwrap();
+        assert_eq!(c.metrics.advertised_address().as_deref(), Some("10.0.0.7:9187"));
+        assert_eq!(load("").unwrap().metrics.advertised_address(), None);
+        for bad in ["10.0.0.7", "h:0", ":9187", "a b:1", "h:port"] {
+            let e = load(&format!("listen = \"0.0.0.0:9187\"\nadvertise = \"{bad}\"")).unwrap_err().to_string();
+            assert!(e.starts_with("metrics.advertise:") && e.contains("host:port"), "{bad:?}: {e}");
+        }
+        let e = load("advertise = \"h:1\"").unwrap_err().to_string();
+        assert!(e.starts_with("metrics.advertise:") && e.contains("metrics.listen"), "{e}");
     }
 
     /// The properties the producer fixes, and the message timeout it bounds, are refused under

@@ -1,6 +1,7 @@
 //! The HTTP endpoint on `[metrics] listen`: `/metrics` (Prometheus text), `/healthz` (the
-//! process answers) and `/readyz` (every shard-partition this instance runs is streaming,
-//! catching up, or deliberately halted with a reason).
+//! process answers), `/readyz` (every shard-partition this instance runs is streaming or
+//! catching up; a halted one too with `ready_when_halted`) and `/streams` (the same states as
+//! JSON, [`StreamsReport`], read by `outbox-streamer status`).
 //!
 //! Each shard-partition's task reports its state here as it changes ([`report`]); a task that
 //! ends (shutdown, or its lease moved to another instance) leaves ([`leave`]). A state is a
@@ -13,6 +14,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use metrics_exporter_prometheus::PrometheusHandle;
+use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Notify;
@@ -26,6 +28,7 @@ const MAX_REQUEST: usize = 8 * 1024;
 struct Entry {
     state: f64,
     reason: Option<String>,
+    since: Instant,
 }
 
 fn streams() -> &'static Mutex<BTreeMap<String, Entry>> {
@@ -34,10 +37,19 @@ fn streams() -> &'static Mutex<BTreeMap<String, Entry>> {
 }
 
 /// Shard-partition `key` is now in `state` (a [`crate::metrics::state`] value); `reason`
-/// for a halt or a retry.
+/// for a halt or a retry. [`state::STOPPED`] is reported only by a task that is starting (a
+/// task that ends leaves instead).
 pub fn report(key: &str, state: f64, reason: Option<&str>) {
     let mut map = streams().lock().unwrap_or_else(|e| e.into_inner());
-    map.insert(key.to_string(), Entry { state, reason: reason.map(str::to_string) });
+    let reason = reason.map(str::to_string);
+    match map.get_mut(key) {
+        // The same state again (a retry after a retry) keeps its start time, so `for_s` says
+        // how long the shard-partition has been in it.
+        Some(e) if e.state == state => e.reason = reason,
+        _ => {
+            map.insert(key.to_string(), Entry { state, reason, since: Instant::now() });
+        }
+    }
 }
 
 /// Shard-partition `key` is no longer run by this instance.
@@ -45,28 +57,111 @@ pub fn leave(key: &str) {
     streams().lock().unwrap_or_else(|e| e.into_inner()).remove(key);
 }
 
-/// Whether every shard-partition is streaming, catching up or halted on purpose, and one line
-/// per shard-partition saying what it does.
-pub fn readiness() -> (bool, String) {
+/// What a shard-partition's task is doing, as `/streams` and `status` name it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum StreamerState {
+    /// The task runs and has not connected yet.
+    Starting,
+    Streaming,
+    /// Sending the rows of a lost position by polling (see docs/polling.md).
+    CatchingUp,
+    /// Waiting to try again after a transient error.
+    Retrying,
+    /// Stopped until an operator acts; the reason says what to do.
+    Halted,
+}
+
+impl StreamerState {
+    fn of(value: f64) -> Self {
+        match value {
+            s if s == state::STREAMING => Self::Streaming,
+            s if s == state::CATCHING_UP => Self::CatchingUp,
+            s if s == state::HALTED => Self::Halted,
+            s if s == state::RETRYING => Self::Retrying,
+            _ => Self::Starting,
+        }
+    }
+
+    /// The word used in `/readyz`, `/streams` and `status`.
+    pub fn word(self) -> &'static str {
+        match self {
+            Self::Starting => "starting",
+            Self::Streaming => "streaming",
+            Self::CatchingUp => "catching-up",
+            Self::Retrying => "retrying",
+            Self::Halted => "halted",
+        }
+    }
+}
+
+/// The body of `GET /streams`: what this instance runs and how each shard-partition is doing.
+/// A shard-partition this instance does not run is absent.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StreamsReport {
+    /// The instance name under ZooKeeper ownership (`None` without coordination).
+    pub instance: Option<String>,
+    pub pid: u32,
+    /// By `<source>.<table>`.
+    pub streams: BTreeMap<String, StreamReport>,
+}
+
+/// One shard-partition in a [`StreamsReport`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StreamReport {
+    pub state: StreamerState,
+    /// Why it halted, retries or catches up (names row ids and columns, never values).
+    pub reason: Option<String>,
+    /// Seconds in this state.
+    pub for_s: u64,
+}
+
+/// The states of every shard-partition this instance runs.
+pub fn streams_report(instance: Option<&str>) -> StreamsReport {
     let map = streams().lock().unwrap_or_else(|e| e.into_inner());
+    let streams = map
+        .iter()
+        .map(|(key, e)| {
+            let report = StreamReport {
+                state: StreamerState::of(e.state),
+                reason: e.reason.clone(),
+                for_s: e.since.elapsed().as_secs(),
+            };
+            (key.clone(), report)
+        })
+        .collect();
+    StreamsReport { instance: instance.map(str::to_string), pid: std::process::id(), streams }
+}
+
+/// How the endpoint answers, from `[metrics]`.
+#[derive(Debug, Clone, Default)]
+pub struct HealthSettings {
+    /// `[metrics] ready_when_halted`: `/readyz` answers 200 while a shard-partition is halted
+    /// (with its reason), as it did before halts counted as not ready.
+    pub ready_when_halted: bool,
+    /// The instance name under ZooKeeper ownership, shown on `/streams`.
+    pub instance: Option<String>,
+}
+
+/// Whether every shard-partition is streaming or catching up (or halted, with
+/// `ready_when_halted`), and one line per shard-partition saying what it does.
+pub fn readiness(ready_when_halted: bool) -> (bool, String) {
+    let report = streams_report(None);
     let mut ready = true;
     let mut body = String::new();
-    for (key, e) in map.iter() {
-        let (word, ok) = match e.state {
-            s if s == state::STREAMING => ("streaming", true),
-            s if s == state::CATCHING_UP => ("catching up", true),
-            s if s == state::HALTED => ("halted", true),
-            s if s == state::RETRYING => ("retrying", false),
-            _ => ("stopped", false),
+    for (key, e) in &report.streams {
+        ready &= match e.state {
+            StreamerState::Streaming | StreamerState::CatchingUp => true,
+            StreamerState::Halted => ready_when_halted,
+            StreamerState::Starting | StreamerState::Retrying => false,
         };
-        ready &= ok;
-        body.push_str(&format!("{key}: {word}"));
+        body.push_str(&format!("{key}: {}", e.state.word()));
         if let Some(reason) = &e.reason {
             body.push_str(&format!(" ({reason})"));
         }
         body.push('\n');
     }
-    if map.is_empty() {
+    if report.streams.is_empty() {
         body.push_str("no shard-partition is run by this instance\n");
     }
     (ready, body)
@@ -80,8 +175,9 @@ pub fn readiness() -> (bool, String) {
 /// request head must arrive within [`HEAD_DEADLINE`] and the whole exchange end within
 /// [`EXCHANGE_DEADLINE`]. A failing `accept` (out of file descriptors) backs off instead of
 /// spinning, with a warning at most once per [`ACCEPT_WARN_EVERY`].
-pub async fn serve(listen: SocketAddr, metrics: PrometheusHandle) -> std::io::Result<()> {
+pub async fn serve(listen: SocketAddr, metrics: PrometheusHandle, settings: HealthSettings) -> std::io::Result<()> {
     let listener = TcpListener::bind(listen).await?;
+    let settings = Arc::new(settings);
     tokio::spawn(async move {
         let admission = Arc::new(Mutex::new(Admission::default()));
         let mut backoff = ACCEPT_BACKOFF_START;
@@ -111,9 +207,9 @@ pub async fn serve(listen: SocketAddr, metrics: PrometheusHandle) -> std::io::Re
                 }
             };
             let Some(ticket) = Admission::admit(&admission) else { continue };
-            let metrics = metrics.clone();
+            let (metrics, settings) = (metrics.clone(), settings.clone());
             tokio::spawn(async move {
-                let _ = tokio::time::timeout(EXCHANGE_DEADLINE, exchange(conn, &ticket, &metrics)).await;
+                let _ = tokio::time::timeout(EXCHANGE_DEADLINE, exchange(conn, &ticket, &metrics, &settings)).await;
             });
         }
     });
@@ -195,7 +291,7 @@ impl Drop for Ticket {
 }
 
 /// Reads one request head (until a blank line, [`MAX_REQUEST`] or the end) and answers it.
-async fn exchange(mut conn: TcpStream, ticket: &Ticket, metrics: &PrometheusHandle) {
+async fn exchange(mut conn: TcpStream, ticket: &Ticket, metrics: &PrometheusHandle, settings: &HealthSettings) {
     let read_head = async {
         let mut head = Vec::new();
         let mut buf = [0u8; 1024];
@@ -219,24 +315,31 @@ async fn exchange(mut conn: TcpStream, ticket: &Ticket, metrics: &PrometheusHand
     }
     let line = String::from_utf8_lossy(&head);
     let path = line.split_whitespace().nth(1).unwrap_or("/");
-    let (status, body) = respond(path.split('?').next().unwrap_or(path), metrics);
+    let (status, content_type, body) = respond(path.split('?').next().unwrap_or(path), metrics, settings);
     let response = format!(
-        "HTTP/1.1 {status}\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        "HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
         body.len()
     );
     let _ = conn.write_all(response.as_bytes()).await;
     let _ = conn.shutdown().await;
 }
 
-fn respond(path: &str, metrics: &PrometheusHandle) -> (&'static str, String) {
+/// (status line, content type, body) of `GET path`.
+fn respond(path: &str, metrics: &PrometheusHandle, settings: &HealthSettings) -> (&'static str, &'static str, String) {
+    const TEXT: &str = "text/plain; charset=utf-8";
     match path {
-        "/metrics" | "/" => ("200 OK", metrics.render()),
-        "/healthz" => ("200 OK", "ok\n".into()),
-        "/readyz" => match readiness() {
-            (true, body) => ("200 OK", body),
-            (false, body) => ("503 Service Unavailable", body),
+        "/metrics" | "/" => ("200 OK", TEXT, metrics.render()),
+        "/healthz" => ("200 OK", TEXT, "ok\n".into()),
+        "/readyz" => match readiness(settings.ready_when_halted) {
+            (true, body) => ("200 OK", TEXT, body),
+            (false, body) => ("503 Service Unavailable", TEXT, body),
         },
-        _ => ("404 Not Found", "try /metrics, /healthz or /readyz\n".into()),
+        "/streams" => {
+            let report = streams_report(settings.instance.as_deref());
+            let body = serde_json::to_string(&report).expect("a streams report serialises");
+            ("200 OK", "application/json", body + "\n")
+        }
+        _ => ("404 Not Found", TEXT, "try /metrics, /healthz, /readyz or /streams\n".into()),
     }
 }
 
@@ -267,17 +370,34 @@ mod tests {
         assert_eq!(admission.lock().unwrap().open, 0);
     }
 
+    /// Ready while every stream flows; a halt is not ready unless `ready_when_halted`; a
+    /// retry or a start never is. (One test: the states are process-wide.)
     #[test]
-    fn ready_only_when_no_stream_is_retrying() {
+    fn readiness_and_the_streams_report_follow_the_states() {
         report("t.a", state::STREAMING, None);
         report("t.b", state::HALTED, Some("row id=7: topic is NULL"));
-        let (ready, body) = readiness();
-        assert!(ready, "{body}");
+        let (ready, body) = readiness(false);
+        assert!(!ready, "a halt is not ready by default:\n{body}");
         assert!(body.contains("t.b: halted (row id=7: topic is NULL)"));
+        assert!(readiness(true).0, "ready_when_halted keeps the earlier behaviour");
         report("t.a", state::RETRYING, Some("Kafka unreachable"));
-        assert!(!readiness().0);
+        assert!(!readiness(true).0);
+
+        let streams = streams_report(Some("one"));
+        assert_eq!(streams.instance.as_deref(), Some("one"));
+        assert_eq!(streams.streams["t.a"].state, StreamerState::Retrying);
+        assert_eq!(streams.streams["t.b"].reason.as_deref(), Some("row id=7: topic is NULL"));
+        let json = serde_json::to_string(&streams).unwrap();
+        assert!(json.contains(r#""state":"halted""#), "{json}");
+        assert_eq!(serde_json::from_str::<StreamsReport>(&json).unwrap(), streams);
+
         leave("t.a");
-        assert!(readiness().0);
+        report("t.b", state::STOPPED, None);
+        assert_eq!(streams_report(None).streams["t.b"].state, StreamerState::Starting);
+        assert!(!readiness(true).0, "a starting stream is not ready yet");
+        report("t.b", state::STREAMING, None);
+        assert!(readiness(false).0);
         leave("t.b");
+        assert!(readiness(false).0, "running nothing is ready");
     }
 }

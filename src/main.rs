@@ -9,7 +9,7 @@ fn main() -> ExitCode {
     quiet_on_closed_stdout();
     outbox_streamer::tls::install_crypto_provider();
     let cli = Cli::parse();
-    outbox_streamer::cli::init_logging(cli.log_format);
+    outbox_streamer::cli::init_logging(cli.log_format, &cli.command);
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {

@@ -147,15 +147,15 @@ pub fn init_stream(labels: &[(&'static str, String); 3]) {
     gauge!(STREAM_STATE, labels).set(state::STOPPED);
 }
 
-/// Installs the global recorder and serves `/metrics`, `/healthz` and `/readyz` on `listen`
-/// (see [`crate::health`]).
-pub async fn serve(listen: SocketAddr) -> anyhow::Result<()> {
+/// Installs the global recorder and serves `/metrics`, `/healthz`, `/readyz` and `/streams` on
+/// `listen` (see [`crate::health`]).
+pub async fn serve(listen: SocketAddr, health: crate::health::HealthSettings) -> anyhow::Result<()> {
     let handle = PrometheusBuilder::new()
         .set_buckets_for_metric(metrics_exporter_prometheus::Matcher::Full(END_TO_END_LATENCY.into()), LATENCY_BUCKETS)?
         .set_buckets_for_metric(metrics_exporter_prometheus::Matcher::Full(POLL_QUERY_SECONDS.into()), LATENCY_BUCKETS)?
         .install_recorder()?;
     describe();
-    crate::health::serve(listen, handle.clone()).await?;
+    crate::health::serve(listen, handle.clone(), health).await?;
     // Histograms are drained into their buckets by upkeep; without the exporter's own HTTP
     // listener nothing else runs it.
     tokio::spawn(async move {

@@ -64,12 +64,16 @@ pub async fn run(mut config: Config) -> anyhow::Result<()> {
     // Listen before anything else: a stop that arrives while starting (a restart right after
     // a start) must end the process in order, not kill it.
     let stop_signal = StopSignal::listen();
+    let instance = config.coordination.as_ref().map(|c| c.instance_name());
     if let Some(listen) = config.metrics.listen {
-        m::serve(listen).await.with_context(|| format!("metrics.listen: cannot serve metrics on {listen}"))?;
-        tracing::info!(%listen, "serving /metrics, /healthz and /readyz");
+        let health = crate::health::HealthSettings {
+            ready_when_halted: config.metrics.ready_when_halted,
+            instance: instance.clone(),
+        };
+        m::serve(listen, health).await.with_context(|| format!("metrics.listen: cannot serve metrics on {listen}"))?;
+        tracing::info!(%listen, "serving /metrics, /healthz, /readyz and /streams");
     }
     crate::same_database::refuse_shared_databases(&config).await?;
-    let instance = config.coordination.as_ref().map(|c| c.instance_name());
     if let Some(c) = &config.coordination {
         // A record queued inside librdkafka when the process was paused must not go out after
         // the pause: it times out instead, because a pause long enough to lose the lease is
@@ -108,10 +112,10 @@ pub async fn run(mut config: Config) -> anyhow::Result<()> {
             tracing::info!(streams = jobs.len(), "outbox-streamer running; SIGTERM or SIGINT stops it after draining");
         }
         Some(c) => {
-            let (c, stop) = (c.clone(), stop_rx.clone());
+            let (c, stop, metrics) = (c.clone(), stop_rx.clone(), config.metrics.advertised_address());
             let sources =
                 config.sources.iter().map(|s| (s.name.clone(), crate::coordination::fingerprint(s))).collect();
-            tasks.spawn(async move { crate::coordination::run(&c, jobs, sources, stop).await });
+            tasks.spawn(async move { crate::coordination::run(&c, jobs, sources, metrics, stop).await });
             tracing::info!(
                 "outbox-streamer running under ZooKeeper ownership; SIGTERM or SIGINT stops it after draining"
             );
@@ -427,6 +431,7 @@ async fn stream_task<S, F, Fut>(
         ("partition", labels.id.partition.to_string()),
     ];
     m::init_stream(&metric_labels);
+    set_state(&labels, &metric_labels, state::STOPPED, None);
     let producer = match Producer::new(&producer) {
         Ok(p) => p,
         Err(e) => {

@@ -32,10 +32,11 @@ fn free_addr() -> SocketAddr {
     std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap()
 }
 
-/// Ready while every shard-partition streams or is halted on purpose (with the reason shown);
-/// not ready while one keeps retrying (here: its slot held by another instance).
+/// Not ready while a shard-partition is halted (with the reason shown) unless
+/// `ready_when_halted`, and never while one keeps retrying (here: its slot held by another
+/// instance).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn readyz_tells_streaming_and_halted_from_retrying() {
+async fn readyz_tells_streaming_from_halted_and_retrying() {
     let w = World::new("hz", 2, 1, 1, "").await;
     let (t0, t1) = (w.table(0, 0), w.table(1, 0));
     w.db.admin.batch_execute(&format!("ALTER TABLE {t0} ALTER COLUMN topic DROP NOT NULL")).await.unwrap();
@@ -54,22 +55,33 @@ async fn readyz_tells_streaming_and_halted_from_retrying() {
     first.wait_for_log("halted", ARRIVAL).await;
 
     assert_eq!(get(addr, "/healthz").await, (200, "ok\n".to_string()));
-    let (status, body) = wait_until("/readyz to show both shard-partitions", ARRIVAL, || async {
+    let both = || async {
         let (status, body) = get(addr, "/readyz").await;
         (body.contains(&format!("{t1}: streaming")) && body.contains(&format!("{t0}: halted")))
             .then_some((status, body))
-    })
-    .await;
-    assert_eq!(status, 200, "a deliberate halt with its reason is ready:\n{body}");
+    };
+    let (status, body) = wait_until("/readyz to show both shard-partitions", ARRIVAL, both).await;
+    assert_eq!(status, 503, "a halt is not ready:\n{body}");
     assert!(body.contains(&format!("row id={bad}")), "the halt's reason names the row:\n{body}");
     let (status, metrics) = get(addr, "/metrics").await;
     assert_eq!(status, 200);
     assert!(metrics.contains("outbox_stream_state"), "/metrics is the Prometheus text");
+    assert!(first.stop());
+
+    // With ready_when_halted the same halt (the row is still there) is ready.
+    let text = std::fs::read_to_string(&w.config).unwrap() + "\n[metrics]\nready_when_halted = true\n";
+    let lenient = w.dir.join("ready-when-halted.toml");
+    std::fs::write(&lenient, text).unwrap();
+    let first =
+        Running::start_with_env(&lenient, &w.dir.join("lenient.log"), &[("OUTBOX_METRICS_LISTEN", addr.to_string())]);
+    first.wait_for_log("halted", ARRIVAL).await;
+    let (status, body) = wait_until("/readyz to show both shard-partitions again", ARRIVAL, both).await;
+    assert_eq!(status, 200, "ready_when_halted: a halt with its reason is ready:\n{body}");
 
     // A second instance without coordination finds both slots held: it retries, not ready.
     let second_addr = free_addr();
     let second = Running::start_with_env(
-        &w.config,
+        &lenient,
         &w.dir.join("second.log"),
         &[("OUTBOX_METRICS_LISTEN", second_addr.to_string())],
     );

@@ -23,6 +23,7 @@ mod postgres_errors;
 mod postgres_faults;
 mod same_database;
 mod smoke;
+mod status;
 mod sweep;
 mod tls;
 mod workload;

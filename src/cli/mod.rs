@@ -62,7 +62,22 @@ pub enum Command {
     },
     /// Stream every shard-partition until SIGTERM or SIGINT.
     Run,
-    /// Show every shard-partition: slot, position, lag and rows pending.
+    /// Show every shard-partition: what its streamer does, slot, position, lag and rows pending.
+    ///
+    /// The streamer's state (streaming, caught-up, catching-up, retrying, halted, starting,
+    /// not running, unknown) is asked of the running instances: under [coordination] of each
+    /// lease holder, at the metrics address it publishes in ZooKeeper; otherwise of the
+    /// instance at [metrics] listen of this config (or --metrics-address). The rest is read
+    /// from the databases.
+    ///
+    /// Exit codes:
+    ///   0  healthy
+    ///   1  a shard-partition is not running while rows wait, lags beyond --max-lag-bytes or
+    ///      --max-pending-rows, or has a missing or lost slot, no checkpoint, an unreadable
+    ///      table or a catch-up pending
+    ///   2  a shard-partition is halted: an operator must act (the reason says how)
+    ///   3  status failed: configuration, a database or ZooKeeper (the error says which)
+    #[command(verbatim_doc_comment)]
     Status {
         /// Print JSON instead of a table.
         #[arg(long)]
@@ -73,6 +88,10 @@ pub enum Command {
         /// Exit 1 when a shard-partition has more rows waiting than this.
         #[arg(long)]
         max_pending_rows: Option<i64>,
+        /// Without [coordination]: ask the streamer at this host:port (its [metrics] listen)
+        /// instead of the address in this config, e.g. from another host.
+        #[arg(long, value_name = "HOST:PORT")]
+        metrics_address: Option<String>,
     },
     /// Measure throughput and latency against the running services (`scripts/services env`).
     Bench(crate::bench::BenchArgs),
@@ -101,12 +120,21 @@ pub enum Command {
 /// it deserves. `RUST_LOG` naming `pgwire_replication` turns it back on.
 const QUIET_REPLICATION_WORKER: &str = "pgwire_replication::client::tokio_client=off";
 
-/// Installs the tracing subscriber (`RUST_LOG` filters, default `info`).
-pub fn init_logging(format: LogFormat) {
+/// The ZooKeeper client logs each session it opens and closes at INFO: noise on the output of
+/// a one-shot command such as `status`, which reports a failure to connect itself. `run` keeps
+/// them; `RUST_LOG` naming `zookeeper_client` turns them back on.
+const QUIET_ZOOKEEPER_SESSIONS: &str = "zookeeper_client=off";
+
+/// Installs the tracing subscriber (`RUST_LOG` filters, default `info`) for `command`.
+pub fn init_logging(format: LogFormat, command: &Command) {
     let mut filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,rdkafka=warn"));
-    if !std::env::var("RUST_LOG").is_ok_and(|v| v.contains("pgwire_replication")) {
+    let rust_log = std::env::var("RUST_LOG").unwrap_or_default();
+    if !rust_log.contains("pgwire_replication") {
         filter = filter.add_directive(QUIET_REPLICATION_WORKER.parse().expect("a valid directive"));
+    }
+    if !matches!(command, Command::Run) && !rust_log.contains("zookeeper_client") {
+        filter = filter.add_directive(QUIET_ZOOKEEPER_SESSIONS.parse().expect("a valid directive"));
     }
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
@@ -142,9 +170,17 @@ pub async fn execute(cli: Cli) -> anyhow::Result<ExitCode> {
             crate::run::run(load()?).await?;
             Ok(ExitCode::SUCCESS)
         }
-        Command::Status { json, max_lag_bytes, max_pending_rows } => {
+        Command::Status { json, max_lag_bytes, max_pending_rows, metrics_address } => {
             let limits = status::Limits { max_lag_bytes, max_pending_rows };
-            status::status(&load()?, json, limits).await
+            let checked = match load() {
+                Ok(config) => status::status(&config, json, limits, metrics_address).await,
+                Err(e) => Err(e),
+            };
+            // A probe tells "could not look" from "looked and found trouble".
+            Ok(checked.unwrap_or_else(|e| {
+                eprintln!("error: {e:#}");
+                ExitCode::from(status::exit::UNKNOWN)
+            }))
         }
         Command::Skip { stream, id, transaction, backlog } => {
             let what = match (id, transaction, backlog) {

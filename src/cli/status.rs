@@ -1,9 +1,16 @@
-//! `outbox-streamer status`: every shard-partition's mode, position, lag, pending rows and last
-//! catch-up, read from the databases (so it works from any host).
+//! `outbox-streamer status`: every shard-partition's streamer state (asked of the running
+//! instances, [`streamer`]), and its mode, position, lag, pending rows and last catch-up (read
+//! from the databases).
 //!
-//! Exit code 1 when any shard-partition is unhealthy: a missing or invalidated slot, a missing
-//! checkpoint, an unreadable table, or a catch-up still pending.
+//! The exit code ([`verdict::exit`]) is the worst problem found: 2 when a shard-partition is
+//! halted; 1 when one is not running while rows wait, lags beyond `--max-lag-bytes` or
+//! `--max-pending-rows`, or has a missing or invalidated slot, a missing checkpoint, an
+//! unreadable table or a catch-up still pending; 3 when `status` itself fails.
 
+mod streamer;
+mod verdict;
+
+use std::collections::{BTreeMap, BTreeSet};
 use std::process::ExitCode;
 
 use anyhow::Context;
@@ -15,6 +22,9 @@ use serde::Serialize;
 
 use crate::config::{Config, Mode, SourceConfig, SourceKind};
 use crate::names::{StreamId, all_streams, checkpoint_table};
+use streamer::{Observed, Seen};
+use verdict::Problem;
+pub use verdict::{Limits, exit};
 
 /// Pending rows are counted up to this many; more shows as this number and `+`.
 const PENDING_COUNT_CAP: i64 = 1_000_000;
@@ -25,6 +35,8 @@ struct Row {
     shard: u32,
     partition: u32,
     mode: &'static str,
+    /// What the streamer is doing, as its instance reports it.
+    streamer: Observed,
     /// PostgreSQL: the slot's `wal_status`, `missing`, or `other-db:<database>` when the name is
     /// another database's slot; MySQL: `checkpoint` or `missing`.
     state: String,
@@ -43,6 +55,8 @@ struct Row {
     /// Beyond `--max-lag-bytes` or `--max-pending-rows`.
     lagging: bool,
     healthy: bool,
+    /// Why it is not healthy.
+    problems: Vec<Problem>,
     /// The lease name, `<source>.<table>`.
     #[serde(skip)]
     key: String,
@@ -62,23 +76,25 @@ impl Row {
             ..Self::default()
         }
     }
-}
 
-/// Thresholds beyond which a shard-partition counts as lagging (unhealthy).
-#[derive(Debug, Clone, Copy, Default)]
-pub struct Limits {
-    pub max_lag_bytes: Option<i64>,
-    pub max_pending_rows: Option<i64>,
-}
-
-impl Limits {
-    fn exceeded(&self, row: &Row) -> bool {
-        let over = |value: Option<i64>, limit: Option<i64>| matches!((value, limit), (Some(v), Some(l)) if v > l);
-        over(row.lag_bytes, self.max_lag_bytes) || over(row.rows_pending, self.max_pending_rows)
+    /// `<source>/<shard>/<partition>`, as halts and `skip --stream` name it.
+    fn stream(&self) -> String {
+        format!("{}/{}/{}", self.source, self.shard, self.partition)
     }
 }
 
-pub async fn status(config: &Config, json: bool, limits: Limits) -> anyhow::Result<ExitCode> {
+/// `metrics_address`: without coordination, the instance to ask instead of `[metrics] listen`.
+pub async fn status(
+    config: &Config,
+    json: bool,
+    limits: Limits,
+    metrics_address: Option<String>,
+) -> anyhow::Result<ExitCode> {
+    if metrics_address.is_some() && config.coordination.is_some() {
+        anyhow::bail!(
+            "--metrics-address is for instances without [coordination]; under ZooKeeper each owner publishes its own"
+        );
+    }
     let mut rows = Vec::new();
     for source in &config.sources {
         match source.kind {
@@ -86,28 +102,42 @@ pub async fn status(config: &Config, json: bool, limits: Limits) -> anyhow::Resu
             SourceKind::Mysql => mysql_rows(source, &mut rows).await?,
         }
     }
-    for row in &mut rows {
-        if limits.exceeded(row) {
-            row.lagging = true;
-            row.healthy = false;
-        }
-    }
     let cluster = match &config.coordination {
         Some(c) => Some(owners(c, &mut rows).await?),
-        None => None,
+        None => {
+            let address = metrics_address.or_else(|| config.metrics.listen.map(streamer::local_address));
+            let asked = match &address {
+                Some(a) => Some(streamer::ask(a).await),
+                None => None,
+            };
+            for row in &mut rows {
+                row.streamer = streamer::uncoordinated(&row.key, address.as_deref(), asked.as_ref(), row.active_pid);
+            }
+            None
+        }
     };
-    if let (Some(line), false) = (&cluster, json) {
-        println!("{line}");
+    for row in &mut rows {
+        row.streamer.settle(row.rows_pending);
+        let found = verdict::streamer_problems(row.streamer.state, row.rows_pending, row.lag_bytes, limits);
+        row.problems.extend(found);
+        row.lagging = row.problems.iter().any(Problem::is_lag);
+        row.healthy = row.problems.is_empty();
     }
+    let code = verdict::exit_code(rows.iter().flat_map(|r| &r.problems));
     if json {
         println!("{}", serde_json::to_string_pretty(&rows)?);
     } else {
+        if let Some(line) = &cluster {
+            println!("{line}");
+        }
         print_table(&rows, config.coordination.is_some());
+        print_reasons(&rows);
+        print_verdict(&rows, code);
     }
-    Ok(if rows.iter().all(|r| r.healthy) { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+    Ok(ExitCode::from(code))
 }
 
-/// Fills each row's owner from ZooKeeper; a shard-partition nobody owns is unhealthy.
+/// Fills each row's owner from ZooKeeper and asks each owner what its shard-partitions do.
 /// Returns a line naming the cluster and its live instances.
 async fn owners(c: &crate::config::CoordinationConfig, rows: &mut [Row]) -> anyhow::Result<String> {
     use outbox_zookeeper::paths::ClusterPaths;
@@ -116,14 +146,22 @@ async fn owners(c: &crate::config::CoordinationConfig, rows: &mut [Row]) -> anyh
     let paths = ClusterPaths::new(&c.root, &c.cluster_name);
     let members = outbox_zookeeper::members::list(&client, &paths).await.context("reading the members")?;
     let names: Vec<&str> = members.iter().map(|m| m.instance.as_str()).collect();
+    let addresses: BTreeMap<String, Option<String>> =
+        members.iter().map(|m| (m.instance.clone(), m.view.metrics.clone())).collect();
     for row in rows.iter_mut() {
         let holder = outbox_zookeeper::lease::holder(&client, &paths, &row.key)
             .await
             .with_context(|| format!("reading the lease of {}", row.key))?;
-        match holder {
-            Some(h) => (row.owner, row.owner_epoch) = (Some(h.instance), Some(h.epoch)),
-            None => row.healthy = false,
+        if let Some(h) = holder {
+            (row.owner, row.owner_epoch) = (Some(h.instance), Some(h.epoch));
         }
+    }
+    drop(client);
+    let wanted: BTreeSet<String> =
+        rows.iter().filter_map(|r| addresses.get(r.owner.as_ref()?).cloned().flatten()).collect();
+    let asked = streamer::ask_all(wanted).await;
+    for row in rows.iter_mut() {
+        row.streamer = streamer::coordinated(&row.key, row.owner.as_deref(), &addresses, &asked);
     }
     Ok(format!("cluster {}: {} live instance(s): {}", paths.base(), members.len(), names.join(", ")))
 }
@@ -160,11 +198,13 @@ async fn postgres_rows(source: &SourceConfig, rows: &mut Vec<Row>) -> anyhow::Re
             (None, true) => st.wal_status.clone().unwrap_or_else(|| "unknown".into()),
             (None, false) => "missing".into(),
         };
-        row.healthy = st.exists
-            && row.state != "lost"
-            && row.rows_pending.is_some()
-            && catchup.is_some()
-            && (row.catchup_pending != Some(true) || row.mode == "polling");
+        match (&st.other_database, st.exists) {
+            (Some(db), _) => row.problems.push(Problem::SlotOfOtherDatabase(db.clone())),
+            (None, false) => row.problems.push(Problem::SlotMissing),
+            (None, true) if row.state == "lost" => row.problems.push(Problem::SlotLost),
+            (None, true) => {}
+        }
+        row.problems.extend(table_problems(&row, catchup.is_some()));
         row.position = st.confirmed_flush.map(|l| l.to_string());
         row.slot = Some(names.slot);
         row.active_pid = st.active_pid;
@@ -172,6 +212,22 @@ async fn postgres_rows(source: &SourceConfig, rows: &mut Vec<Row>) -> anyhow::Re
         rows.push(row);
     }
     Ok(())
+}
+
+/// The problems of a row's table and checkpoint: unreadable, no checkpoint row, or a catch-up
+/// owed before CDC can stream (polling mode owes none).
+fn table_problems(row: &Row, checkpoint_found: bool) -> Vec<Problem> {
+    let mut problems = Vec::new();
+    if row.rows_pending.is_none() {
+        problems.push(Problem::TableUnreadable);
+    }
+    if !checkpoint_found {
+        problems.push(Problem::CheckpointMissing);
+    }
+    if row.catchup_pending == Some(true) && row.mode == "cdc" {
+        problems.push(Problem::CatchUpPending);
+    }
+    problems
 }
 
 /// A MySQL checkpoint row: gtid, file, offset, catch-up pending, last catch-up time and rows.
@@ -204,6 +260,7 @@ async fn mysql_rows(source: &SourceConfig, rows: &mut Vec<Row>) -> anyhow::Resul
             .await
             .ok()
             .flatten();
+        let stored_found = stored.is_some();
         match stored {
             Some((gtid, file, offset, pending, last_at, last_rows)) => {
                 row.state = "checkpoint".into();
@@ -215,10 +272,10 @@ async fn mysql_rows(source: &SourceConfig, rows: &mut Vec<Row>) -> anyhow::Resul
                     None => format!("{}:{}", file.unwrap_or_default(), offset.unwrap_or_default()),
                 });
                 (row.catchup_pending, row.last_catchup_at, row.last_catchup_rows) = (Some(pending), last_at, last_rows);
-                row.healthy = row.rows_pending.is_some() && (!pending || row.mode == "polling");
             }
             None => row.state = "missing".into(),
         }
+        row.problems.extend(table_problems(&row, stored_found));
         rows.push(row);
     }
     let _ = conn.disconnect().await;
@@ -242,13 +299,14 @@ fn print_table(rows: &[Row], coordinated: bool) {
         }
     };
     println!(
-        "{:<10} {:>5} {:>9} {:<7} {:<10} {}{:>8} {:>12} {:>9}  {:<28} position",
+        "{:<10} {:>5} {:>9} {:<7} {:<19} {}{:<10} {:>8} {:>12} {:>9}  {:<28} position",
         "source",
         "shard",
         "partition",
         "mode",
-        "state",
+        "streamer",
         owner_column(None),
+        "db_state",
         "pid",
         "lag_bytes",
         "pending",
@@ -261,19 +319,67 @@ fn print_table(rows: &[Row], coordinated: bool) {
             (_, Some(at)) => format!("{} ({} rows)", at.get(..19).unwrap_or(at), r.last_catchup_rows.unwrap_or(0)),
             _ => dash(),
         };
+        let word = r.streamer.state.word();
         println!(
-            "{:<10} {:>5} {:>9} {:<7} {:<10} {}{:>8} {:>12} {:>9}  {:<28} {}",
+            "{:<10} {:>5} {:>9} {:<7} {:<19} {}{:<10} {:>8} {:>12} {:>9}  {:<28} {}",
             r.source,
             r.shard,
             r.partition,
             r.mode,
-            if r.lagging { format!("{} LAGGING", r.state) } else { r.state.clone() },
+            if r.lagging { format!("{word} LAGGING") } else { word.to_string() },
             owner_column(Some(r)),
+            r.state,
             r.active_pid.map_or_else(dash, |p| p.to_string()),
             r.lag_bytes.map_or_else(dash, |l| l.to_string()),
             r.rows_pending.map_or_else(dash, |p| if p >= PENDING_COUNT_CAP { format!("{p}+") } else { p.to_string() }),
             catchup,
             r.position.clone().unwrap_or_else(dash),
         );
+    }
+}
+
+/// One line per reason under the table: per shard-partition for a halt, a retry or a
+/// catch-up (with how long it lasts); once for shard-partitions sharing the reason they are
+/// starting, not running or unknown (one unreachable instance, one missing setting).
+fn print_reasons(rows: &[Row]) {
+    let mut shared: BTreeMap<(&str, &str), Vec<String>> = BTreeMap::new();
+    let mut lines = Vec::new();
+    for r in rows {
+        let Some(reason) = &r.streamer.reason else { continue };
+        let word = r.streamer.state.word();
+        match r.streamer.state {
+            Seen::Halted | Seen::Retrying | Seen::CatchingUp => {
+                let since = r.streamer.for_s.map(|s| format!(" for {s} s")).unwrap_or_default();
+                let at = r.streamer.instance.as_ref().map(|i| format!(" on {i}")).unwrap_or_default();
+                lines.push(format!("{}: {word}{since}{at}: {reason}", r.stream()));
+            }
+            _ => shared.entry((word, reason.as_str())).or_default().push(r.stream()),
+        }
+    }
+    for ((word, reason), streams) in shared {
+        lines.push(format!("{}: {word}: {reason}", streams.join(", ")));
+    }
+    if !lines.is_empty() {
+        println!();
+        for line in lines {
+            println!("{line}");
+        }
+    }
+}
+
+/// The last line: healthy, or the exit code and every problem. Shard-partitions whose
+/// streamer could not be asked are counted, so "healthy" is never said of what was not seen.
+fn print_verdict(rows: &[Row], code: u8) {
+    let problems: Vec<String> =
+        rows.iter().flat_map(|r| r.problems.iter().map(move |p| format!("{}: {p}", r.stream()))).collect();
+    let unseen = match rows.iter().filter(|r| r.streamer.state == Seen::Unknown).count() {
+        0 => String::new(),
+        n => format!(" (the streamer's state of {n} of {} shard-partitions is unknown)", rows.len()),
+    };
+    println!();
+    if problems.is_empty() {
+        println!("healthy{unseen}");
+    } else {
+        println!("exit {code}: {}{unseen}", problems.join("; "));
     }
 }

@@ -50,10 +50,13 @@ pub fn session_settings(config: &CoordinationConfig) -> SessionSettings {
 }
 
 /// Runs ownership until `stop` turns true; then stops every owned task and gives its lease up.
+/// `metrics` (`host:port` of this instance's metrics endpoint) is published in the member
+/// node, for `status`.
 pub async fn run(
     config: &CoordinationConfig,
     jobs: Vec<StreamJob>,
     sources: BTreeMap<String, String>,
+    metrics: Option<String>,
     mut stop: watch::Receiver<bool>,
 ) {
     let paths = ClusterPaths::new(&config.root, &config.cluster_name);
@@ -62,6 +65,7 @@ pub async fn run(
         instance: instance.clone(),
         streams: Some(jobs.iter().map(|j| j.key.clone()).collect()),
         sources: Some(sources),
+        metrics,
     };
     let settings = session_settings(config);
     let yield_after = config.yield_interval_s.map(Duration::from_secs);

@@ -26,6 +26,16 @@ pub fn run_cli(config: &Path, args: &[&str]) -> (bool, String, String) {
     )
 }
 
+/// Runs `outbox-streamer <args>` to completion; returns (exit code, stdout, stderr).
+pub fn run_cli_code(config: &Path, args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(bin()).arg("--config").arg(config).args(args).output().expect("running outbox-streamer");
+    (
+        out.status.code().expect("exited, not killed by a signal"),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
 /// A running `outbox-streamer run`, its stderr logged to a file.
 pub struct Running {
     child: Child,

@@ -12,7 +12,8 @@ use crate::{directory_options, zk};
 const PREFIX: &str = "member-";
 
 /// What a member node holds: the instance name, the shard-partitions it can serve
-/// (`<source>.<table>`), and a fingerprint of each source (which database it is).
+/// (`<source>.<table>`), a fingerprint of each source (which database it is), and where its
+/// metrics endpoint answers.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MemberView {
     pub instance: String,
@@ -21,6 +22,10 @@ pub struct MemberView {
     pub streams: Option<Vec<String>>,
     #[serde(default)]
     pub sources: Option<BTreeMap<String, String>>,
+    /// `host:port` of the instance's metrics endpoint, whose `GET /streams` says what each of
+    /// its shard-partitions is doing; `None` without one (or from an older member).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metrics: Option<String>,
 }
 
 impl MemberView {
@@ -99,9 +104,12 @@ mod tests {
             instance: "a".into(),
             streams: Some(vec!["app.outbox_0_0".into()]),
             sources: Some(BTreeMap::from([("app".into(), "postgres db@h:5432".into())])),
+            metrics: Some("10.0.0.7:9187".into()),
         };
         assert_eq!(MemberView::parse(&serde_json::to_vec(&view).unwrap()), view);
         let old = MemberView::parse(b"host-1234");
         assert_eq!((old.instance.as_str(), old.streams, old.sources), ("host-1234", None, None));
+        let without_metrics = br#"{"instance":"a","streams":["app.outbox_0_0"],"sources":{}}"#;
+        assert_eq!(MemberView::parse(without_metrics).metrics, None, "a member of the version before");
     }
 }
