@@ -8,6 +8,7 @@ mod support;
 mod bad_rows;
 mod coordination;
 mod examples;
+mod halt_retry;
 mod health;
 mod kafka_sasl;
 mod log_rule;
