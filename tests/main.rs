@@ -11,6 +11,7 @@ mod examples;
 mod halt_retry;
 mod health;
 mod kafka_sasl;
+mod latency;
 mod log_rule;
 mod mysql_cdc;
 mod mysql_errors;

@@ -40,3 +40,18 @@ pub const STREAM_0_0: &[(&str, &str)] = &[("source", "test"), ("shard", "0"), ("
 pub async fn stream_state(addr: SocketAddr) -> Option<f64> {
     sample(&try_get(addr, "/metrics").await?, "outbox_stream_state", STREAM_0_0)
 }
+
+/// The cumulative count of histogram `name`'s bucket `le` (compared as a number, however the
+/// exporter writes it) among the samples with `labels`.
+pub fn bucket(text: &str, name: &str, labels: &[(&str, &str)], le: f64) -> Option<f64> {
+    let bucket = format!("{name}_bucket");
+    text.lines().find_map(|line| {
+        let (series, value) = line.rsplit_once(' ')?;
+        let (metric, rest) = series.split_once('{')?;
+        if metric != bucket || !labels.iter().all(|(k, v)| rest.contains(&format!("{k}=\"{v}\""))) {
+            return None;
+        }
+        let bound = rest.split("le=\"").nth(1)?.split('"').next()?;
+        (bound.parse::<f64>().ok()? == le).then(|| value.parse().ok()).flatten()
+    })
+}
