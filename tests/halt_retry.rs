@@ -143,3 +143,40 @@ async fn postgres_a_revoked_delete_grant_halt_clears_once_granted() {
     assert_eq!(errors(&streamer.log_text()).len(), 1);
     assert!(streamer.stop());
 }
+
+/// `outbox-streamer skip --id` on a halted stream takes effect at the next retry, without a
+/// restart: the skipped row is not published, the rows after it are, once each, in order.
+/// (`skip` refuses during the moment a retry reads the slot; it is simply run again.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_skip_on_a_halted_stream_takes_effect_without_a_restart() {
+    let w = World::new("hs", 1, 1, 1, "halt_retry_ms = 300").await;
+    let table = w.table(0, 0);
+    let missing = unique("hs-never").replace('_', "-");
+    let (streamer, addr) = start(&w, "streamer.log");
+    let insert = format!("INSERT INTO {table} (topic, payload) VALUES ($1, convert_to($2, 'UTF8')) RETURNING id");
+    let row = async |topic: &str, payload: &str| -> i64 {
+        w.db.admin.query_one(&insert, &[&topic as &(dyn ToSql + Sync), &payload]).await.unwrap().get(0)
+    };
+    row(&w.topic, "a").await;
+    let bad = row(&missing, "never").await;
+    row(&w.topic, "b").await;
+    streamer.wait_for_log("halted", ARRIVAL).await;
+    wait_state(addr, HALTED).await;
+
+    let out = wait_until("skip to find the stream between retries", ARRIVAL, || async {
+        let (ok, out, err) =
+            crate::support::streamer::run_cli(&w.config, &["skip", "--stream", "test/0/0", "--id", &bad.to_string()]);
+        assert!(ok || err.contains("the stream is running"), "{out}\n{err}");
+        ok.then_some(out)
+    })
+    .await;
+    assert!(out.contains(&format!("row id={bad} will not be published")), "{out}");
+    let records = kafka::read_at_least(&w.topic, 1, 2, ARRIVAL).await;
+    assert_eq!(payloads(&records), ["a", "b"]);
+    wait_state(addr, STREAMING).await;
+    w.wait_drained(&table).await;
+    let log = streamer.log_text();
+    assert!(log.contains("skipped as `outbox-streamer skip` asked"), "{log}");
+    assert_eq!(errors(&log).len(), 1, "{log}");
+    assert!(streamer.stop());
+}
