@@ -16,7 +16,8 @@
 //!   before Kafka accepted it — so a retry that halts again resends only the rows of the bad
 //!   row's own transaction that precede it (a transaction is deleted whole);
 //! * an acknowledged prefix whose delete the database refused is finished first, before
-//!   anything is read: a missing `DELETE` grant resends nothing, however often it is retried;
+//!   anything is read: a missing `DELETE` grant resends nothing, however often it is retried
+//!   (a catch-up by polling keeps its own such prefix from one attempt to the next);
 //! * the first record to a topic not yet seen waits for the cluster's metadata: a topic that
 //!   does not exist (or refuses this producer) gets its record sent alone, so nothing after a
 //!   row naming a missing topic is published before it.

@@ -445,6 +445,7 @@ async fn stream_task<S, F, Fut>(
     let mut backoff = BACKOFF_START;
     let mut busy: Option<BusyWait> = None;
     let mut halts = HaltRetry::new(Duration::from_millis(settings.halt_retry_ms));
+    let mut catch_up_memory = StreamMemory::default();
     while !*stop.borrow() {
         let started = Instant::now();
         if let Err(msg) = labels.lease.check() {
@@ -528,17 +529,22 @@ async fn stream_task<S, F, Fut>(
                 back_off(&mut backoff, &mut stop).await;
             }
             Err(SessionError::PositionLost(reason)) => {
-                set_state(&labels, &metric_labels, state::CATCHING_UP, Some(&reason));
+                // Retrying a halted catch-up: still halted until it gets through.
+                if memory.halted.is_none() {
+                    set_state(&labels, &metric_labels, state::CATCHING_UP, Some(&reason));
+                }
                 let mut drain = Drain {
                     labels: &labels,
                     settings: &settings,
                     producer: &producer,
                     message_timeout,
                     stop: &mut stop,
+                    memory: &mut catch_up_memory,
                 };
                 match catch_up.run(&mut drain, &reason).await {
                     Ok(Some(_)) => {
                         // The catch-up published every row of the table, the halted one too.
+                        catch_up_memory = StreamMemory::default();
                         memory.halted = None;
                         halts.cleared();
                         backoff = BACKOFF_START;

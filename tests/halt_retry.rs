@@ -180,3 +180,35 @@ async fn postgres_skip_on_a_halted_stream_takes_effect_without_a_restart() {
     assert_eq!(errors(&log).len(), 1, "{log}");
     assert!(streamer.stop());
 }
+
+/// A catch-up whose deletes are refused halts like a streaming session, and its retries resend
+/// nothing either: the rows Kafka acknowledged are deleted first when the next attempt starts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_a_catch_up_halted_on_a_refused_delete_resends_nothing_when_retried() {
+    let w = World::new("hc", 1, 1, 1, "halt_retry_ms = 300\npoll_batch = 10").await;
+    let table = w.table(0, 0);
+    let role = w.db.streamer_url.trim_start_matches("postgres://").split(':').next().unwrap().to_string();
+    w.db.admin.batch_execute(&format!("REVOKE DELETE ON {table} FROM {role}")).await.unwrap();
+    let values: Vec<String> = (0..40).map(|i| format!("('{}', 'p{i:02}')", w.topic)).collect();
+    w.db.admin
+        .batch_execute(&format!("INSERT INTO {table} (topic, payload) VALUES {}", values.join(", ")))
+        .await
+        .unwrap();
+    w.db.admin.batch_execute(&format!("UPDATE {}_checkpoint SET catchup_pending = true", w.prefix)).await.unwrap();
+    let (streamer, addr) = start(&w, "streamer.log");
+    streamer.wait_for_log("catching up by polling", ARRIVAL).await;
+    streamer.wait_for_log("halted", ARRIVAL).await;
+    wait_state(addr, HALTED).await;
+    let log = retried(&streamer, 3).await;
+    assert_eq!(errors(&log).len(), 1, "{log}");
+    let (records, distinct) = kafka::count_distinct_ids(&w.topic, 1, 1, ARRIVAL).await;
+    assert_eq!(records, distinct, "the retries resend nothing: {records} records of {distinct} rows");
+
+    w.db.admin.batch_execute(&format!("GRANT DELETE ON {table} TO {role}")).await.unwrap();
+    w.wait_drained(&table).await;
+    wait_state(addr, STREAMING).await;
+    let records = kafka::read_at_least(&w.topic, 1, 40, ARRIVAL).await;
+    let want: Vec<String> = (0..40).map(|i| format!("p{i:02}")).collect();
+    assert_eq!(payloads(&records), want, "each row once, in order");
+    assert!(streamer.stop());
+}
