@@ -6,8 +6,8 @@
 //! or skipped, the grant given — so the task does not wait for a restart. It stays `halted`
 //! (state 3, `/readyz` shows the reason) and tries a new session after a growing interval:
 //! `halt_retry_ms` (30 s by default), doubling up to [`HALT_RETRY_MAX`]. For a missing topic
-//! it also asks the cluster's metadata every `halt_retry_ms` and tries at once when the topic
-//! exists.
+//! it also asks the cluster's metadata every 5 s (or `halt_retry_ms`, if shorter) and tries at
+//! once when the topic exists.
 //!
 //! A retry costs little, and never skips or reorders:
 //!
@@ -35,14 +35,18 @@ use std::time::{Duration, Instant};
 /// The longest wait between two attempts of a halted shard-partition.
 pub const HALT_RETRY_MAX: Duration = Duration::from_secs(300);
 
+/// The longest wait between two metadata lookups of a missing topic.
+pub const PROBE_EVERY_MAX: Duration = Duration::from_secs(5);
+
 /// A halt that keeps its reason logs its ERROR again at most this often.
 pub const HALT_LOG_EVERY: Duration = Duration::from_secs(300);
 
 /// Where a session halted, kept while its shard-partition retries. The next sessions send
 /// that row alone and report the halt cleared once they are past the point: the row
-/// acknowledged or skipped, an acknowledged prefix deleted and its position stored, or — for a
-/// halt without a row — an idle position confirmed, or — for a halt while connecting — a
-/// session connected.
+/// acknowledged or skipped, rows published by the session deleted (or the prefix a refused
+/// delete left deleted at last), or — for a halt without a row — an idle position confirmed,
+/// or — for a halt while connecting — a session connected. A transaction without rows proves
+/// nothing: a retry first replays transactions published before the halt.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct HaltPoint {
     /// The row the halt named.
@@ -101,9 +105,10 @@ impl HaltRetry {
         self.attempts = 0;
     }
 
-    /// How often a missing topic is looked up between attempts.
+    /// How often a missing topic is looked up between attempts: every `halt_retry_ms`, at
+    /// most [`PROBE_EVERY_MAX`] apart (a metadata request is cheap).
     pub fn probe_every(&self) -> Duration {
-        self.first
+        self.first.min(PROBE_EVERY_MAX)
     }
 }
 
@@ -121,6 +126,8 @@ mod tests {
         retry.cleared();
         assert_eq!(retry.halted("r", start).1, Duration::from_secs(30), "a new halt starts over");
         assert_eq!(retry.attempts(), 1);
+        assert_eq!(retry.probe_every(), PROBE_EVERY_MAX, "a missing topic is looked up more often");
+        assert_eq!(HaltRetry::new(Duration::from_millis(300)).probe_every(), Duration::from_millis(300));
         // A first interval above the maximum is kept, not shortened.
         let mut slow = HaltRetry::new(Duration::from_secs(400));
         assert_eq!((slow.halted("r", start).1.as_secs(), slow.halted("r", start).1.as_secs()), (400, 400));

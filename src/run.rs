@@ -482,7 +482,12 @@ async fn stream_task<S, F, Fut>(
             }
             Err(e) => Err(SessionError::from(e)),
         };
-        if memory.halted.is_none() {
+        // A halt cleared for good: the next one waits the first interval again. A session
+        // that cleared it and halted again soon after keeps the grown interval, so a halt that
+        // only seemed to clear cannot retry at the first interval for ever.
+        if memory.halted.is_none()
+            && (!matches!(result, Err(SessionError::Halt(_))) || started.elapsed() > BACKOFF_RESET_AFTER)
+        {
             halts.cleared();
         }
         if !matches!(result, Err(SessionError::Busy(_))) {
@@ -545,7 +550,9 @@ async fn stream_task<S, F, Fut>(
                     Ok(Some(_)) => {
                         // The catch-up published every row of the table, the halted one too.
                         catch_up_memory = StreamMemory::default();
-                        memory.halted = None;
+                        if memory.halted.take().is_some() {
+                            tracing::info!("the cause of the halt is gone; streaming again");
+                        }
                         halts.cleared();
                         backoff = BACKOFF_START;
                     }
@@ -677,7 +684,7 @@ async fn back_off(backoff: &mut Duration, stop: &mut watch::Receiver<bool>) {
 
 /// A session halted (see [`crate::halt`]): the state says so with the reason, the ERROR is
 /// logged unless this reason was logged recently, and the task waits before its next attempt —
-/// or, for a missing topic, until the cluster's metadata shows it. Returns `false` when the
+/// or, for a missing topic, until the cluster's metadata shows it ready. Returns `false` when the
 /// process stops meanwhile.
 #[allow(clippy::too_many_arguments)]
 async fn halted(
@@ -721,7 +728,7 @@ async fn halted(
             return true;
         }
         if let Some(topic) = missing_topic
-            && !producer.topic_missing(topic).await
+            && producer.topic_ready(topic).await == Some(true)
         {
             // The topic's name is row data: not logged.
             tracing::info!("the missing topic exists now; retrying");

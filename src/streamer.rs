@@ -445,9 +445,10 @@ impl<P: Clone + std::fmt::Display + Send + Sync + 'static> Session<'_, P> {
         self.tracker.sent(seq, id);
         self.in_flight_bytes += weight;
         // The record itself is kept only for a possible dead-letter copy.
-        let keep = (self.settings.on_bad_row == BadRowPolicy::DeadLetter).then(|| Box::new(record));
+        let dead_letter = self.settings.on_bad_row == BadRowPolicy::DeadLetter;
         match sent {
             Ok(fut) => {
+                let keep = dead_letter.then(|| Box::new(record));
                 self.deliveries.push(Box::pin(async move {
                     let (result, failed_topic) = match fut.await {
                         Ok(Ok(_)) => (Ok(()), None),
@@ -477,6 +478,9 @@ impl<P: Clone + std::fmt::Display + Send + Sync + 'static> Session<'_, P> {
             // Refused before it was queued (for example larger than message.max.bytes): it was
             // alone, so the verdict is final.
             Err(Refused::Kafka(e)) => {
+                // The topic names what a halt on an unknown topic waits for.
+                let failed_topic = Some(record.topic.clone());
+                let keep = dead_letter.then(|| Box::new(record));
                 let d = Delivered {
                     seq,
                     id,
@@ -484,7 +488,7 @@ impl<P: Clone + std::fmt::Display + Send + Sync + 'static> Session<'_, P> {
                     created_at_micros,
                     kind: Kind::Row,
                     alone: true,
-                    failed_topic: keep.as_ref().map(|r| r.topic.clone()),
+                    failed_topic,
                     confirms_topic: None,
                     result: Err(e),
                     record: keep,
@@ -793,7 +797,11 @@ impl<P: Clone + std::fmt::Display + Send + Sync + 'static> Session<'_, P> {
         }
         self.done = Some(position);
         counter!(m::DELETED_ROWS, &self.metric_labels).increment(deleted);
-        self.memory.past_halt(self.labels);
+        // Rows published by this session and deleted: past the halt (a prefix of transactions
+        // without rows proves nothing — a retry first replays transactions published before).
+        if !ids.is_empty() {
+            self.memory.past_halt(self.labels);
+        }
         Ok(())
     }
 

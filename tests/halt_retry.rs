@@ -32,13 +32,19 @@ fn start(w: &World, log: &str) -> (Running, std::net::SocketAddr) {
     (running, addr)
 }
 
-/// Waits until the streamer logged `n` retries of its halt that halted again.
+/// Waits until the streamer logged `n` retries of its halt that halted again, and checks
+/// that the halt never seemed to clear meanwhile and that the waits between them grew.
 async fn retried(streamer: &Running, n: usize) -> String {
-    wait_until(&format!("{n} retries of the halt"), ARRIVAL, || async {
+    let log = wait_until(&format!("{n} retries of the halt"), ARRIVAL, || async {
         let log = streamer.log_text();
         (log.matches("still halted for the same reason").count() >= n).then_some(log)
     })
-    .await
+    .await;
+    assert!(!log.contains("the cause of the halt is gone"), "a retry that halted again cleared the halt:\n{log}");
+    let waits: Vec<f64> =
+        log.lines().filter_map(|l| l.split("retry_in_s=").nth(1)?.split_whitespace().next()?.parse().ok()).collect();
+    assert!(waits.windows(2).all(|w| w[1] > w[0]), "the retries must come less and less often: {waits:?}");
+    log
 }
 
 async fn wait_state(addr: std::net::SocketAddr, want: f64) {
@@ -210,5 +216,31 @@ async fn postgres_a_catch_up_halted_on_a_refused_delete_resends_nothing_when_ret
     let records = kafka::read_at_least(&w.topic, 1, 40, ARRIVAL).await;
     let want: Vec<String> = (0..40).map(|i| format!("p{i:02}")).collect();
     assert_eq!(payloads(&records), want, "each row once, in order");
+    assert!(streamer.stop());
+}
+
+/// Between two attempts, a missing topic is looked up every few seconds: with a minute
+/// between attempts, creating the topic resumes the stream long before the next attempt.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_a_missing_topic_is_looked_up_between_attempts() {
+    let w = World::new("hp", 1, 1, 1, "halt_retry_ms = 60000").await;
+    let table = w.table(0, 0);
+    let missing = unique("hp-later").replace('_', "-");
+    let (streamer, addr) = start(&w, "streamer.log");
+    let insert = format!("INSERT INTO {table} (topic, payload) VALUES ($1, convert_to($2, 'UTF8'))");
+    w.db.admin.execute(&insert, &[&missing as &(dyn ToSql + Sync), &"m1"]).await.unwrap();
+    w.db.admin.execute(&insert, &[&w.topic as &(dyn ToSql + Sync), &"after"]).await.unwrap();
+    streamer.wait_for_log("halted", ARRIVAL).await;
+    wait_state(addr, HALTED).await;
+    let created = std::time::Instant::now();
+    kafka::create_topic(&missing, 1).await;
+    assert_eq!(payloads(&kafka::read_at_least(&missing, 1, 1, ARRIVAL).await), ["m1"]);
+    assert_eq!(payloads(&kafka::read_at_least(&w.topic, 1, 1, ARRIVAL).await), ["after"]);
+    assert!(created.elapsed() < Duration::from_secs(45), "resumed {:?} after the topic was created", created.elapsed());
+    let log = streamer.log_text();
+    assert!(log.contains("the missing topic exists now; retrying"), "{log}");
+    assert!(!log.contains("retry_in_s="), "no attempt was due yet:\n{log}");
+    wait_state(addr, STREAMING).await;
+    w.wait_drained(&table).await;
     assert!(streamer.stop());
 }
