@@ -464,7 +464,7 @@ async fn stream_task<S, F, Fut>(
             Ok(source) => {
                 if memory.halted.as_ref().is_some_and(|h| h.at_connect) {
                     memory.halted = None;
-                    tracing::info!("the cause of the halt is gone: connected");
+                    tracing::info!("the cause of the halt is gone; streaming again");
                 }
                 match &memory.halted {
                     // Retrying a halt: still halted until the session is past its point.

@@ -244,3 +244,28 @@ async fn postgres_a_missing_topic_is_looked_up_between_attempts() {
     w.wait_drained(&table).await;
     assert!(streamer.stop());
 }
+
+/// A halt while connecting (the streamer role may not read its checkpoint table) clears as
+/// soon as a retry connects: the grant given back, the stream turns streaming by itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_a_halt_while_connecting_clears_once_a_retry_connects() {
+    let w = World::new("hk", 1, 1, 1, "halt_retry_ms = 300").await;
+    let table = w.table(0, 0);
+    let checkpoint = format!("{}_checkpoint", w.prefix);
+    let role = w.db.streamer_url.trim_start_matches("postgres://").split(':').next().unwrap().to_string();
+    w.db.admin.batch_execute(&format!("REVOKE SELECT ON {checkpoint} FROM {role}")).await.unwrap();
+    let (streamer, addr) = start(&w, "streamer.log");
+    let error = streamer.wait_for_one_halt(ARRIVAL).await;
+    assert!(error.contains("permission denied") && error.contains(&checkpoint), "{error}");
+    wait_state(addr, HALTED).await;
+    retried(&streamer, 2).await;
+
+    w.db.admin.batch_execute(&format!("GRANT SELECT ON {checkpoint} TO {role}")).await.unwrap();
+    wait_state(addr, STREAMING).await;
+    let insert = format!("INSERT INTO {table} (topic, payload) VALUES ($1, 'x')");
+    w.db.admin.execute(&insert, &[&w.topic as &(dyn ToSql + Sync)]).await.unwrap();
+    assert_eq!(payloads(&kafka::read_at_least(&w.topic, 1, 1, ARRIVAL).await), ["x"]);
+    w.wait_drained(&table).await;
+    assert_eq!(errors(&streamer.log_text()).len(), 1);
+    assert!(streamer.stop());
+}
