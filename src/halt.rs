@@ -19,8 +19,8 @@
 //!   anything is read: a missing `DELETE` grant resends nothing, however often it is retried
 //!   (a catch-up by polling keeps its own such prefix from one attempt to the next);
 //! * the first record to a topic not yet seen waits for the cluster's metadata: a topic that
-//!   does not exist (or refuses this producer) gets its record sent alone, so nothing after a
-//!   row naming a missing topic is published before it.
+//!   does not exist (or whose metadata reports an error) gets its record sent alone, so
+//!   nothing after a row naming a missing topic is published before it.
 //!
 //! The ERROR is logged once per reason, and again only after [`HALT_LOG_EVERY`] or when the
 //! reason changes; each retry logs at DEBUG. The session reports the halt cleared once it is
