@@ -48,6 +48,8 @@ pub const DEFAULT_STATUS_INTERVAL_MS: u64 = 1_000;
 pub const DEFAULT_POLL_BATCH: u32 = 1024;
 pub const DEFAULT_POLL_INTERVAL_MS: u64 = 25;
 pub const DEFAULT_SWEEP_INTERVAL_MS: u64 = 30_000;
+/// The first wait before a halted shard-partition tries again; it doubles up to 5 minutes.
+pub const DEFAULT_HALT_RETRY_MS: u64 = 30_000;
 pub const MAX_SHARDS: u32 = 1024;
 pub const MAX_PARTITIONS: u32 = 1024;
 
@@ -373,6 +375,8 @@ pub struct StreamOverrides {
     pub poll_interval_ms: Option<u64>,
     /// How often a CDC stream looks for rows the log never carried (see `docs/architecture.md`).
     pub sweep_interval_ms: Option<u64>,
+    /// How soon a halted shard-partition first tries again (see `docs/operations.md`).
+    pub halt_retry_ms: Option<u64>,
 }
 
 /// The resolved settings of one shard-partition.
@@ -390,6 +394,7 @@ pub struct StreamSettings {
     pub poll_batch: u32,
     pub poll_interval_ms: u64,
     pub sweep_interval_ms: u64,
+    pub halt_retry_ms: u64,
 }
 
 impl Default for StreamSettings {
@@ -407,6 +412,7 @@ impl Default for StreamSettings {
             poll_batch: DEFAULT_POLL_BATCH,
             poll_interval_ms: DEFAULT_POLL_INTERVAL_MS,
             sweep_interval_ms: DEFAULT_SWEEP_INTERVAL_MS,
+            halt_retry_ms: DEFAULT_HALT_RETRY_MS,
         }
     }
 }
@@ -448,6 +454,9 @@ impl StreamSettings {
         }
         if let Some(v) = o.sweep_interval_ms {
             self.sweep_interval_ms = v;
+        }
+        if let Some(v) = o.halt_retry_ms {
+            self.halt_retry_ms = v;
         }
     }
 }
@@ -749,6 +758,9 @@ fn check_overrides(field: &str, o: &StreamOverrides) -> Result<(), ConfigError> 
     if o.sweep_interval_ms.is_some_and(|v| !(100..=3_600_000).contains(&v)) {
         return Err(invalid(format!("{field}.sweep_interval_ms"), "must be between 100 and 3600000"));
     }
+    if o.halt_retry_ms.is_some_and(|v| !(100..=300_000).contains(&v)) {
+        return Err(invalid(format!("{field}.halt_retry_ms"), "must be between 100 and 300000"));
+    }
     if o.dead_letter_topic.as_deref().is_some_and(|t| !is_kafka_topic_name(t)) {
         return Err(invalid(
             format!("{field}.dead_letter_topic"),
@@ -895,6 +907,7 @@ mod tests {
         assert!(err("[source.defaults]\non_bad_row = \"dead-letter\"").contains("dead_letter_topic"));
         assert!(err("bogus = 1").contains("unknown field"));
         assert!(err("[source.defaults]\nmax_in_flight_bytes = 0").contains("max_in_flight_bytes"));
+        assert!(err("[source.defaults]\nhalt_retry_ms = 50").contains("defaults.halt_retry_ms: must be between 100"));
         let e =
             Config::from_toml("[kafka.properties]\nacks = \"1\"\n[[source]]\nname=\"a\"\nkind=\"postgres\"\nurl=\"x\"")
                 .unwrap_err();

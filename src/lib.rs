@@ -27,6 +27,7 @@ pub mod config;
 pub mod connect;
 pub mod coordination;
 pub mod dberror;
+pub mod halt;
 pub mod health;
 pub mod lease;
 pub mod metrics;

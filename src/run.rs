@@ -2,7 +2,8 @@
 //!
 //! A task retries transient errors with backoff (resuming from the last confirmed position),
 //! and on a definite error halts alone: one ERROR with the reason and the fix, while the other
-//! shard-partitions keep streaming. SIGTERM or SIGINT stops intake, drains acknowledgements,
+//! shard-partitions keep streaming; the halted task retries slowly and resumes by itself once
+//! the cause is fixed (see [`crate::halt`]). SIGTERM or SIGINT stops intake, drains acknowledgements,
 //! deletes and confirms, then the process exits 0.
 
 use std::time::{Duration, Instant};
@@ -22,6 +23,7 @@ use std::sync::Arc;
 use crate::catchup::{self, CatchUpReport, Drain};
 use crate::config::{Config, KafkaConfig, Mode, SourceConfig, SourceKind, StreamSettings};
 use crate::dberror::{self, Backend};
+use crate::halt::{HALT_RETRY_MAX, HaltPoint, HaltRetry};
 use crate::lease::OwnerLease;
 use crate::metrics::{self as m, state};
 use crate::mysql::MySource;
@@ -435,7 +437,9 @@ async fn stream_task<S, F, Fut>(
     let producer = match Producer::new(&producer) {
         Ok(p) => p,
         Err(e) => {
-            let reason = format!("cannot create the Kafka producer: {e}; check [kafka] settings");
+            let reason = format!(
+                "cannot create the Kafka producer: {e}; fix: correct the [kafka] settings, then restart (this halt does not clear by itself)"
+            );
             set_state(&labels, &metric_labels, state::HALTED, Some(&reason));
             tracing::error!("{reason}; this shard-partition is halted");
             return;
@@ -445,6 +449,8 @@ async fn stream_task<S, F, Fut>(
     let mut memory = StreamMemory::default();
     let mut backoff = BACKOFF_START;
     let mut busy: Option<BusyWait> = None;
+    let mut halts = HaltRetry::new(Duration::from_millis(settings.halt_retry_ms));
+    let mut catch_up_memory = StreamMemory::default();
     while !*stop.borrow() {
         let started = Instant::now();
         if let Err(msg) = labels.lease.check() {
@@ -458,14 +464,37 @@ async fn stream_task<S, F, Fut>(
                 "connecting took longer than {CONNECT_TIMEOUT:?}; the database link is presumed dead"
             ))),
         };
+        let at_connect = connected.is_err();
         let result = match connected {
             Ok(source) => {
-                set_state(&labels, &metric_labels, state::STREAMING, None);
-                tracing::info!("streaming");
+                if memory.halted.as_ref().is_some_and(|h| h.at_connect) {
+                    memory.halted = None;
+                    tracing::info!("the cause of the halt is gone; streaming again");
+                }
+                match &memory.halted {
+                    // Retrying a halt: still halted until the session is past its point.
+                    Some(point) => tracing::debug!(
+                        attempt = halts.attempts(),
+                        row = point.row,
+                        "retrying the halted shard-partition"
+                    ),
+                    None => {
+                        set_state(&labels, &metric_labels, state::STREAMING, None);
+                        tracing::info!("streaming");
+                    }
+                }
                 run_session(&labels, &settings, source, &producer, message_timeout, &mut stop, &mut memory).await
             }
             Err(e) => Err(SessionError::from(e)),
         };
+        // A halt cleared for good: the next one waits the first interval again. A session
+        // that cleared it and halted again soon after keeps the grown interval, so a halt that
+        // only seemed to clear cannot retry at the first interval for ever.
+        if memory.halted.is_none()
+            && (!matches!(result, Err(SessionError::Halt(_))) || started.elapsed() > BACKOFF_RESET_AFTER)
+        {
+            halts.cleared();
+        }
         if !matches!(result, Err(SessionError::Busy(_))) {
             busy = None;
         }
@@ -510,20 +539,34 @@ async fn stream_task<S, F, Fut>(
                 back_off(&mut backoff, &mut stop).await;
             }
             Err(SessionError::PositionLost(reason)) => {
-                set_state(&labels, &metric_labels, state::CATCHING_UP, Some(&reason));
+                // Retrying a halted catch-up: still halted until it gets through.
+                if memory.halted.is_none() {
+                    set_state(&labels, &metric_labels, state::CATCHING_UP, Some(&reason));
+                }
                 let mut drain = Drain {
                     labels: &labels,
                     settings: &settings,
                     producer: &producer,
                     message_timeout,
                     stop: &mut stop,
+                    memory: &mut catch_up_memory,
                 };
                 match catch_up.run(&mut drain, &reason).await {
-                    Ok(Some(_)) => backoff = BACKOFF_START,
+                    Ok(Some(_)) => {
+                        // The catch-up published every row of the table, the halted one too.
+                        catch_up_memory = StreamMemory::default();
+                        if memory.halted.take().is_some() {
+                            tracing::info!("the cause of the halt is gone; streaming again");
+                        }
+                        halts.cleared();
+                        backoff = BACKOFF_START;
+                    }
                     Ok(None) => break,
                     Err(SessionError::Halt(msg)) => {
-                        halt(&labels, &metric_labels, &msg, &mut stop).await;
-                        break;
+                        memory.halted = Some(memory.take_halt_point());
+                        if !halted(&labels, &metric_labels, &msg, &mut halts, None, &producer, &mut stop).await {
+                            break;
+                        }
                     }
                     Err(SessionError::Revoked(msg)) => {
                         revoked(&labels, &metric_labels, &msg, &mut stop).await;
@@ -537,8 +580,12 @@ async fn stream_task<S, F, Fut>(
                 }
             }
             Err(SessionError::Halt(msg)) => {
-                halt(&labels, &metric_labels, &msg, &mut stop).await;
-                break;
+                let point = HaltPoint { at_connect, ..memory.take_halt_point() };
+                let probe = point.missing_topic.clone();
+                memory.halted = Some(point);
+                if !halted(&labels, &metric_labels, &msg, &mut halts, probe.as_deref(), &producer, &mut stop).await {
+                    break;
+                }
             }
         }
     }
@@ -579,7 +626,12 @@ impl BusyWait {
 }
 
 /// Sets the shard-partition's state gauge and what `/readyz` reports.
-fn set_state(labels: &StreamLabels, metric_labels: &[(&'static str, String); 3], value: f64, reason: Option<&str>) {
+pub(crate) fn set_state(
+    labels: &StreamLabels,
+    metric_labels: &[(&'static str, String); 3],
+    value: f64,
+    reason: Option<&str>,
+) {
     gauge!(m::STREAM_STATE, metric_labels).set(value);
     crate::health::report(&labels.key(), value, reason);
 }
@@ -601,10 +653,10 @@ async fn revoked(
 ) {
     if labels.lease.epoch().is_none() {
         let msg = format!(
-            "{msg}; fix: this instance runs without [coordination] but instances with ZooKeeper ownership wrote the checkpoint; stop them or add the same [coordination] here, or, if none runs any more, reset the epoch: UPDATE <prefix>_checkpoint SET owner_epoch = 0 WHERE stream = '{}'",
+            "{msg}; fix: this instance runs without [coordination] but instances with ZooKeeper ownership wrote the checkpoint; stop them or add the same [coordination] here, or, if none runs any more, reset the epoch: UPDATE <prefix>_checkpoint SET owner_epoch = 0 WHERE stream = '{}'; then restart (this halt does not clear by itself)",
             labels.table
         );
-        halt(labels, metric_labels, &msg, stop).await;
+        halt_for_good(labels, metric_labels, &msg, stop).await;
         return;
     }
     if labels.lease.check().is_ok() {
@@ -614,11 +666,11 @@ async fn revoked(
         // ensemble — ZooKeeper replaced, or restored from an older backup — or from a hand.
         // Retrying would be fenced for ever.
         let msg = format!(
-            "{msg}, although this instance holds the lease (epoch {}) in ZooKeeper now: the stored epoch was written under another ZooKeeper ensemble (replaced, or restored from an older backup) or by hand; fix: make sure no instance still runs against the old ensemble, then reset the epoch: UPDATE <prefix>_checkpoint SET owner_epoch = 0 WHERE stream = '{}', and restart (see docs/ownership.md)",
+            "{msg}, although this instance holds the lease (epoch {}) in ZooKeeper now: the stored epoch was written under another ZooKeeper ensemble (replaced, or restored from an older backup) or by hand; fix: make sure no instance still runs against the old ensemble, then reset the epoch: UPDATE <prefix>_checkpoint SET owner_epoch = 0 WHERE stream = '{}', and restart (see docs/ownership.md; this halt does not clear by itself)",
             labels.lease.db_epoch(),
             labels.table
         );
-        halt(labels, metric_labels, &msg, stop).await;
+        halt_for_good(labels, metric_labels, &msg, stop).await;
         return;
     }
     stopped(labels, metric_labels);
@@ -635,8 +687,64 @@ async fn back_off(backoff: &mut Duration, stop: &mut watch::Receiver<bool>) {
     *backoff = (*backoff * 2).min(BACKOFF_MAX);
 }
 
-/// Logs the one ERROR of a halted shard-partition and waits for shutdown.
-async fn halt(
+/// A session halted (see [`crate::halt`]): the state says so with the reason, the ERROR is
+/// logged unless this reason was logged recently, and the task waits before its next attempt —
+/// or, for a missing topic, until the cluster's metadata shows it ready. Returns `false` when the
+/// process stops meanwhile.
+#[allow(clippy::too_many_arguments)]
+async fn halted(
+    labels: &StreamLabels,
+    metric_labels: &[(&'static str, String); 3],
+    msg: &str,
+    retry: &mut HaltRetry,
+    missing_topic: Option<&str>,
+    producer: &Producer,
+    stop: &mut watch::Receiver<bool>,
+) -> bool {
+    set_state(labels, metric_labels, state::HALTED, Some(msg));
+    let (log, wait) = retry.halted(msg, Instant::now());
+    let retry_in_s = wait.as_secs_f64();
+    if log {
+        tracing::error!(
+            "shard-partition {}/{} halted: {msg}; it retries by itself in {retry_in_s:.1} s, then less and less often (up to every {} min), so a fix in the database, the table or Kafka takes effect without a restart (a fix in the configuration file needs one); rows after this point wait",
+            labels.source,
+            labels.id,
+            HALT_RETRY_MAX.as_secs() / 60
+        );
+    } else {
+        tracing::debug!(error = %msg, attempt = retry.attempts(), retry_in_s, "still halted for the same reason");
+    }
+    let deadline = tokio::time::Instant::now() + wait;
+    loop {
+        let next_probe = match missing_topic {
+            Some(_) => (tokio::time::Instant::now() + retry.probe_every()).min(deadline),
+            None => deadline,
+        };
+        tokio::select! {
+            _ = tokio::time::sleep_until(next_probe) => {}
+            changed = stop.changed() => {
+                if changed.is_err() || *stop.borrow() {
+                    return false;
+                }
+                continue;
+            }
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return true;
+        }
+        if let Some(topic) = missing_topic
+            && producer.topic_ready(topic).await == Some(true)
+        {
+            // The topic's name is row data: not logged.
+            tracing::info!("the missing topic exists now; retrying");
+            return true;
+        }
+    }
+}
+
+/// Logs the one ERROR of a halted shard-partition that cannot clear by itself and waits for
+/// shutdown.
+async fn halt_for_good(
     labels: &StreamLabels,
     metric_labels: &[(&'static str, String); 3],
     msg: &str,

@@ -27,6 +27,7 @@ use tokio::sync::watch;
 
 use crate::ack::{AckTracker, TxnSeq};
 use crate::config::{BadRowPolicy, StreamSettings};
+use crate::halt::HaltPoint;
 use crate::lease::OwnerLease;
 use crate::metrics as m;
 use crate::names::StreamId;
@@ -119,6 +120,9 @@ struct Delivered {
     result: Result<(), KafkaError>,
     /// The record's topic when its delivery failed (see [`definite_unknown_topic`]).
     failed_topic: Option<String>,
+    /// The record's topic when the cluster did not show it ready before: an acknowledgement
+    /// confirms it.
+    confirms_topic: Option<String>,
     /// The record, kept only for a possible dead-letter copy.
     record: Option<Box<OutboxRecord>>,
 }
@@ -144,11 +148,57 @@ pub struct StreamMemory<P> {
     pub suspects: HashSet<i64>,
     /// The batch-refusal warning was logged.
     warned_batch_refusal: bool,
+    /// While the shard-partition retries a halt: where it halted (set by the runner). The
+    /// session sends that row alone and clears this once it is past it ([`HaltPoint`]).
+    pub halted: Option<HaltPoint>,
+    /// Where the last session halted, when the halt named a row (see [`Self::take_halt_point`]).
+    last_halt: Option<HaltPoint>,
+    /// Topics the cluster's metadata showed ready (or that took a record): their records go
+    /// out without waiting. Others are looked up once per session first.
+    topics_ok: HashSet<String>,
 }
+
+/// More distinct topics than this and [`StreamMemory::topics_ok`] starts over (each topic is
+/// then looked up once more).
+const TOPICS_REMEMBERED: usize = 10_000;
 
 impl<P> Default for StreamMemory<P> {
     fn default() -> Self {
-        Self { unfinished: None, suspects: HashSet::new(), warned_batch_refusal: false }
+        Self {
+            unfinished: None,
+            suspects: HashSet::new(),
+            warned_batch_refusal: false,
+            halted: None,
+            last_halt: None,
+            topics_ok: HashSet::new(),
+        }
+    }
+}
+
+impl<P> StreamMemory<P> {
+    /// Where the session that just halted stopped: its row and missing topic, when it named
+    /// them (a database error does not).
+    pub fn take_halt_point(&mut self) -> HaltPoint {
+        self.last_halt.take().unwrap_or_default()
+    }
+
+    /// The session is past the point of the halt it retried: the shard-partition streams again.
+    fn past_halt(&mut self, labels: &StreamLabels) {
+        if self.halted.take().is_some() {
+            crate::run::set_state(labels, &labels.metric_labels(), m::state::STREAMING, None);
+            tracing::info!("the cause of the halt is gone; streaming again");
+        }
+    }
+
+    /// Row `id` was acknowledged or skipped: past the halt if the halt named it.
+    fn past_halted_row(&mut self, labels: &StreamLabels, id: Option<i64>) {
+        if id.is_some() && self.halted.as_ref().is_some_and(|h| h.row == id) {
+            self.past_halt(labels);
+        }
+    }
+
+    fn is_halted_row(&self, id: i64) -> bool {
+        self.halted.as_ref().is_some_and(|h| h.row == Some(id))
     }
 }
 
@@ -164,6 +214,7 @@ pub async fn run_session<S: Source>(
     shutdown: &mut watch::Receiver<bool>,
     memory: &mut StreamMemory<S::Position>,
 ) -> Result<(), SessionError> {
+    memory.last_halt = None;
     if let Some((ids, upto)) = memory.unfinished.take() {
         match source.finish(&ids, upto.clone()).await {
             Ok(deleted) => {
@@ -173,6 +224,7 @@ pub async fn run_session<S: Source>(
                     "finished the acknowledged rows the last session could not delete"
                 );
                 counter!(m::DELETED_ROWS, &labels.metric_labels()).increment(deleted);
+                memory.past_halt(labels);
             }
             Err(e) => {
                 memory.unfinished = Some((ids, upto));
@@ -198,6 +250,7 @@ pub async fn run_session<S: Source>(
         sweep: Sweep::default(),
         metric_labels: labels.metric_labels(),
         position_header: S::POSITION_HEADER,
+        looked_up: HashSet::new(),
     };
     let result = s.main_loop(&mut source, shutdown).await;
     let drained = s.drain(&mut source, message_timeout).await;
@@ -231,6 +284,8 @@ struct Session<'a, P> {
     metric_labels: [(&'static str, String); 3],
     /// `outbox-lsn` or `outbox-gtid`.
     position_header: &'static str,
+    /// Topics whose metadata this session asked for (once each).
+    looked_up: HashSet<String>,
 }
 
 /// A row to copy to the dead-letter topic: its raw values and why.
@@ -330,6 +385,7 @@ impl<P: Clone + std::fmt::Display + Send + Sync + 'static> Session<'_, P> {
                         "row skipped as `outbox-streamer skip` asked; it is not published"
                     );
                     self.tracker.skipped(seq);
+                    self.memory.past_halted_row(self.labels, id);
                     return Ok(());
                 }
                 match row {
@@ -346,6 +402,10 @@ impl<P: Clone + std::fmt::Display + Send + Sync + 'static> Session<'_, P> {
                 if self.tracker.is_idle() && self.open.is_none() && self.deliveries.is_empty() {
                     source.confirm_idle(position.clone());
                     self.done = Some(position);
+                    // Nothing is pending up to here: a halt that named no row is behind.
+                    if self.memory.halted.as_ref().is_some_and(|h| h.row.is_none()) {
+                        self.memory.past_halt(self.labels);
+                    }
                 }
             }
             SourceEvent::Drained => {}
@@ -353,18 +413,21 @@ impl<P: Clone + std::fmt::Display + Send + Sync + 'static> Session<'_, P> {
         Ok(())
     }
 
-    /// Hands a record to Kafka. A record Kafka refused earlier while it travelled with others
-    /// (a suspect) goes alone: everything in flight settles first, then it is sent and its
-    /// verdict awaited before anything else.
+    /// Hands a record to Kafka. Some records go alone — everything in flight settles first,
+    /// then the record is sent and its verdict awaited before anything else: one Kafka refused
+    /// earlier while it travelled with others (a suspect), the row a halt being retried named,
+    /// and the first record to a topic the cluster's metadata does not show ready (a missing
+    /// topic then halts the stream with nothing after the row sent).
     async fn publish(&mut self, seq: TxnSeq, record: OutboxRecord) -> Result<(), SessionError> {
         self.labels.lease.check().map_err(SessionError::Revoked)?;
         let suspect = self.memory.suspects.contains(&record.id);
-        if suspect {
-            self.settle_all().await?;
-        }
+        let unconfirmed_topic = self.topic_unconfirmed(&record.topic).await;
+        let alone = suspect || self.memory.is_halted_row(record.id) || unconfirmed_topic;
         // Only a record nothing else is sent with until its verdict travels alone: records
         // enqueued after one can still join its batch.
-        let alone = suspect;
+        if alone {
+            self.settle_all().await?;
+        }
         let mut headers = record.headers.clone();
         self.stamp(&mut headers, record.id);
         let out = Outgoing {
@@ -376,14 +439,16 @@ impl<P: Clone + std::fmt::Display + Send + Sync + 'static> Session<'_, P> {
         };
         let weight = record.weight();
         let (id, created_at_micros) = (record.id, record.created_at_micros);
+        let confirms_topic = unconfirmed_topic.then(|| record.topic.clone());
         let lease = &self.labels.lease;
         let sent = self.producer.enqueue(&out, || lease.check()).await;
         self.tracker.sent(seq, id);
         self.in_flight_bytes += weight;
         // The record itself is kept only for a possible dead-letter copy.
-        let keep = (self.settings.on_bad_row == BadRowPolicy::DeadLetter).then(|| Box::new(record));
+        let dead_letter = self.settings.on_bad_row == BadRowPolicy::DeadLetter;
         match sent {
             Ok(fut) => {
+                let keep = dead_letter.then(|| Box::new(record));
                 self.deliveries.push(Box::pin(async move {
                     let (result, failed_topic) = match fut.await {
                         Ok(Ok(_)) => (Ok(()), None),
@@ -399,11 +464,12 @@ impl<P: Clone + std::fmt::Display + Send + Sync + 'static> Session<'_, P> {
                         alone,
                         result,
                         failed_topic,
+                        confirms_topic,
                         record: keep,
                     }
                 }));
                 self.update_gauges();
-                if suspect {
+                if alone {
                     self.settle_all().await?;
                 }
                 Ok(())
@@ -412,6 +478,9 @@ impl<P: Clone + std::fmt::Display + Send + Sync + 'static> Session<'_, P> {
             // Refused before it was queued (for example larger than message.max.bytes): it was
             // alone, so the verdict is final.
             Err(Refused::Kafka(e)) => {
+                // The topic names what a halt on an unknown topic waits for.
+                let failed_topic = Some(record.topic.clone());
+                let keep = dead_letter.then(|| Box::new(record));
                 let d = Delivered {
                     seq,
                     id,
@@ -419,7 +488,8 @@ impl<P: Clone + std::fmt::Display + Send + Sync + 'static> Session<'_, P> {
                     created_at_micros,
                     kind: Kind::Row,
                     alone: true,
-                    failed_topic: keep.as_ref().map(|r| r.topic.clone()),
+                    failed_topic,
+                    confirms_topic: None,
                     result: Err(e),
                     record: keep,
                 };
@@ -466,6 +536,10 @@ impl<P: Clone + std::fmt::Display + Send + Sync + 'static> Session<'_, P> {
         let e = match d.result {
             Ok(()) => {
                 self.tracker.acked(d.seq);
+                if let Some(topic) = d.confirms_topic {
+                    self.confirm_topic(topic);
+                }
+                self.memory.past_halted_row(self.labels, Some(d.id));
                 if d.kind == Kind::DeadLetter {
                     counter!(m::DEAD_LETTERED_RECORDS, &self.metric_labels).increment(1);
                 } else {
@@ -521,7 +595,18 @@ impl<P: Clone + std::fmt::Display + Send + Sync + 'static> Session<'_, P> {
                 headers: record.headers,
                 raw_headers: None,
             })),
-            _ => Err(self.halt(Some(d.id), &reason, hint(&e))),
+            _ => {
+                let halt = self.halt(Some(d.id), &reason, hint(&e));
+                if e.rdkafka_error_code() == Some(outbox_kafka::ErrorCode::UnknownTopic)
+                    && let Some(topic) = d.failed_topic
+                {
+                    self.memory.topics_ok.remove(&topic);
+                    if let Some(point) = &mut self.memory.last_halt {
+                        point.missing_topic = Some(topic);
+                    }
+                }
+                Err(halt)
+            }
         }
     }
 
@@ -555,6 +640,7 @@ impl<P: Clone + std::fmt::Display + Send + Sync + 'static> Session<'_, P> {
                         "a row the log holds in a form that cannot be published is no longer in the table; skipped"
                     );
                     self.tracker.skipped(seq);
+                    self.memory.past_halted_row(self.labels, Some(id));
                     Ok(())
                 }
                 Some(Ok(current)) => {
@@ -637,6 +723,7 @@ impl<P: Clone + std::fmt::Display + Send + Sync + 'static> Session<'_, P> {
                         alone: true,
                         result,
                         failed_topic: None,
+                        confirms_topic: None,
                         record: None,
                     }
                 }));
@@ -652,9 +739,36 @@ impl<P: Clone + std::fmt::Display + Send + Sync + 'static> Session<'_, P> {
         }
     }
 
-    fn halt(&self, id: Option<i64>, reason: &str, fix: &str) -> SessionError {
+    /// A halt at row `id` (if the halt is about one): the message, and where the next
+    /// session picks up (see [`StreamMemory::take_halt_point`]).
+    fn halt(&mut self, id: Option<i64>, reason: &str, fix: &str) -> SessionError {
+        self.memory.last_halt = Some(HaltPoint { row: id, ..HaltPoint::default() });
         let row = id.map_or_else(String::new, |id| format!("at row id={id} of {}: ", self.labels.table));
         SessionError::Halt(format!("{row}{reason}; fix: {fix}"))
+    }
+
+    /// Whether the cluster has not shown `topic` ready yet: looked up once per session until
+    /// it does (or a record to it is acknowledged). A metadata lookup that fails counts as
+    /// ready: Kafka unreachable ends the session anyway, and a record's own error still halts.
+    async fn topic_unconfirmed(&mut self, topic: &str) -> bool {
+        if self.memory.topics_ok.contains(topic) || !self.looked_up.insert(topic.to_string()) {
+            return false;
+        }
+        match self.producer.topic_ready(topic).await {
+            Some(true) => {
+                self.confirm_topic(topic.to_string());
+                false
+            }
+            Some(false) => true,
+            None => false,
+        }
+    }
+
+    fn confirm_topic(&mut self, topic: String) {
+        if self.memory.topics_ok.len() >= TOPICS_REMEMBERED {
+            self.memory.topics_ok.clear();
+        }
+        self.memory.topics_ok.insert(topic);
     }
 
     async fn cleanup<S: Source<Position = P>>(&mut self, source: &mut S) -> Result<(), SessionError> {
@@ -683,6 +797,11 @@ impl<P: Clone + std::fmt::Display + Send + Sync + 'static> Session<'_, P> {
         }
         self.done = Some(position);
         counter!(m::DELETED_ROWS, &self.metric_labels).increment(deleted);
+        // Rows published by this session and deleted: past the halt (a prefix of transactions
+        // without rows proves nothing — a retry first replays transactions published before).
+        if !ids.is_empty() {
+            self.memory.past_halt(self.labels);
+        }
         Ok(())
     }
 

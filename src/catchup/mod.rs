@@ -28,7 +28,7 @@ use tokio::sync::watch;
 
 use crate::config::StreamSettings;
 use crate::metrics as m;
-use crate::poll::{PollSettings, PollSource, PollTable};
+use crate::poll::{PollPosition, PollSettings, PollSource, PollTable};
 use crate::streamer::{SessionError, StreamLabels, StreamMemory, run_session};
 
 /// What a finished catch-up did.
@@ -47,6 +47,9 @@ pub struct Drain<'a> {
     pub producer: &'a Producer,
     pub message_timeout: Duration,
     pub stop: &'a mut watch::Receiver<bool>,
+    /// Kept by the task from one catch-up attempt to the next: the rows an attempt published
+    /// but could not delete are deleted first by the next, not sent again.
+    pub memory: &'a mut StreamMemory<PollPosition>,
 }
 
 impl Drain<'_> {
@@ -64,8 +67,7 @@ impl Drain<'_> {
             metric_labels: self.labels.metric_labels(),
         };
         let source = PollSource::new(reader, cleaner, settings);
-        let mut memory = StreamMemory::default();
-        run_session(self.labels, self.settings, source, self.producer, self.message_timeout, self.stop, &mut memory)
+        run_session(self.labels, self.settings, source, self.producer, self.message_timeout, self.stop, self.memory)
             .await?;
         if *self.stop.borrow() {
             return Ok(None);

@@ -3,6 +3,7 @@
 //! conditions with deadlines (never sleeps as synchronisation).
 
 pub mod kafka;
+pub mod metrics;
 pub mod mysql;
 pub mod pg;
 pub mod proxy;

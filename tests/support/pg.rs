@@ -50,36 +50,48 @@ pub async fn fresh_db() -> PgDb {
 }
 
 /// Slots of earlier test processes' databases pin WAL forever; drop them once per process.
-/// Each drop tolerates a slot that vanished or became active meanwhile.
+/// Only a test process that has ended leaves stale slots: a database is `t_<pid>_<n>`, and
+/// the slots of a process still running (another test run on the same services, whose halted
+/// stream has let go of its slot for a moment) are its own. Each drop tolerates a slot that
+/// vanished or became active meanwhile.
 async fn drop_stale_slots_once(root: &Client) {
     static DONE: tokio::sync::OnceCell<()> = tokio::sync::OnceCell::const_new();
     DONE.get_or_init(|| async {
-        let mine = format!("t\\_{}\\_%", std::process::id());
         let stale = root
             .query(
-                "SELECT slot_name FROM pg_replication_slots WHERE NOT active AND database LIKE 't\\_%' AND database NOT LIKE $1",
-                &[&mine],
+                "SELECT slot_name, database FROM pg_replication_slots WHERE NOT active AND database LIKE 't\\_%'",
+                &[],
             )
             .await
             .expect("listing stale test slots");
         for row in stale {
-            let slot: String = row.get(0);
-            let _ = root.execute("SELECT pg_drop_replication_slot($1)", &[&slot]).await;
+            let (slot, db): (String, String) = (row.get(0), row.get(1));
+            if of_an_ended_process(&db) {
+                let _ = root.execute("SELECT pg_drop_replication_slot($1)", &[&slot]).await;
+            }
         }
         // A prepared transaction left by a failed test makes every new logical slot wait for it.
         let prepared = root
-            .query(
-                "SELECT gid, database FROM pg_prepared_xacts WHERE database LIKE 't\\_%' AND database NOT LIKE $1",
-                &[&mine],
-            )
+            .query("SELECT gid, database FROM pg_prepared_xacts WHERE database LIKE 't\\_%'", &[])
             .await
             .expect("listing stale prepared transactions");
         for row in prepared {
             let (gid, db): (String, String) = (row.get(0), row.get(1));
-            roll_back_prepared(&with_database(&env("OUTBOX_PG_URL"), &db), &[gid]).await;
+            if of_an_ended_process(&db) {
+                roll_back_prepared(&with_database(&env("OUTBOX_PG_URL"), &db), &[gid]).await;
+            }
         }
     })
     .await;
+}
+
+/// Whether test database `t_<pid>_<n>` belongs to a process that is no longer running.
+fn of_an_ended_process(database: &str) -> bool {
+    let pid = database.strip_prefix("t_").and_then(|rest| rest.split('_').next()).and_then(|p| p.parse::<u32>().ok());
+    match pid {
+        Some(pid) => pid != std::process::id() && !std::path::Path::new(&format!("/proc/{pid}")).exists(),
+        None => false,
+    }
 }
 
 /// Rolls back two-phase transactions of one database (gone already: fine).

@@ -55,7 +55,7 @@ pub fn hint(err: &KafkaError) -> &'static str {
             "the record is larger than message.max.bytes; shrink the payload, raise the topic's max.message.bytes and the producer's message.max.bytes, or use on_bad_row = \"dead-letter\""
         }
         Some(C::UnknownTopic | C::InvalidTopic) => {
-            "the topic does not exist or is not a valid name; create it (auto-creation is off) or fix the row's topic"
+            "the topic does not exist or is not a valid name; create it (auto-creation is off; the stream then resumes by itself), or discard the row with `outbox-streamer skip --id` (a CDC stream sends the record as logged: changing the row in the table does not change it)"
         }
         Some(C::UnknownPartition) => {
             "kafka_partition is beyond the topic's partition count; fix the row or add partitions"

@@ -190,19 +190,30 @@ impl Producer {
     /// failed with it asks the cluster's metadata before calling the record undeliverable.
     /// `false` when the metadata cannot be read (the caller then retries).
     pub async fn topic_missing(&self, topic: &str) -> bool {
+        matches!(self.topic_error(topic).await, Some(Some(e)) if e == RDKafkaErrorCode::UnknownTopicOrPartition || e == RDKafkaErrorCode::UnknownTopic)
+    }
+
+    /// Whether the cluster's metadata shows `topic` with no error: `Some(false)` when it is
+    /// missing or refused (not authorised, no leader yet), `None` when the metadata cannot be
+    /// read. Asked before the first record to a topic, so that a record bound to fail is sent
+    /// alone and nothing after it goes out before its verdict.
+    pub async fn topic_ready(&self, topic: &str) -> Option<bool> {
+        self.topic_error(topic).await.map(|error| error.is_none())
+    }
+
+    /// The error the cluster's metadata reports for `topic` (`Some(None)`: none; a topic the
+    /// answer leaves out is unknown), or `None` when the metadata cannot be read within 5 s.
+    async fn topic_error(&self, topic: &str) -> Option<Option<RDKafkaErrorCode>> {
         let (producer, topic) = (self.inner.clone(), topic.to_string());
         let lookup = tokio::task::spawn_blocking(move || {
             let metadata = producer.client().fetch_metadata(Some(&topic), Duration::from_secs(5)).ok()?;
             let entry = metadata.topics().iter().find(|t| t.name() == topic).map(|t| t.error());
             Some(match entry {
-                None => true,
-                Some(error) => error.is_some_and(|e| {
-                    RDKafkaErrorCode::from(e) == RDKafkaErrorCode::UnknownTopicOrPartition
-                        || RDKafkaErrorCode::from(e) == RDKafkaErrorCode::UnknownTopic
-                }),
+                None => Some(RDKafkaErrorCode::UnknownTopic),
+                Some(error) => error.map(RDKafkaErrorCode::from),
             })
         });
-        matches!(lookup.await, Ok(Some(true)))
+        lookup.await.ok().flatten()
     }
 
     /// Records enqueued and not yet acknowledged or failed.

@@ -30,6 +30,7 @@ use std::collections::VecDeque;
 use mysql_async::Value;
 use mysql_async::binlog::events::{Event, EventData, RowsEventData, TableMapEvent};
 use mysql_async::binlog::value::BinlogValue;
+use mysql_async::consts::ColumnType;
 
 use crate::gtid::{Flavor, Position, TxnId, parse_mariadb_gtid};
 use crate::xa::{self, XaStatement, Xid};
@@ -244,8 +245,13 @@ impl Decoder {
                 for row in rows.rows(tme) {
                     let (_, after) = row.map_err(|e| Malformed(e.to_string()))?;
                     let Some(after) = after else { continue };
-                    let names: Vec<String> = after.columns_ref().iter().map(|c| c.name_str().into_owned()).collect();
-                    let values = names.into_iter().enumerate().map(|(i, name)| (name, cell(after.as_ref(i)))).collect();
+                    let columns: Vec<(String, ColumnType)> =
+                        after.columns_ref().iter().map(|c| (c.name_str().into_owned(), c.column_type())).collect();
+                    let values = columns
+                        .into_iter()
+                        .enumerate()
+                        .map(|(i, (name, kind))| (name, logged_cell(kind, after.as_ref(i))))
+                        .collect();
                     self.pending.push_back(values);
                 }
                 Ok(None)
@@ -322,6 +328,42 @@ fn is_binlog_name(name: &[u8]) -> bool {
         Some(dot) => dot + 1 < name.len() && name[dot + 1..].iter().all(u8::is_ascii_digit),
         None => false,
     }
+}
+
+/// A logged column value of type `kind` as a [`Cell`]. A `TIMESTAMP` is logged as seconds
+/// since the Unix epoch (UTC, whatever the session's or server's time zone), which the
+/// binlog decoder hands over as text (`"1700000000.123456"`) or, in the pre-5.6 format, as an
+/// integer: it becomes [`Cell::Micros`] like a `DATETIME`.
+fn logged_cell(kind: ColumnType, value: Option<&BinlogValue<'_>>) -> Cell {
+    match (kind, value) {
+        (ColumnType::MYSQL_TYPE_TIMESTAMP2 | ColumnType::MYSQL_TYPE_TIMESTAMP, Some(BinlogValue::Value(v))) => {
+            match v {
+                Value::Bytes(text) => timestamp_micros(text).map_or_else(|| cell_of(v), Cell::Micros),
+                Value::Int(0) => Cell::Null,
+                Value::Int(seconds) => Cell::Micros(seconds * 1_000_000),
+                _ => cell_of(v),
+            }
+        }
+        _ => cell(value),
+    }
+}
+
+/// `<seconds>[.<microseconds>]` of a logged `TIMESTAMP` as microseconds since the epoch.
+/// The decoder reads the 32 unsigned bits of the seconds as a signed number, so a time after
+/// 2038 (MariaDB 11.5+ allows up to 2106) arrives negative and is corrected. The zero
+/// timestamp (`0000-00-00 00:00:00`, logged as 0) is no time at all: `None`.
+pub(crate) fn timestamp_micros(text: &[u8]) -> Option<i64> {
+    let text = std::str::from_utf8(text).ok()?;
+    let (seconds, fraction) = text.split_once('.').unwrap_or((text, "0"));
+    let mut seconds: i64 = seconds.parse().ok()?;
+    if seconds < 0 {
+        seconds += 1 << 32;
+    }
+    if !(fraction.len() <= 6 && fraction.bytes().all(|b| b.is_ascii_digit())) {
+        return None;
+    }
+    let micros: i64 = format!("{fraction:0<6}").parse().ok()?;
+    (seconds != 0 || micros != 0).then_some(seconds * 1_000_000 + micros)
 }
 
 fn cell(value: Option<&BinlogValue<'_>>) -> Cell {

@@ -464,3 +464,62 @@ fn statement_logged_inserts_into_the_table_are_reported() {
     assert!(!writes_table("DELETE FROM outbox_0_0", "outbox_0_0"));
     assert!(writes_table("REPLACE outbox_0_0 VALUES (1)", "outbox_0_0"));
 }
+
+/// `outbox_0_0` (id BIGINT, created_at TIMESTAMP(6)) in database `app`, with column names.
+fn timestamp_table_map(log_pos: u32) -> Vec<u8> {
+    let mut b = TABLE_ID.to_le_bytes()[..6].to_vec();
+    b.extend_from_slice(&1u16.to_le_bytes());
+    lenenc_str(&mut b, "app");
+    b.push(0);
+    lenenc_str(&mut b, "outbox_0_0");
+    b.push(0);
+    b.push(2); // columns
+    b.extend_from_slice(&[8, 17]); // LONGLONG, TIMESTAMP2
+    b.extend_from_slice(&[1, 6]); // metadata: one byte, 6 fractional digits
+    b.push(0); // nothing nullable
+    let mut names = Vec::new();
+    for n in ["id", "created_at"] {
+        lenenc_str(&mut names, n);
+    }
+    b.push(4); // COLUMN_NAME
+    b.push(names.len() as u8);
+    b.extend_from_slice(&names);
+    event(0x13, log_pos, &b)
+}
+
+/// MariaDB logs a `TIMESTAMP(6)` as seconds since the epoch (big-endian) and microseconds,
+/// whatever the time zone; mysql_common hands it over as text. It must become microseconds
+/// since the epoch, or the end-to-end latency metric has nothing to measure.
+#[test]
+fn a_logged_timestamp_becomes_microseconds_since_the_epoch() {
+    let mut d = Decoder::new(
+        Flavor::MariaDb,
+        "app",
+        "outbox_0_0",
+        Position::from_stored(Flavor::MariaDb, Some("0-1-6"), "m.000001", 4).unwrap(),
+    );
+    let row = |id: i64, seconds: u32, micros: u32| {
+        let mut r = vec![0u8]; // null bitmap
+        r.extend_from_slice(&id.to_le_bytes());
+        r.extend_from_slice(&seconds.to_be_bytes());
+        r.extend_from_slice(&micros.to_be_bytes()[1..]);
+        r
+    };
+    let mut rows = TABLE_ID.to_le_bytes()[..6].to_vec();
+    rows.extend_from_slice(&1u16.to_le_bytes()); // STMT_END
+    rows.push(2);
+    rows.push(0b11);
+    for r in [row(1, 1_700_000_000, 123_456), row(2, 1_700_000_001, 0), row(3, 2_200_000_000, 7)] {
+        rows.extend_from_slice(&r);
+    }
+    let bytes = [mariadb_gtid(7, 0x0c, 100), timestamp_table_map(150), event(0x17, 200, &rows), xid(231)].concat();
+    let got: Vec<Cell> = inserted(&decode(&mut d, &bytes)).into_iter().map(|r| r[1].1.clone()).collect();
+    assert_eq!(
+        got,
+        [Cell::Micros(1_700_000_000_123_456), Cell::Micros(1_700_000_001_000_000), Cell::Micros(2_200_000_000_000_007)],
+        "after 2038 too"
+    );
+    assert_eq!(timestamp_micros(b"0"), None, "the zero timestamp is no time");
+    assert_eq!(timestamp_micros(b"12.5"), Some(12_500_000));
+    assert_eq!(timestamp_micros(b"x"), None);
+}
