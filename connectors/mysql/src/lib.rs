@@ -1,5 +1,5 @@
 //! MySQL/MariaDB for outbox-streamer: positions ([`gtid`]), event decoding ([`decode`]), the
-//! binlog session ([`binlog`]), schema and checks ([`setup`]).
+//! binlog session ([`binlog`]), schema and checks ([`setup`]) and their removal ([`teardown`]).
 //!
 //! # Server settings
 //!
@@ -13,6 +13,7 @@ pub mod cleanup;
 pub mod decode;
 pub mod gtid;
 pub mod setup;
+pub mod teardown;
 pub mod xa;
 
 pub use mysql_async;
