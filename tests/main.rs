@@ -23,5 +23,6 @@ mod postgres_faults;
 mod same_database;
 mod smoke;
 mod sweep;
+mod teardown;
 mod tls;
 mod workload;

@@ -1,8 +1,10 @@
-//! Command-line parsing and dispatch: `setup`, `run`, `status`, `bench`.
+//! Command-line parsing and dispatch: `setup`, `run`, `status`, `bench`, `skip`, `teardown`.
 
+mod admin;
 pub(crate) mod setup;
 mod skip;
 mod status;
+mod teardown;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -88,6 +90,10 @@ pub enum Command {
         #[arg(long)]
         backlog: bool,
     },
+    /// Remove what `setup` created — tables (only empty ones unless --drop-pending),
+    /// publications, this database's slots, checkpoint rows and table, the enqueue function —
+    /// and the cluster's ZooKeeper nodes. Says what it would do; --yes does it.
+    Teardown(teardown::TeardownArgs),
 }
 
 /// pgwire-replication logs every failed replication session at ERROR itself (a busy slot:
@@ -149,6 +155,7 @@ pub async fn execute(cli: Cli) -> anyhow::Result<ExitCode> {
             };
             skip::skip(&load()?, &stream, what).await
         }
+        Command::Teardown(args) => teardown::teardown(&load()?, args).await,
         Command::Bench(args) => {
             let mut failed = false;
             for report in crate::bench::bench_command(args).await? {
