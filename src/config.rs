@@ -28,7 +28,7 @@ use std::collections::{BTreeMap, HashSet};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use crate::names::StreamId;
 use crate::secret::SecretUrl;
@@ -266,7 +266,7 @@ fn default_partitions() -> u32 {
     DEFAULT_PARTITIONS
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Mode {
     /// Logical replication (PostgreSQL) or the binlog (MySQL/MariaDB).
@@ -275,7 +275,7 @@ pub enum Mode {
     Polling,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Compression {
     None,
@@ -298,7 +298,7 @@ impl Compression {
 }
 
 /// What happens to a row that can never become a Kafka record.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum BadRowPolicy {
     /// Stop this shard-partition with an error naming the row; the others keep running.
@@ -308,8 +308,8 @@ pub enum BadRowPolicy {
 }
 
 /// Settings of one shard-partition; in `defaults` or in an `override` that names a shard
-/// (and optionally a partition). Unset fields inherit.
-#[derive(Debug, Clone, Default, Deserialize)]
+/// (and optionally a partition). Unset fields inherit. Serialises to the keys it sets.
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct StreamOverrides {
     /// Only in `[[source.override]]`: the shard this applies to.
@@ -331,8 +331,9 @@ pub struct StreamOverrides {
     pub sweep_interval_ms: Option<u64>,
 }
 
-/// The resolved settings of one shard-partition.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// The resolved settings of one shard-partition; serialises with the keys of
+/// [`StreamOverrides`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct StreamSettings {
     pub mode: Mode,
     pub linger_ms: u64,
@@ -418,14 +419,29 @@ impl SourceConfig {
     /// shard-partition overrides.
     pub fn settings_for(&self, id: StreamId) -> StreamSettings {
         let mut s = StreamSettings::default();
-        s.apply(&self.defaults);
-        for o in self.overrides.iter().filter(|o| o.shard == Some(id.shard) && o.partition.is_none()) {
-            s.apply(o);
-        }
-        for o in self.overrides.iter().filter(|o| o.shard == Some(id.shard) && o.partition == Some(id.partition)) {
-            s.apply(o);
+        for (_, layer) in self.layers_for(id) {
+            s.apply(layer);
         }
         s
+    }
+
+    /// What sets shard-partition `id`'s settings over the built-in defaults, in the order it
+    /// applies, each named as in the file: `defaults`, then `override[i] (shard S)` for the
+    /// shard's overrides, then `override[i] (shard S, partition P)` for the shard-partition's.
+    pub fn layers_for(&self, id: StreamId) -> Vec<(String, &StreamOverrides)> {
+        let mut layers = vec![("defaults".to_string(), &self.defaults)];
+        for partition in [None, Some(id.partition)] {
+            for (i, o) in self.overrides.iter().enumerate() {
+                if o.shard == Some(id.shard) && o.partition == partition {
+                    let scope = match partition {
+                        None => format!("shard {}", id.shard),
+                        Some(p) => format!("shard {}, partition {p}", id.shard),
+                    };
+                    layers.push((format!("override[{i}] ({scope})"), o));
+                }
+            }
+        }
+        layers
     }
 
     /// The password from `password_env` or `password_file`, if either is set.
@@ -828,6 +844,12 @@ mod tests {
         assert_eq!((a.linger_ms, a.compression), (0, Compression::Zstd));
         let b = s.settings_for(StreamId { shard: 1, partition: 1 });
         assert_eq!((b.linger_ms, b.compression), (0, Compression::None));
+        let names = |shard, partition| -> Vec<String> {
+            s.layers_for(StreamId { shard, partition }).into_iter().map(|(name, _)| name).collect()
+        };
+        assert_eq!(names(0, 0), ["defaults"]);
+        assert_eq!(names(1, 0), ["defaults", "override[0] (shard 1)"]);
+        assert_eq!(names(1, 1), ["defaults", "override[0] (shard 1)", "override[1] (shard 1, partition 1)"]);
     }
 
     #[test]

@@ -6,6 +6,7 @@
 mod support;
 
 mod bad_rows;
+mod config_effective;
 mod coordination;
 mod examples;
 mod health;

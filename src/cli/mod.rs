@@ -1,6 +1,8 @@
-//! Command-line parsing and dispatch: `setup`, `run`, `status`, `bench`, `skip`, `teardown`.
+//! Command-line parsing and dispatch: `setup`, `run`, `status`, `bench`, `skip`, `teardown`,
+//! `config`.
 
 mod admin;
+mod effective;
 pub(crate) mod setup;
 mod skip;
 mod status;
@@ -94,6 +96,16 @@ pub enum Command {
     /// publications, this database's slots, checkpoint rows and table, the enqueue function —
     /// and the cluster's ZooKeeper nodes. Says what it would do; --yes does it.
     Teardown(teardown::TeardownArgs),
+    /// Check the configuration file; --effective prints every shard-partition's settings as they
+    /// apply (defaults, then overrides), secrets masked.
+    Config {
+        /// Print every setting, per shard-partition, with what set it.
+        #[arg(long)]
+        effective: bool,
+        /// JSON instead of TOML.
+        #[arg(long, requires = "effective")]
+        json: bool,
+    },
 }
 
 /// pgwire-replication logs every failed replication session at ERROR itself (a busy slot:
@@ -156,6 +168,14 @@ pub async fn execute(cli: Cli) -> anyhow::Result<ExitCode> {
             skip::skip(&load()?, &stream, what).await
         }
         Command::Teardown(args) => teardown::teardown(&load()?, args).await,
+        Command::Config { effective: false, .. } => {
+            effective::check(&load()?, &cli.config);
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Config { effective: true, json } => {
+            effective::effective(&load()?, &cli.config, json)?;
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Bench(args) => {
             let mut failed = false;
             for report in crate::bench::bench_command(args).await? {
