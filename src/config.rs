@@ -54,8 +54,14 @@ pub const MAX_PARTITIONS: u32 = 1024;
 /// An error in the configuration; names the setting and says what to do.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
-    #[error("cannot read config file {path}: {source}")]
-    Read { path: PathBuf, source: std::io::Error },
+    /// The cause is the error's source, not part of its message: callers print the chain.
+    #[error("cannot read config file {path}{hint}")]
+    Read {
+        path: PathBuf,
+        /// What to do when the file is not there.
+        hint: &'static str,
+        source: std::io::Error,
+    },
     #[error("config file {path}: {message}")]
     Parse { path: PathBuf, message: String },
     #[error("{field}: {message}")]
@@ -464,7 +470,14 @@ impl SourceConfig {
 impl Config {
     /// Reads, expands `${VAR}`, applies environment overrides and validates.
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.into(), source })?;
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.into(),
+            hint: match source.kind() {
+                std::io::ErrorKind::NotFound => " (give its path with --config FILE or OUTBOX_CONFIG)",
+                _ => "",
+            },
+            source,
+        })?;
         Self::from_toml(&text).map_err(|e| match e {
             ConfigError::Parse { message, .. } => ConfigError::Parse { path: path.into(), message },
             other => other,

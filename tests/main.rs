@@ -6,7 +6,7 @@
 mod support;
 
 mod bad_rows;
-mod config_effective;
+mod config_cli;
 mod coordination;
 mod examples;
 mod health;

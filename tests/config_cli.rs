@@ -1,5 +1,6 @@
-//! `outbox-streamer config --effective`: every shard-partition's settings as they apply, each
-//! override on its own shard-partitions only, and no secret in the output (TOML or JSON).
+//! The configuration file on the command line: `config --effective` shows every
+//! shard-partition's settings as they apply, each override on its own shard-partitions only,
+//! and no secret (TOML or JSON); a missing file is reported once, with the fix.
 
 use std::process::Command;
 
@@ -125,4 +126,16 @@ shards = 1
     assert_eq!(toml["source"][0]["stream"][2]["linger_ms"].as_integer(), Some(0));
     assert_eq!(toml["source"][0]["stream"][2]["shard"].as_integer(), Some(1));
     assert_eq!(toml["source"][0]["stream"][1]["linger_ms"].as_integer(), Some(10));
+}
+
+#[test]
+fn a_missing_config_file_is_reported_once_with_the_fix() {
+    let missing = scratch(&unique("missing")).join("nowhere.toml");
+    let out = Command::new(bin()).arg("--config").arg(&missing).arg("status").output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert_eq!(stderr.lines().count(), 1, "one line:\n{stderr}");
+    assert_eq!(stderr.matches("No such file or directory").count(), 1, "the cause once:\n{stderr}");
+    assert!(stderr.contains(&format!("cannot read config file {}", missing.display())), "{stderr}");
+    assert!(stderr.contains("--config FILE or OUTBOX_CONFIG"), "{stderr}");
 }
