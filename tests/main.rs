@@ -6,6 +6,7 @@
 mod support;
 
 mod bad_rows;
+mod bench;
 mod config_cli;
 mod coordination;
 mod examples;

@@ -19,14 +19,30 @@ use crate::config::Config;
 #[derive(Debug, Parser)]
 #[command(name = "outbox-streamer", version, about = "Streams transactional-outbox rows to Kafka in commit order")]
 pub struct Cli {
-    /// The TOML configuration file.
+    /// The TOML configuration file (`bench` reads none: it writes its own).
     #[arg(long, short, env = "OUTBOX_CONFIG", default_value = "outbox-streamer.toml", global = true)]
     pub config: PathBuf,
+    /// Whether `--config` or `OUTBOX_CONFIG` was given (set by [`Cli::parse_args`]).
+    #[arg(skip)]
+    pub config_given: bool,
     /// Log format on stderr.
     #[arg(long, value_enum, default_value_t = LogFormat::Text, global = true)]
     pub log_format: LogFormat,
     #[command(subcommand)]
     pub command: Command,
+}
+
+impl Cli {
+    /// Parses the process's arguments (exiting with clap's message on an error), noting whether
+    /// the configuration file was named or left at its default.
+    pub fn parse_args() -> Self {
+        use clap::{CommandFactory, FromArgMatches, parser::ValueSource};
+        let matches = Self::command().get_matches();
+        let mut cli = Self::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+        cli.config_given =
+            matches!(matches.value_source("config"), Some(ValueSource::CommandLine | ValueSource::EnvVariable));
+        cli
+    }
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -177,6 +193,11 @@ pub async fn execute(cli: Cli) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Bench(args) => {
+            if cli.config_given {
+                eprintln!(
+                    "note: bench ignores --config and OUTBOX_CONFIG: it creates its own database, login, topic and config from `scripts/services env`"
+                );
+            }
             let mut failed = false;
             for report in crate::bench::bench_command(args).await? {
                 let broken = report.lost + report.duplicated + report.out_of_order;
