@@ -72,13 +72,15 @@ impl Section {
 
     fn print(&self, options: Options) {
         println!("{}:", self.title);
-        if self.lines.iter().all(|l| matches!(l, Line::Note(_))) {
+        if self.count(false) + self.count(true) == 0 {
             println!("  nothing to tear down");
         }
         let (drop, leave) = if options.act { ("dropped", "left") } else { ("would drop", "would leave") };
         let list = |objects: &[Object]| objects.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ");
         for line in &self.lines {
             match line {
+                // What vanished between looking and dropping: nothing to say.
+                Line::Drop(objects) if objects.is_empty() => {}
                 Line::Drop(objects) => println!("  {drop} {}", list(objects)),
                 Line::Leave(objects, why) => println!("  {leave} {}: {why}", list(objects)),
                 Line::Note(note) => println!("  note: {note}"),
@@ -103,8 +105,16 @@ impl Section {
         }
     }
 
+    /// How many groups were (or would be) left, or dropped.
     fn count(&self, leave: bool) -> usize {
-        self.lines.iter().filter(|l| matches!(l, Line::Leave(..)) == leave && !matches!(l, Line::Note(_))).count()
+        self.lines
+            .iter()
+            .filter(|l| match l {
+                Line::Drop(objects) => !leave && !objects.is_empty(),
+                Line::Leave(..) => leave,
+                Line::Note(_) => false,
+            })
+            .count()
     }
 }
 
