@@ -28,7 +28,7 @@ use std::collections::{BTreeMap, HashSet};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use crate::names::StreamId;
 use crate::secret::SecretUrl;
@@ -56,8 +56,14 @@ pub const MAX_PARTITIONS: u32 = 1024;
 /// An error in the configuration; names the setting and says what to do.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
-    #[error("cannot read config file {path}: {source}")]
-    Read { path: PathBuf, source: std::io::Error },
+    /// The cause is the error's source, not part of its message: callers print the chain.
+    #[error("cannot read config file {path}{hint}")]
+    Read {
+        path: PathBuf,
+        /// What to do when the file is not there.
+        hint: &'static str,
+        source: std::io::Error,
+    },
     #[error("config file {path}: {message}")]
     Parse { path: PathBuf, message: String },
     #[error("{field}: {message}")]
@@ -312,7 +318,7 @@ fn default_partitions() -> u32 {
     DEFAULT_PARTITIONS
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Mode {
     /// Logical replication (PostgreSQL) or the binlog (MySQL/MariaDB).
@@ -321,7 +327,7 @@ pub enum Mode {
     Polling,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Compression {
     None,
@@ -344,7 +350,7 @@ impl Compression {
 }
 
 /// What happens to a row that can never become a Kafka record.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum BadRowPolicy {
     /// Stop this shard-partition with an error naming the row; the others keep running.
@@ -354,8 +360,8 @@ pub enum BadRowPolicy {
 }
 
 /// Settings of one shard-partition; in `defaults` or in an `override` that names a shard
-/// (and optionally a partition). Unset fields inherit.
-#[derive(Debug, Clone, Default, Deserialize)]
+/// (and optionally a partition). Unset fields inherit. Serialises to the keys it sets.
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct StreamOverrides {
     /// Only in `[[source.override]]`: the shard this applies to.
@@ -379,8 +385,9 @@ pub struct StreamOverrides {
     pub halt_retry_ms: Option<u64>,
 }
 
-/// The resolved settings of one shard-partition.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// The resolved settings of one shard-partition; serialises with the keys of
+/// [`StreamOverrides`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct StreamSettings {
     pub mode: Mode,
     pub linger_ms: u64,
@@ -471,14 +478,29 @@ impl SourceConfig {
     /// shard-partition overrides.
     pub fn settings_for(&self, id: StreamId) -> StreamSettings {
         let mut s = StreamSettings::default();
-        s.apply(&self.defaults);
-        for o in self.overrides.iter().filter(|o| o.shard == Some(id.shard) && o.partition.is_none()) {
-            s.apply(o);
-        }
-        for o in self.overrides.iter().filter(|o| o.shard == Some(id.shard) && o.partition == Some(id.partition)) {
-            s.apply(o);
+        for (_, layer) in self.layers_for(id) {
+            s.apply(layer);
         }
         s
+    }
+
+    /// What sets shard-partition `id`'s settings over the built-in defaults, in the order it
+    /// applies, each named as in the file: `defaults`, then `override[i] (shard S)` for the
+    /// shard's overrides, then `override[i] (shard S, partition P)` for the shard-partition's.
+    pub fn layers_for(&self, id: StreamId) -> Vec<(String, &StreamOverrides)> {
+        let mut layers = vec![("defaults".to_string(), &self.defaults)];
+        for partition in [None, Some(id.partition)] {
+            for (i, o) in self.overrides.iter().enumerate() {
+                if o.shard == Some(id.shard) && o.partition == partition {
+                    let scope = match partition {
+                        None => format!("shard {}", id.shard),
+                        Some(p) => format!("shard {}, partition {p}", id.shard),
+                    };
+                    layers.push((format!("override[{i}] ({scope})"), o));
+                }
+            }
+        }
+        layers
     }
 
     /// The password from `password_env` or `password_file`, if either is set.
@@ -501,7 +523,14 @@ impl SourceConfig {
 impl Config {
     /// Reads, expands `${VAR}`, applies environment overrides and validates.
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.into(), source })?;
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.into(),
+            hint: match source.kind() {
+                std::io::ErrorKind::NotFound => " (give its path with --config FILE or OUTBOX_CONFIG)",
+                _ => "",
+            },
+            source,
+        })?;
         Self::from_toml(&text).map_err(|e| match e {
             ConfigError::Parse { message, .. } => ConfigError::Parse { path: path.into(), message },
             other => other,
@@ -885,6 +914,12 @@ mod tests {
         assert_eq!((a.linger_ms, a.compression), (0, Compression::Zstd));
         let b = s.settings_for(StreamId { shard: 1, partition: 1 });
         assert_eq!((b.linger_ms, b.compression), (0, Compression::None));
+        let names = |shard, partition| -> Vec<String> {
+            s.layers_for(StreamId { shard, partition }).into_iter().map(|(name, _)| name).collect()
+        };
+        assert_eq!(names(0, 0), ["defaults"]);
+        assert_eq!(names(1, 0), ["defaults", "override[0] (shard 1)"]);
+        assert_eq!(names(1, 1), ["defaults", "override[0] (shard 1)", "override[1] (shard 1, partition 1)"]);
     }
 
     #[test]

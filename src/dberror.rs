@@ -55,7 +55,7 @@ pub struct ServerError {
 
 impl ServerError {
     /// The message with hint and (safe) detail, and the code: one line for a log.
-    fn describe(&self) -> String {
+    pub(crate) fn describe(&self) -> String {
         let mut text = self.message.clone();
         let data_error = matches!(&self.code, Code::SqlState(s) if s.starts_with("22") || s.starts_with("23"));
         if let Some(detail) = self.detail.as_deref().filter(|_| !data_error) {

@@ -225,10 +225,10 @@ fn stream_plans(source: &SourceConfig) -> Vec<(StreamLabels, StreamSettings, Str
 fn span(labels: &StreamLabels, names: &StreamNames, epoch: Option<i64>) -> tracing::Span {
     match epoch {
         Some(epoch) => {
-            tracing::info_span!("streamer", source = %labels.source, shard = labels.id.shard, partition = labels.id.partition, slot = %names.slot, epoch)
+            tracing::info_span!("streamer", source = %labels.source, shard = labels.id.shard, partition = labels.id.partition, table = %names.table, epoch)
         }
         None => {
-            tracing::info_span!("streamer", source = %labels.source, shard = labels.id.shard, partition = labels.id.partition, slot = %names.slot)
+            tracing::info_span!("streamer", source = %labels.source, shard = labels.id.shard, partition = labels.id.partition, table = %names.table)
         }
     }
 }

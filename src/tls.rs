@@ -19,12 +19,12 @@ use std::path::{Path, PathBuf};
 use outbox_mysql::mysql_async::{ClientIdentity, SslOpts};
 use outbox_postgres::tls::{PgTls, TlsMode as PgTlsMode};
 use outbox_zookeeper::ZkTls;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use crate::config::ConfigError;
 
 /// How much of the server's certificate is checked.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum TlsMode {
     /// Plaintext.
@@ -39,8 +39,8 @@ pub enum TlsMode {
     VerifyFull,
 }
 
-/// One `tls` table; see the module docs.
-#[derive(Debug, Clone, Default, Deserialize)]
+/// One `tls` table; see the module docs. It holds file names only, no secret.
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct TlsSettings {
     #[serde(default)]

@@ -7,6 +7,8 @@ mod support;
 
 mod accounts;
 mod bad_rows;
+mod bench;
+mod config_cli;
 mod coordination;
 mod examples;
 mod halt_retry;
@@ -27,5 +29,6 @@ mod same_database;
 mod smoke;
 mod status;
 mod sweep;
+mod teardown;
 mod tls;
 mod workload;

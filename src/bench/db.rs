@@ -1,6 +1,7 @@
 //! The database side of a bench run, for PostgreSQL or MariaDB: a fresh database and
 //! least-privilege streamer login, log bytes written, the server's CPU, and the writers.
 
+use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -53,20 +54,39 @@ impl HeldTxn {
     }
 }
 
-/// The run's own database and streamer login, dropped afterwards.
-#[derive(Debug, Clone)]
+/// The run's own database and streamer login, dropped afterwards. `Debug` shows no URL or
+/// password.
+#[derive(Clone)]
 pub struct BenchDb {
     pub kind: DbKind,
     root_url: String,
     name: String,
     pub admin_url: String,
-    pub streamer_url: String,
+    /// `scheme://user@host:port/database` of the streamer's login, without its password.
+    streamer_url: String,
+    /// The streamer login's password, kept out of files (see [`BenchDb::streamer_url_with`]).
+    pub streamer_password: String,
 }
 
 /// Ids per table in a multi-table run.
 const ID_RANGE: i64 = 1_000_000_000_000;
 /// Rows per transaction of a backlog.
 const BACKLOG_TXN_ROWS: usize = 10_000;
+
+impl std::fmt::Debug for BenchDb {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "BenchDb({:?} {})", self.kind, self.name)
+    }
+}
+
+/// 32 hex digits from the standard library's randomly keyed hasher: unguessable, and safe in a
+/// URL and in SQL quotes.
+fn random_password() -> String {
+    use std::hash::BuildHasher;
+    let state = std::collections::hash_map::RandomState::new();
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
+    format!("{:016x}{:016x}", state.hash_one(nanos), state.hash_one(std::process::id()))
+}
 
 fn split_url(url: &str) -> anyhow::Result<(&str, &str)> {
     let (base, _) = url.rsplit_once('/').context("the service URL ends with /database")?;
@@ -76,7 +96,7 @@ fn split_url(url: &str) -> anyhow::Result<(&str, &str)> {
 
 impl BenchDb {
     pub async fn create(kind: DbKind, root_url: &str, name: &str) -> anyhow::Result<Self> {
-        let password = format!("{name}-{}", u64::from(std::process::id()) * 7919);
+        let password = random_password();
         let (base, hostport) = split_url(root_url)?;
         let streamer_url = match kind {
             DbKind::Postgres => {
@@ -92,7 +112,7 @@ impl BenchDb {
                 ] {
                     root.batch_execute(&sql).await?;
                 }
-                format!("postgres://{name}_streamer:{password}@{hostport}/{name}")
+                format!("postgres://{name}_streamer@{hostport}/{name}")
             }
             DbKind::Mariadb => {
                 let mut root = my_connect(root_url).await.context("connecting as OUTBOX_MYSQL_URL")?;
@@ -106,7 +126,7 @@ impl BenchDb {
                     root.query_drop(sql).await?;
                 }
                 root.disconnect().await?;
-                format!("mysql://{name}_s:{password}@{hostport}/{name}")
+                format!("mysql://{name}_s@{hostport}/{name}")
             }
         };
         Ok(Self {
@@ -115,7 +135,53 @@ impl BenchDb {
             name: name.into(),
             admin_url: format!("{base}/{name}"),
             streamer_url,
+            streamer_password: password,
         })
+    }
+
+    /// The streamer's URL with `password` (a `${VAR}` reference, in a config file) after the
+    /// user name.
+    pub fn streamer_url_with(&self, password: &str) -> String {
+        match self.streamer_url.split_once('@') {
+            Some((user, rest)) => format!("{user}:{password}@{rest}"),
+            None => self.streamer_url.clone(),
+        }
+    }
+
+    /// Transactions ended so far in each other database of a PostgreSQL server (committed or
+    /// rolled back, from `pg_stat_database`); empty for MariaDB, which counts none per database.
+    pub async fn other_databases_transactions(&self) -> anyhow::Result<BTreeMap<String, i64>> {
+        if self.kind != DbKind::Postgres {
+            return Ok(BTreeMap::new());
+        }
+        let c = PgTarget::from_url(&self.admin_url, None)?.connect().await?;
+        let rows = c
+            .query(
+                "SELECT datname::text, xact_commit + xact_rollback FROM pg_stat_database
+                 WHERE datname IS NOT NULL AND datname <> $1",
+                &[&self.name],
+            )
+            .await?;
+        Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
+    }
+
+    /// The other databases of a MariaDB server with a session at work right now (not idle, not
+    /// a binlog reader, not the run's streamer); empty for PostgreSQL (see [`Self::other_databases_transactions`]).
+    pub async fn other_databases_busy(&self) -> anyhow::Result<Vec<String>> {
+        if self.kind != DbKind::Mariadb {
+            return Ok(Vec::new());
+        }
+        let mut c = my_connect(&self.admin_url).await?;
+        let busy: Vec<String> = c
+            .exec(
+                "SELECT DISTINCT coalesce(DB, '(no database)') FROM information_schema.PROCESSLIST
+                 WHERE COMMAND NOT IN ('Sleep', 'Daemon', 'Binlog Dump', 'Binlog Dump GTID')
+                   AND ID <> CONNECTION_ID() AND coalesce(DB, '') <> ? AND USER <> ?",
+                (&self.name, format!("{}_s", self.name)),
+            )
+            .await?;
+        c.disconnect().await?;
+        Ok(busy)
     }
 
     pub fn kind_str(&self) -> &'static str {

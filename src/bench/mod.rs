@@ -8,12 +8,19 @@
 //! 1,000 messages, WAL bytes per message, and lost / duplicated / out-of-commit-order counts.
 //!
 //! Reads `OUTBOX_PG_URL`, `OUTBOX_KAFKA_BROKERS` and `OUTBOX_SERVICES_DIR` (for the database
-//! server's pid) as `scripts/services env` prints them.
+//! server's pid) as `scripts/services env` prints them; the global `--config` is not read.
+//!
+//! A run leaves nothing behind: its database, login and topic are dropped at the end, and its
+//! streamer config and log live in a private temporary directory ([`private_dir`]) that is
+//! removed (a failed run keeps the log there and says where). The config file holds no
+//! password: the streamer reads it from its environment.
 
 mod charts;
 mod check;
 mod db;
 mod load;
+mod neighbours;
+mod private_dir;
 mod procstat;
 pub mod scenario;
 
@@ -32,9 +39,15 @@ use serde::Serialize;
 use crate::config::Config;
 use db::BenchDb;
 pub use db::{DbKind, HoldOpen};
+use private_dir::PrivateDir;
 
 /// Where the streamer under test serves its metrics; the report quotes its own latency view.
 const BENCH_METRICS_PORT: u16 = 29188;
+/// The environment variable the streamer under test reads its password from.
+const PASSWORD_VAR: &str = "OUTBOX_BENCH_STREAMER_PASSWORD";
+/// The streamer's config and log in the run's private directory.
+const CONFIG_FILE: &str = "outbox-streamer.toml";
+const STREAMER_LOG: &str = "streamer.log";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -130,6 +143,9 @@ pub struct Report {
     pub streamer_cpu_s: Option<f64>,
     pub streamer_peak_rss_mb: Option<f64>,
     pub db_cpu_s_per_1k: Option<f64>,
+    /// Other databases active on the server during the run, whose work `db_cpu_s_per_1k`
+    /// includes (see `bench/neighbours.rs`).
+    pub db_cpu_shared_with: Vec<String>,
     /// WAL (PostgreSQL) or binlog (MariaDB) bytes per message.
     pub wal_bytes_per_msg: f64,
     pub lost: usize,
@@ -218,6 +234,9 @@ fn write_suite(suite: &str, reports: &[Report], out: &Path) -> anyhow::Result<()
     for r in reports {
         md.push_str(&markdown_row(r));
     }
+    for r in reports.iter().filter(|r| !r.db_cpu_shared_with.is_empty()) {
+        md.push_str(&format!("\n\\* {}: {}\n", r.scenario, neighbours::note(&r.db_cpu_shared_with)));
+    }
     md.push_str("\n| load | CDC/polling msgs/s | CDC/polling p99 | CDC/polling DB CPU per msg | CDC/ceiling msgs/s |\n|---|---|---|---|---|\n");
     for (load, cdc, polling) in pairs(reports) {
         let ratio = |a: f64, b: f64| if b > 0.0 { format!("{:.2}", a / b) } else { "-".into() };
@@ -262,11 +281,24 @@ pub async fn bench(mut args: BenchArgs) -> anyhow::Result<Report> {
     let services_dir = PathBuf::from(env("OUTBOX_SERVICES_DIR")?);
 
     let run_id = format!("bench{}", std::process::id());
-    let dir = PathBuf::from("target/bench").join(&run_id);
-    std::fs::create_dir_all(&dir)?;
+    let mut dir = PrivateDir::create("outbox-bench").context("creating a private temporary directory")?;
     let db = BenchDb::create(args.db, &admin_url, &run_id).await?;
-    let result = run(&args, &brokers, &services_dir, &dir, &db, &run_id).await;
+    let topic = format!("{run_id}-{}", std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_secs());
+    let result = match outbox_kafka::admin::create_topic(&brokers, &topic, 3, 1).await {
+        Ok(()) => {
+            let result = run(&args, &brokers, &services_dir, &dir, &db, &run_id, &topic).await;
+            if let Err(e) = outbox_kafka::admin::delete_topic(&brokers, &topic).await {
+                eprintln!("warning: cannot delete the bench topic {topic}: {e}; delete it by hand");
+            }
+            result
+        }
+        Err(e) => Err(anyhow::Error::new(e).context("creating the bench topic")),
+    };
     db.drop().await;
+    if result.is_err() && dir.path().join(STREAMER_LOG).exists() {
+        let kept = dir.keep_without(&[CONFIG_FILE]);
+        eprintln!("the streamer's log is kept in {}", kept.join(STREAMER_LOG).display());
+    }
     let report = result?;
     if let Some(path) = &args.json {
         std::fs::write(path, serde_json::to_string_pretty(&report)?)
@@ -280,29 +312,29 @@ async fn run(
     args: &BenchArgs,
     brokers: &str,
     services_dir: &Path,
-    dir: &Path,
+    dir: &PrivateDir,
     db: &BenchDb,
     run_id: &str,
+    topic: &str,
 ) -> anyhow::Result<Report> {
-    let topic = format!("{run_id}-{}", std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_secs());
-    outbox_kafka::admin::create_topic(brokers, &topic, 3, 1).await.context("creating the bench topic")?;
-    let config_path = dir.join("outbox-streamer.toml");
-    std::fs::write(
-        &config_path,
-        format!(
-            "[kafka]\nbrokers = \"{brokers}\"\n\n[metrics]\nlisten = \"127.0.0.1:{metrics_port}\"\n\n[[source]]\nname = \"bench\"\nkind = \"{kind}\"\n\
+    let topic = topic.to_string();
+    // The password stays out of the file: `${VAR}` is expanded from the streamer's environment.
+    let config_text = format!(
+        "[kafka]\nbrokers = \"{brokers}\"\n\n[metrics]\nlisten = \"127.0.0.1:{metrics_port}\"\n\n[[source]]\nname = \"bench\"\nkind = \"{kind}\"\n\
              url = \"{url}\"\ntable_prefix = \"{run_id}\"\nshards = 1\npartitions = {p}\n\n\
              [source.defaults]\nlinger_ms = {linger}\nstatus_interval_ms = 100\nmode = \"{mode}\"\n{cleanup}",
-            kind = db.kind_str(),
-            url = db.streamer_url,
-            p = args.partitions,
-            linger = args.linger_ms,
-            metrics_port = BENCH_METRICS_PORT,
-            mode = if args.mode == BenchMode::Polling { "polling" } else { "cdc" },
-            cleanup = args.cleanup_interval_ms.map_or_else(String::new, |ms| format!("cleanup_interval_ms = {ms}\n")),
-        ),
-    )?;
-    let config = Config::load(&config_path)?;
+        kind = db.kind_str(),
+        url = db.streamer_url_with(&format!("${{{PASSWORD_VAR}}}")),
+        p = args.partitions,
+        linger = args.linger_ms,
+        metrics_port = BENCH_METRICS_PORT,
+        mode = if args.mode == BenchMode::Polling { "polling" } else { "cdc" },
+        cleanup = args.cleanup_interval_ms.map_or_else(String::new, |ms| format!("cleanup_interval_ms = {ms}\n")),
+    );
+    let config_path = dir.write(CONFIG_FILE, &config_text).context("writing the streamer's config")?;
+    let config = Config::from_toml_with(&config_text, &|name| {
+        if name == PASSWORD_VAR { Some(db.streamer_password.clone()) } else { std::env::var(name).ok() }
+    })?;
     let admin = crate::cli::setup::AdminLogin { url: &db.admin_url, password: None };
     crate::cli::setup::setup(&config, false, Some(admin), &[]).await?;
     let tables: Vec<String> = (0..args.partitions).map(|p| format!("{run_id}_0_{p}")).collect();
@@ -328,11 +360,12 @@ async fn run(
     let stop_checker = Arc::new(AtomicBool::new(false));
     let consumed = Arc::new(AtomicUsize::new(0));
     if args.mode != BenchMode::Ceiling {
-        let log = std::fs::File::create(dir.join("streamer.log"))?;
+        let log = dir.file(STREAMER_LOG)?;
         let child = Command::new(std::env::current_exe()?)
             .arg("--config")
             .arg(&config_path)
             .arg("run")
+            .env(PASSWORD_VAR, &db.streamer_password)
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
@@ -357,6 +390,7 @@ async fn run(
         None => None,
     };
     let db_cpu_before = db.server_cpu(services_dir);
+    let mut neighbours = neighbours::Neighbours::start(db).await;
     let wal_before = if backlog.is_some() { backlog_wal_before } else { db.log_bytes().await? };
     let db = Arc::new(db.clone());
     let txn_rate = (args.rate > 0).then(|| args.rate as f64 / args.rows_per_txn as f64 / args.writers as f64);
@@ -382,6 +416,7 @@ async fn run(
     let tty = std::io::IsTerminal::is_terminal(&std::io::stderr());
     while writers.iter().any(|w| !w.is_finished()) {
         tick.tick().await;
+        neighbours.sample(&db).await;
         if !tty {
             continue;
         }
@@ -424,6 +459,7 @@ async fn run(
         streamer_cpu_s: None,
         streamer_peak_rss_mb: None,
         db_cpu_s_per_1k: None,
+        db_cpu_shared_with: Vec::new(),
         wal_bytes_per_msg: (wal_after - wal_before) as f64 / committed.len().max(1) as f64,
         lost: 0,
         duplicated: 0,
@@ -452,6 +488,7 @@ async fn run(
         let deadline = Instant::now() + Duration::from_secs(if backlog_run { 900 } else { 120 });
         while consumed.load(Ordering::Relaxed) < committed.len() + warmup && Instant::now() < deadline {
             tick.tick().await;
+            neighbours.sample(&db).await;
             if !tty {
                 continue;
             }
@@ -507,6 +544,7 @@ async fn run(
     if let (Some(before), Some(after)) = (db_cpu_before, db.server_cpu(services_dir)) {
         report.db_cpu_s_per_1k = Some((after - before) / (committed.len().max(1) as f64 / 1000.0));
     }
+    report.db_cpu_shared_with = neighbours.finish(&db).await;
     if streamer.is_some() {
         report.streamer_latency_buckets = scrape(crate::metrics::END_TO_END_LATENCY)
             .await
@@ -572,7 +610,7 @@ async fn warm_up(
     while consumed.load(Ordering::Relaxed) < WARMUP_ROWS {
         tick.tick().await;
         if Instant::now() > deadline {
-            bail!("warm-up rows did not arrive within 60 s; see the streamer log under target/bench/");
+            bail!("warm-up rows did not arrive within 60 s; see the streamer's log");
         }
     }
     Ok(WARMUP_ROWS)
@@ -616,13 +654,16 @@ async fn wait_streaming(admin_url: &str, prefix: &str, partitions: u32) -> anyho
             return Ok(());
         }
         if Instant::now() > deadline {
-            bail!("the streamer did not start streaming within 60 s; see target/bench/{prefix}/streamer.log");
+            bail!("the streamer did not start streaming within 60 s; see the streamer's log");
         }
     }
 }
 
 fn print_markdown(r: &Report) {
     print!("{}{}", markdown_header(), markdown_row(r));
+    if !r.db_cpu_shared_with.is_empty() {
+        println!("\n\\* {}", neighbours::note(&r.db_cpu_shared_with));
+    }
 }
 
 fn markdown_header() -> String {
@@ -653,7 +694,7 @@ fn markdown_row(r: &Report) -> String {
         latency(r.latency_max_ms),
         opt(r.streamer_cpu_s, 2),
         opt(r.streamer_peak_rss_mb, 0),
-        opt(r.db_cpu_s_per_1k, 3),
+        opt(r.db_cpu_s_per_1k, 3) + if r.db_cpu_shared_with.is_empty() { "" } else { " \\*" },
         r.wal_bytes_per_msg,
         opt(r.poll_query_mean_ms, 2),
         r.lost,

@@ -1,8 +1,12 @@
-//! Command-line parsing and dispatch: `setup`, `run`, `status`, `bench`.
+//! Command-line parsing and dispatch: `setup`, `run`, `status`, `bench`, `skip`, `teardown`,
+//! `config`.
 
+mod admin;
+mod effective;
 pub(crate) mod setup;
 mod skip;
 mod status;
+mod teardown;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -15,14 +19,30 @@ use crate::config::Config;
 #[derive(Debug, Parser)]
 #[command(name = "outbox-streamer", version, about = "Streams transactional-outbox rows to Kafka in commit order")]
 pub struct Cli {
-    /// The TOML configuration file.
+    /// The TOML configuration file (`bench` reads none: it writes its own).
     #[arg(long, short, env = "OUTBOX_CONFIG", default_value = "outbox-streamer.toml", global = true)]
     pub config: PathBuf,
+    /// Whether `--config` or `OUTBOX_CONFIG` was given (set by [`Cli::parse_args`]).
+    #[arg(skip)]
+    pub config_given: bool,
     /// Log format on stderr.
     #[arg(long, value_enum, default_value_t = LogFormat::Text, global = true)]
     pub log_format: LogFormat,
     #[command(subcommand)]
     pub command: Command,
+}
+
+impl Cli {
+    /// Parses the process's arguments (exiting with clap's message on an error), noting whether
+    /// the configuration file was named or left at its default.
+    pub fn parse_args() -> Self {
+        use clap::{CommandFactory, FromArgMatches, parser::ValueSource};
+        let matches = Self::command().get_matches();
+        let mut cli = Self::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+        cli.config_given =
+            matches!(matches.value_source("config"), Some(ValueSource::CommandLine | ValueSource::EnvVariable));
+        cli
+    }
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -113,6 +133,20 @@ pub enum Command {
         #[arg(long)]
         backlog: bool,
     },
+    /// Remove what `setup` created — tables (only empty ones unless --drop-pending),
+    /// publications, this database's slots, checkpoint rows and table, the enqueue function —
+    /// and the cluster's ZooKeeper nodes. Says what it would do; --yes does it.
+    Teardown(teardown::TeardownArgs),
+    /// Check the configuration file; --effective prints every shard-partition's settings as they
+    /// apply (defaults, then overrides), secrets masked.
+    Config {
+        /// Print every setting, per shard-partition, with what set it.
+        #[arg(long)]
+        effective: bool,
+        /// JSON instead of TOML.
+        #[arg(long, requires = "effective")]
+        json: bool,
+    },
 }
 
 /// pgwire-replication logs every failed replication session at ERROR itself (a busy slot:
@@ -191,7 +225,21 @@ pub async fn execute(cli: Cli) -> anyhow::Result<ExitCode> {
             };
             skip::skip(&load()?, &stream, what).await
         }
+        Command::Teardown(args) => teardown::teardown(&load()?, args).await,
+        Command::Config { effective: false, .. } => {
+            effective::check(&load()?, &cli.config);
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Config { effective: true, json } => {
+            effective::effective(&load()?, &cli.config, json)?;
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Bench(args) => {
+            if cli.config_given {
+                eprintln!(
+                    "note: bench ignores --config and OUTBOX_CONFIG: it creates its own database, login, topic and config from `scripts/services env`"
+                );
+            }
             let mut failed = false;
             for report in crate::bench::bench_command(args).await? {
                 let broken = report.lost + report.duplicated + report.out_of_order;

@@ -1,4 +1,5 @@
-//! Topic administration for the benchmark and tools (the streamer itself never creates topics).
+//! Topic administration for the benchmark and tools (the streamer itself never creates or
+//! deletes topics).
 
 use std::time::Duration;
 
@@ -17,6 +18,19 @@ pub async fn create_topic(brokers: &str, topic: &str, partitions: i32, replicati
     for result in admin.create_topics([&new], &opts).await? {
         match result {
             Ok(_) | Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
+            Err((_, code)) => return Err(KafkaError::AdminOp(code)),
+        }
+    }
+    Ok(())
+}
+
+/// Deletes `topic`; a topic that does not exist is fine.
+pub async fn delete_topic(brokers: &str, topic: &str) -> Result<(), KafkaError> {
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new().set("bootstrap.servers", brokers).create()?;
+    let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(30)));
+    for result in admin.delete_topics(&[topic], &opts).await? {
+        match result {
+            Ok(_) | Err((_, RDKafkaErrorCode::UnknownTopicOrPartition)) => {}
             Err((_, code)) => return Err(KafkaError::AdminOp(code)),
         }
     }

@@ -1,5 +1,5 @@
 //! MySQL/MariaDB for outbox-streamer: positions ([`gtid`]), event decoding ([`decode`]), the
-//! binlog session ([`binlog`]), schema and checks ([`setup`]).
+//! binlog session ([`binlog`]), schema and checks ([`setup`]) and their removal ([`teardown`]).
 //!
 //! # Server settings
 //!
@@ -14,6 +14,7 @@ pub mod decode;
 pub mod gtid;
 pub mod privileges;
 pub mod setup;
+pub mod teardown;
 pub mod xa;
 
 pub use mysql_async;

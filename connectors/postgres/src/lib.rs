@@ -1,6 +1,6 @@
-//! PostgreSQL for outbox-streamer: the schema objects and checks (`setup`), the logical
-//! replication stream decoded into outbox changes (`stream`, `pgoutput`, `values`), and the
-//! plain SQL the streamer runs beside it (`cleanup`, `slot`).
+//! PostgreSQL for outbox-streamer: the schema objects and checks (`setup`) and their removal
+//! (`teardown`), the logical replication stream decoded into outbox changes (`stream`,
+//! `pgoutput`, `values`), and the plain SQL the streamer runs beside it (`cleanup`, `slot`).
 //!
 //! # Replication
 //!
@@ -32,6 +32,7 @@ pub mod privileges;
 pub mod setup;
 pub mod slot;
 pub mod stream;
+pub mod teardown;
 pub mod tls;
 pub mod values;
 

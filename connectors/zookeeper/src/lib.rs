@@ -16,6 +16,7 @@
 pub mod lease;
 pub mod members;
 pub mod paths;
+pub mod teardown;
 
 pub use zookeeper_client as zk;
 
