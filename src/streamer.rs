@@ -41,6 +41,11 @@ pub const OWNER_EPOCH_HEADER: &str = "outbox-owner-epoch";
 /// How long a stopping session keeps reading to reach the commit of the transaction it is in.
 const FINISH_OPEN_TXN: Duration = Duration::from_secs(2);
 
+/// How often a session with nothing to clean up wakes to check its lease (a lost one ends the
+/// session, which frees the slot for the next owner). With rows to clean up it wakes every
+/// `cleanup_interval_ms`; an idle stream costs no timer ticks beyond this.
+const IDLE_LEASE_CHECK: Duration = Duration::from_millis(250);
+
 /// Who this loop streams for: labels for logs, metrics and headers.
 #[derive(Debug, Clone)]
 pub struct StreamLabels {
@@ -308,8 +313,11 @@ impl<P: Clone + std::fmt::Display + Send + Sync + 'static> Session<'_, P> {
         source: &mut S,
         shutdown: &mut watch::Receiver<bool>,
     ) -> Result<(), SessionError> {
-        let mut cleanup = tokio::time::interval(Duration::from_millis(self.settings.cleanup_interval_ms));
-        cleanup.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let cleanup_every = Duration::from_millis(self.settings.cleanup_interval_ms);
+        let idle_check = IDLE_LEASE_CHECK.max(cleanup_every);
+        let mut last_cleanup = tokio::time::Instant::now();
+        let cleanup = tokio::time::sleep_until(last_cleanup + idle_check);
+        tokio::pin!(cleanup);
         let sweep_every = Duration::from_millis(self.settings.sweep_interval_ms);
         let mut sweep = tokio::time::interval_at(tokio::time::Instant::now() + sweep_every, sweep_every);
         sweep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -324,6 +332,11 @@ impl<P: Clone + std::fmt::Display + Send + Sync + 'static> Session<'_, P> {
                 if self.open.is_none() || tokio::time::Instant::now() >= deadline {
                     return Ok(());
                 }
+            }
+            // The cleanup timer runs fast only while a prefix waits to be deleted.
+            let due = last_cleanup + if self.tracker.has_ready() { cleanup_every } else { idle_check };
+            if cleanup.deadline() != due {
+                cleanup.as_mut().reset(due);
             }
             // Priorities: 1 shutdown, 2 Kafka acknowledgements, 3 cleanup, 4 the sweep (between
             // transactions only), 5 new changes.
@@ -340,7 +353,8 @@ impl<P: Clone + std::fmt::Display + Send + Sync + 'static> Session<'_, P> {
                 Some(d) = self.deliveries.next(), if !self.deliveries.is_empty() => {
                     self.settle_one(d).await?;
                 }
-                _ = cleanup.tick() => {
+                _ = &mut cleanup => {
+                    last_cleanup = tokio::time::Instant::now();
                     self.cleanup(source).await?;
                 }
                 _ = sweep.tick(), if S::SWEEPS && self.open.is_none() && finish_by.is_none() => {
