@@ -255,6 +255,12 @@ pub async fn run_session<S: Source>(
         sweep: Sweep::default(),
         metric_labels: labels.metric_labels(),
         position_header: S::POSITION_HEADER,
+        stamp_values: StampValues {
+            shard: labels.id.shard.to_string(),
+            partition: labels.id.partition.to_string(),
+            epoch: labels.lease.epoch().map(|e| e.to_string()),
+        },
+        hot: HotMetrics::new(&labels.metric_labels()),
         looked_up: HashSet::new(),
     };
     let result = s.main_loop(&mut source, shutdown).await;
@@ -289,8 +295,40 @@ struct Session<'a, P> {
     metric_labels: [(&'static str, String); 3],
     /// `outbox-lsn` or `outbox-gtid`.
     position_header: &'static str,
+    stamp_values: StampValues,
+    hot: HotMetrics,
     /// Topics whose metadata this session asked for (once each).
     looked_up: HashSet<String>,
+}
+
+/// Header values that stay the same for a whole session, formatted once.
+struct StampValues {
+    shard: String,
+    partition: String,
+    /// The owner epoch under ZooKeeper coordination (fixed for the task's lease).
+    epoch: Option<String>,
+}
+
+/// The metrics touched for every record, registered once per session: each `counter!` with
+/// labels otherwise clones the labels and looks the series up again.
+struct HotMetrics {
+    published: metrics::Counter,
+    dead_lettered: metrics::Counter,
+    latency: metrics::Histogram,
+    in_flight_records: metrics::Gauge,
+    in_flight_bytes: metrics::Gauge,
+}
+
+impl HotMetrics {
+    fn new(labels: &[(&'static str, String); 3]) -> Self {
+        Self {
+            published: counter!(m::PUBLISHED_RECORDS, labels),
+            dead_lettered: counter!(m::DEAD_LETTERED_RECORDS, labels),
+            latency: histogram!(m::END_TO_END_LATENCY, labels),
+            in_flight_records: gauge!(m::IN_FLIGHT_RECORDS, labels),
+            in_flight_bytes: gauge!(m::IN_FLIGHT_BYTES, labels),
+        }
+    }
 }
 
 /// A row to copy to the dead-letter topic: its raw values and why.
@@ -442,14 +480,15 @@ impl<P: Clone + std::fmt::Display + Send + Sync + 'static> Session<'_, P> {
         if alone {
             self.settle_all().await?;
         }
-        let mut headers = record.headers.clone();
-        self.stamp(&mut headers, record.id);
+        let id_text = record.id.to_string();
+        let stamp = self.stamp(&id_text);
         let out = Outgoing {
             topic: &record.topic,
             key: record.key.as_deref(),
             payload: record.payload.as_deref(),
             partition: record.kafka_partition,
-            headers: &headers,
+            headers: &record.headers,
+            stamp: &stamp,
         };
         let weight = record.weight();
         let (id, created_at_micros) = (record.id, record.created_at_micros);
@@ -512,15 +551,19 @@ impl<P: Clone + std::fmt::Display + Send + Sync + 'static> Session<'_, P> {
         }
     }
 
-    /// The streamer's own headers, after the row's: id, shard-partition, position, epoch.
-    fn stamp(&self, headers: &mut Vec<(String, Vec<u8>)>, id: i64) {
-        headers.push(("outbox-id".into(), id.to_string().into_bytes()));
-        headers.push(("outbox-shard".into(), self.labels.id.shard.to_string().into_bytes()));
-        headers.push(("outbox-partition".into(), self.labels.id.partition.to_string().into_bytes()));
-        headers.push((self.position_header.into(), self.label.clone().into_bytes()));
-        if let Some(epoch) = self.labels.lease.epoch() {
-            headers.push((OWNER_EPOCH_HEADER.into(), epoch.to_string().into_bytes()));
+    /// The streamer's own headers, sent after the row's: id, shard-partition, position,
+    /// epoch — borrowed from values formatted once per session (`id` is the row's, formatted
+    /// by the caller).
+    fn stamp<'s>(&'s self, id: &'s str) -> Vec<(&'static str, &'s [u8])> {
+        let mut stamp = Vec::with_capacity(5);
+        stamp.push(("outbox-id", id.as_bytes()));
+        stamp.push(("outbox-shard", self.stamp_values.shard.as_bytes()));
+        stamp.push(("outbox-partition", self.stamp_values.partition.as_bytes()));
+        stamp.push((self.position_header, self.label.as_bytes()));
+        if let Some(epoch) = &self.stamp_values.epoch {
+            stamp.push((OWNER_EPOCH_HEADER, epoch.as_bytes()));
         }
+        stamp
     }
 
     /// Handles one settled delivery, and the dead-letter copy it may call for.
@@ -555,9 +598,9 @@ impl<P: Clone + std::fmt::Display + Send + Sync + 'static> Session<'_, P> {
                 }
                 self.memory.past_halted_row(self.labels, Some(d.id));
                 if d.kind == Kind::DeadLetter {
-                    counter!(m::DEAD_LETTERED_RECORDS, &self.metric_labels).increment(1);
+                    self.hot.dead_lettered.increment(1);
                 } else {
-                    counter!(m::PUBLISHED_RECORDS, &self.metric_labels).increment(1);
+                    self.hot.published.increment(1);
                 }
                 if d.alone && self.memory.suspects.contains(&d.id) && !self.memory.warned_batch_refusal {
                     self.memory.warned_batch_refusal = true;
@@ -568,7 +611,7 @@ impl<P: Clone + std::fmt::Display + Send + Sync + 'static> Session<'_, P> {
                 }
                 if let Some(created) = d.created_at_micros {
                     let now = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |t| t.as_micros() as i64);
-                    histogram!(m::END_TO_END_LATENCY, &self.metric_labels).record((now - created).max(0) as f64 / 1e6);
+                    self.hot.latency.record((now - created).max(0) as f64 / 1e6);
                 }
                 return Ok(None);
             }
@@ -708,13 +751,15 @@ impl<P: Clone + std::fmt::Display + Send + Sync + 'static> Session<'_, P> {
         if let Some(raw) = copy.raw_headers {
             headers.push(("outbox-original-headers".into(), raw));
         }
-        self.stamp(&mut headers, copy.id);
+        let id_text = copy.id.to_string();
+        let stamp = self.stamp(&id_text);
         let out = Outgoing {
             topic: &topic,
             key: copy.key.as_deref(),
             payload: copy.payload.as_deref(),
             partition: None,
             headers: &headers,
+            stamp: &stamp,
         };
         let weight = 64 + copy.key.as_ref().map_or(0, Vec::len) + copy.payload.as_ref().map_or(0, Vec::len);
         let lease = &self.labels.lease;
@@ -924,8 +969,8 @@ impl<P: Clone + std::fmt::Display + Send + Sync + 'static> Session<'_, P> {
     }
 
     fn update_gauges(&self) {
-        gauge!(m::IN_FLIGHT_RECORDS, &self.metric_labels).set(self.deliveries.len() as f64);
-        gauge!(m::IN_FLIGHT_BYTES, &self.metric_labels).set(self.in_flight_bytes as f64);
+        self.hot.in_flight_records.set(self.deliveries.len() as f64);
+        self.hot.in_flight_bytes.set(self.in_flight_bytes as f64);
     }
 }
 

@@ -62,6 +62,9 @@ pub struct Outgoing<'a> {
     pub payload: Option<&'a [u8]>,
     pub partition: Option<i32>,
     pub headers: &'a [(String, Vec<u8>)],
+    /// Headers sent after `headers` (the streamer's own), borrowed so that none is copied
+    /// before librdkafka copies them all.
+    pub stamp: &'a [(&'a str, &'a [u8])],
 }
 
 /// The topic of a record whose delivery failed.
@@ -295,9 +298,12 @@ impl Producer {
         rec: &Outgoing<'_>,
         may_send: impl Fn() -> Result<(), String>,
     ) -> Result<DeliveryFuture, Refused> {
-        let mut headers = OwnedHeaders::new_with_capacity(rec.headers.len());
+        let mut headers = OwnedHeaders::new_with_capacity(rec.headers.len() + rec.stamp.len());
         for (k, v) in rec.headers {
             headers = headers.insert(Header { key: k, value: Some(v.as_slice()) });
+        }
+        for (k, v) in rec.stamp {
+            headers = headers.insert(Header { key: k, value: Some(*v) });
         }
         let (reply, delivered) = oneshot::channel();
         let mut record: BaseRecord<'_, [u8], [u8], Box<oneshot::Sender<DeliveryResultOwned>>> =
@@ -394,7 +400,7 @@ mod tests {
             properties: [("queue.buffering.max.messages".to_string(), "1".to_string())].into(),
         };
         let producer = Producer::new(&settings).unwrap();
-        let rec = Outgoing { topic: "t", key: None, payload: Some(b"p"), partition: Some(0), headers: &[] };
+        let rec = Outgoing { topic: "t", key: None, payload: Some(b"p"), partition: Some(0), headers: &[], stamp: &[] };
         let _first = producer.enqueue(&rec, || Ok(())).await.expect("room for one");
         let checks = AtomicUsize::new(0);
         let refused = producer
