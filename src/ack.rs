@@ -112,11 +112,6 @@ impl<P> AckTracker<P> {
     pub fn is_idle(&self) -> bool {
         self.txns.is_empty() && self.ready_position.is_none()
     }
-
-    /// Records handed to the producer and not yet acknowledged.
-    pub fn outstanding(&self) -> usize {
-        self.txns.iter().map(|t| t.outstanding).sum()
-    }
 }
 
 #[cfg(test)]

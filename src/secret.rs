@@ -9,6 +9,7 @@ use serde::{Deserialize, Deserializer};
 pub struct SecretUrl(String);
 
 impl SecretUrl {
+    #[cfg(test)]
     pub fn new(url: impl Into<String>) -> Self {
         Self(url.into())
     }

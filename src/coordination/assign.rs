@@ -1,15 +1,6 @@
 //! Balanced assignment, computed by every instance from the same member list: no instance
 //! tells another what to do, each takes or gives up leases to reach its own quota.
 
-/// How many of `total` shard-partitions the member at `rank` (0 = oldest) of `members`
-/// should own: `total / members`, plus one for the oldest `total % members` members.
-pub fn quota(total: usize, members: usize, rank: usize) -> usize {
-    if members == 0 {
-        return 0;
-    }
-    total / members + usize::from(rank < total % members)
-}
-
 /// The order in which the member at `rank` prefers shard-partitions: its own stripe
 /// (`i % members == rank`) first, so instances rarely contend for the same free lease, and
 /// gives up the least preferred first.
@@ -75,20 +66,6 @@ mod tests {
         let sizes: Vec<usize> = plan(6, &sets).iter().map(Vec::len).collect();
         assert_eq!(sizes.iter().sum::<usize>(), 6);
         assert!(sizes.iter().max().unwrap() - sizes.iter().min().unwrap() <= 1, "{sizes:?}");
-    }
-
-    #[test]
-    fn quotas_add_up_and_differ_by_at_most_one() {
-        for total in 0..20 {
-            for members in 1..8 {
-                let quotas: Vec<usize> = (0..members).map(|r| quota(total, members, r)).collect();
-                assert_eq!(quotas.iter().sum::<usize>(), total, "{total} over {members}");
-                assert!(quotas.iter().max().unwrap() - quotas.iter().min().unwrap() <= 1);
-            }
-        }
-        assert_eq!(quota(6, 3, 2), 2);
-        assert_eq!((0..4).map(|r| quota(6, 4, r)).collect::<Vec<_>>(), vec![2, 2, 1, 1]);
-        assert_eq!(quota(6, 0, 0), 0);
     }
 
     #[test]
