@@ -9,7 +9,7 @@
 use std::collections::VecDeque;
 
 /// Sequence number of a transaction within one streamer session.
-pub type TxnSeq = u64;
+pub(crate) type TxnSeq = u64;
 
 #[derive(Debug)]
 struct Txn<P> {
@@ -21,7 +21,7 @@ struct Txn<P> {
 
 /// Transactions in commit order with their outstanding acknowledgements.
 #[derive(Debug)]
-pub struct AckTracker<P> {
+pub(crate) struct AckTracker<P> {
     txns: VecDeque<Txn<P>>,
     /// Sequence number of `txns[0]`.
     front: TxnSeq,
@@ -36,18 +36,18 @@ impl<P> Default for AckTracker<P> {
 }
 
 impl<P> AckTracker<P> {
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Self { txns: VecDeque::new(), front: 0, ready_ids: Vec::new(), ready_position: None }
     }
 
     /// Opens the next transaction and returns its sequence number.
-    pub fn begin(&mut self) -> TxnSeq {
+    pub(crate) fn begin(&mut self) -> TxnSeq {
         self.txns.push_back(Txn { ids: Vec::new(), outstanding: 0, position: None });
         self.front + self.txns.len() as TxnSeq - 1
     }
 
     /// Notes a record of the open transaction that was handed to the producer.
-    pub fn sent(&mut self, seq: TxnSeq, id: i64) {
+    pub(crate) fn sent(&mut self, seq: TxnSeq, id: i64) {
         let txn = self.txn_mut(seq);
         txn.ids.push(id);
         txn.outstanding += 1;
@@ -55,18 +55,18 @@ impl<P> AckTracker<P> {
 
     /// Notes a row of the open transaction that needs no publishing but must be deleted
     /// (a dead-lettered row, once its dead-letter record is acknowledged, uses `sent`).
-    pub fn skipped(&mut self, seq: TxnSeq) {
+    pub(crate) fn skipped(&mut self, seq: TxnSeq) {
         let _ = self.txn_mut(seq);
     }
 
     /// The source committed transaction `seq` at `position`.
-    pub fn commit(&mut self, seq: TxnSeq, position: P) {
+    pub(crate) fn commit(&mut self, seq: TxnSeq, position: P) {
         self.txn_mut(seq).position = Some(position);
         self.collect();
     }
 
     /// Kafka acknowledged one record of transaction `seq`.
-    pub fn acked(&mut self, seq: TxnSeq) {
+    pub(crate) fn acked(&mut self, seq: TxnSeq) {
         let txn = self.txn_mut(seq);
         assert!(txn.outstanding > 0, "more acks than records for transaction {seq}");
         txn.outstanding -= 1;
@@ -92,24 +92,24 @@ impl<P> AckTracker<P> {
     }
 
     /// Rows of complete transactions not yet taken.
-    pub fn ready_rows(&self) -> usize {
+    pub(crate) fn ready_rows(&self) -> usize {
         self.ready_ids.len()
     }
 
     /// True when a complete prefix waits to be deleted and checkpointed.
-    pub fn has_ready(&self) -> bool {
+    pub(crate) fn has_ready(&self) -> bool {
         self.ready_position.is_some()
     }
 
     /// Takes the complete prefix: its row ids and the position of its last transaction.
-    pub fn take_ready(&mut self) -> Option<(Vec<i64>, P)> {
+    pub(crate) fn take_ready(&mut self) -> Option<(Vec<i64>, P)> {
         let position = self.ready_position.take()?;
         Some((std::mem::take(&mut self.ready_ids), position))
     }
 
     /// True when no transaction is open or waiting and nothing is ready: every change seen
     /// so far is published, deleted and checkpointed.
-    pub fn is_idle(&self) -> bool {
+    pub(crate) fn is_idle(&self) -> bool {
         self.txns.is_empty() && self.ready_position.is_none()
     }
 }

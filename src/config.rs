@@ -34,24 +34,24 @@ use crate::names::StreamId;
 use crate::secret::SecretUrl;
 use crate::tls::TlsSettings;
 
-pub const DEFAULT_SHARDS: u32 = 2;
-pub const DEFAULT_PARTITIONS: u32 = 1;
-pub const DEFAULT_TABLE_PREFIX: &str = "outbox";
-pub const DEFAULT_BROKERS: &str = "127.0.0.1:9092";
-pub const DEFAULT_MESSAGE_TIMEOUT_MS: u64 = 30_000;
-pub const DEFAULT_LINGER_MS: u64 = 5;
-pub const DEFAULT_COMPRESSION: Compression = Compression::Lz4;
-pub const DEFAULT_MAX_IN_FLIGHT_BYTES: u64 = 64 * 1024 * 1024;
-pub const DEFAULT_CLEANUP_INTERVAL_MS: u64 = 20;
-pub const DEFAULT_CLEANUP_MAX_ROWS: usize = 10_000;
-pub const DEFAULT_STATUS_INTERVAL_MS: u64 = 1_000;
-pub const DEFAULT_POLL_BATCH: u32 = 1024;
-pub const DEFAULT_POLL_INTERVAL_MS: u64 = 25;
-pub const DEFAULT_SWEEP_INTERVAL_MS: u64 = 30_000;
+pub(crate) const DEFAULT_SHARDS: u32 = 2;
+pub(crate) const DEFAULT_PARTITIONS: u32 = 1;
+pub(crate) const DEFAULT_TABLE_PREFIX: &str = "outbox";
+pub(crate) const DEFAULT_BROKERS: &str = "127.0.0.1:9092";
+pub(crate) const DEFAULT_MESSAGE_TIMEOUT_MS: u64 = 30_000;
+pub(crate) const DEFAULT_LINGER_MS: u64 = 5;
+pub(crate) const DEFAULT_COMPRESSION: Compression = Compression::Lz4;
+pub(crate) const DEFAULT_MAX_IN_FLIGHT_BYTES: u64 = 64 * 1024 * 1024;
+pub(crate) const DEFAULT_CLEANUP_INTERVAL_MS: u64 = 20;
+pub(crate) const DEFAULT_CLEANUP_MAX_ROWS: usize = 10_000;
+pub(crate) const DEFAULT_STATUS_INTERVAL_MS: u64 = 1_000;
+pub(crate) const DEFAULT_POLL_BATCH: u32 = 1024;
+pub(crate) const DEFAULT_POLL_INTERVAL_MS: u64 = 25;
+pub(crate) const DEFAULT_SWEEP_INTERVAL_MS: u64 = 30_000;
 /// The first wait before a halted shard-partition tries again; it doubles up to 5 minutes.
-pub const DEFAULT_HALT_RETRY_MS: u64 = 30_000;
-pub const MAX_SHARDS: u32 = 1024;
-pub const MAX_PARTITIONS: u32 = 1024;
+pub(crate) const DEFAULT_HALT_RETRY_MS: u64 = 30_000;
+pub(crate) const MAX_SHARDS: u32 = 1024;
+pub(crate) const MAX_PARTITIONS: u32 = 1024;
 
 /// An error in the configuration; names the setting and says what to do.
 #[derive(Debug, thiserror::Error)]
@@ -76,7 +76,7 @@ fn invalid(field: impl Into<String>, message: impl Into<String>) -> ConfigError 
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct Config {
+pub(crate) struct Config {
     #[serde(default)]
     pub kafka: KafkaConfig,
     #[serde(default)]
@@ -89,7 +89,7 @@ pub struct Config {
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct KafkaConfig {
+pub(crate) struct KafkaConfig {
     #[serde(default = "default_brokers")]
     pub brokers: String,
     /// How long librdkafka retries one record before the streamer resends from its last
@@ -110,7 +110,7 @@ pub struct KafkaConfig {
 impl KafkaConfig {
     /// `properties` with `sasl.password` filled from `sasl_password_env` or `sasl_password_file`
     /// and the `ssl.*` properties of `tls`.
-    pub fn producer_properties(&self) -> Result<BTreeMap<String, String>, ConfigError> {
+    pub(crate) fn producer_properties(&self) -> Result<BTreeMap<String, String>, ConfigError> {
         let mut properties = self.properties.clone();
         if let Some(tls) = &self.tls {
             properties.extend(tls.kafka_properties(&self.properties));
@@ -160,7 +160,7 @@ fn default_message_timeout_ms() -> u64 {
 
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct MetricsConfig {
+pub(crate) struct MetricsConfig {
     /// Address of the Prometheus endpoint (`/metrics`); keep it on loopback or a private network.
     pub listen: Option<SocketAddr>,
     /// `/readyz` answers 200 while a shard-partition is halted (off: a halt is not ready).
@@ -174,7 +174,7 @@ pub struct MetricsConfig {
 impl MetricsConfig {
     /// Where `status` may ask this instance for its streams: `advertise`, else `listen` (this
     /// host's name in place of an unspecified address such as `0.0.0.0`).
-    pub fn advertised_address(&self) -> Option<String> {
+    pub(crate) fn advertised_address(&self) -> Option<String> {
         if let Some(advertise) = &self.advertise {
             return Some(advertise.clone());
         }
@@ -216,7 +216,7 @@ fn hostname() -> String {
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct CoordinationConfig {
+pub(crate) struct CoordinationConfig {
     /// Required so a config names its coordinator; ZooKeeper is the only kind today.
     #[expect(dead_code, reason = "one kind exists; the field keeps configs explicit for the next")]
     pub kind: CoordinationKind,
@@ -245,7 +245,7 @@ pub struct CoordinationConfig {
 
 impl CoordinationConfig {
     /// The configured instance name, or `<hostname>-<pid>`.
-    pub fn instance_name(&self) -> String {
+    pub(crate) fn instance_name(&self) -> String {
         self.instance.clone().unwrap_or_else(|| format!("{}-{}", hostname(), std::process::id()))
     }
 }
@@ -258,7 +258,7 @@ fn default_root() -> String {
     "/outbox-streamer".into()
 }
 
-pub const DEFAULT_SESSION_TIMEOUT_MS: u64 = 10_000;
+pub(crate) const DEFAULT_SESSION_TIMEOUT_MS: u64 = 10_000;
 
 fn default_session_timeout_ms() -> u64 {
     DEFAULT_SESSION_TIMEOUT_MS
@@ -266,20 +266,20 @@ fn default_session_timeout_ms() -> u64 {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "lowercase")]
-pub enum CoordinationKind {
+pub(crate) enum CoordinationKind {
     Zookeeper,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "lowercase")]
-pub enum SourceKind {
+pub(crate) enum SourceKind {
     Postgres,
     Mysql,
 }
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct SourceConfig {
+pub(crate) struct SourceConfig {
     /// A short label for logs, metrics and `status`.
     pub name: String,
     pub kind: SourceKind,
@@ -322,7 +322,7 @@ fn default_partitions() -> u32 {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "lowercase")]
-pub enum Mode {
+pub(crate) enum Mode {
     /// Logical replication (PostgreSQL) or the binlog (MySQL/MariaDB).
     Cdc,
     /// `SELECT … ORDER BY id LIMIT n` → publish → `DELETE`.
@@ -331,7 +331,7 @@ pub enum Mode {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "lowercase")]
-pub enum Compression {
+pub(crate) enum Compression {
     None,
     Gzip,
     Snappy,
@@ -340,7 +340,7 @@ pub enum Compression {
 }
 
 impl Compression {
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Compression::None => "none",
             Compression::Gzip => "gzip",
@@ -354,7 +354,7 @@ impl Compression {
 /// What happens to a row that can never become a Kafka record.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "kebab-case")]
-pub enum BadRowPolicy {
+pub(crate) enum BadRowPolicy {
     /// Stop this shard-partition with an error naming the row; the others keep running.
     Halt,
     /// Publish the row to `dead_letter_topic` with the reason in headers, then go on.
@@ -365,7 +365,7 @@ pub enum BadRowPolicy {
 /// (and optionally a partition). Unset fields inherit. Serialises to the keys it sets.
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
-pub struct StreamOverrides {
+pub(crate) struct StreamOverrides {
     /// Only in `[[source.override]]`: the shard this applies to.
     pub shard: Option<u32>,
     /// Only in `[[source.override]]`: narrows it to one partition of that shard.
@@ -390,7 +390,7 @@ pub struct StreamOverrides {
 /// The resolved settings of one shard-partition; serialises with the keys of
 /// [`StreamOverrides`].
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct StreamSettings {
+pub(crate) struct StreamSettings {
     pub mode: Mode,
     pub linger_ms: u64,
     pub compression: Compression,
@@ -472,13 +472,13 @@ impl StreamSettings {
 
 impl SourceConfig {
     /// The names of shard-partition `id`'s table, publication and slot (see `names.rs`).
-    pub fn stream_names(&self, id: StreamId) -> crate::names::StreamNames {
+    pub(crate) fn stream_names(&self, id: StreamId) -> crate::names::StreamNames {
         crate::names::stream_names(&self.table_prefix, self.slot_prefix.as_deref(), id)
     }
 
     /// The settings of one shard-partition: defaults, then shard overrides, then
     /// shard-partition overrides.
-    pub fn settings_for(&self, id: StreamId) -> StreamSettings {
+    pub(crate) fn settings_for(&self, id: StreamId) -> StreamSettings {
         let mut s = StreamSettings::default();
         for (_, layer) in self.layers_for(id) {
             s.apply(layer);
@@ -489,7 +489,7 @@ impl SourceConfig {
     /// What sets shard-partition `id`'s settings over the built-in defaults, in the order it
     /// applies, each named as in the file: `defaults`, then `override[i] (shard S)` for the
     /// shard's overrides, then `override[i] (shard S, partition P)` for the shard-partition's.
-    pub fn layers_for(&self, id: StreamId) -> Vec<(String, &StreamOverrides)> {
+    pub(crate) fn layers_for(&self, id: StreamId) -> Vec<(String, &StreamOverrides)> {
         let mut layers = vec![("defaults".to_string(), &self.defaults)];
         for partition in [None, Some(id.partition)] {
             for (i, o) in self.overrides.iter().enumerate() {
@@ -506,7 +506,7 @@ impl SourceConfig {
     }
 
     /// The password from `password_env` or `password_file`, if either is set.
-    pub fn password(&self) -> Result<Option<String>, ConfigError> {
+    pub(crate) fn password(&self) -> Result<Option<String>, ConfigError> {
         let field = |f: &str| format!("source[{}].{f}", self.name);
         if let Some(var) = &self.password_env {
             return std::env::var(var)
@@ -524,7 +524,7 @@ impl SourceConfig {
 
 impl Config {
     /// Reads, expands `${VAR}`, applies environment overrides and validates.
-    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+    pub(crate) fn load(path: &Path) -> Result<Self, ConfigError> {
         let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
             path: path.into(),
             hint: match source.kind() {
@@ -539,7 +539,7 @@ impl Config {
         })
     }
 
-    pub fn from_toml(text: &str) -> Result<Self, ConfigError> {
+    pub(crate) fn from_toml(text: &str) -> Result<Self, ConfigError> {
         Self::from_toml_with(text, &|name| std::env::var(name).ok())
     }
 
@@ -549,7 +549,7 @@ impl Config {
     /// only, so a value can neither break the file's syntax nor add keys. Errors say where
     /// (line and column, a setting's name) but never quote the file's text or a value read
     /// from the environment: either may be a password.
-    pub fn from_toml_with(text: &str, env: &dyn Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
+    pub(crate) fn from_toml_with(text: &str, env: &dyn Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
         let table: toml::Table = text.parse().map_err(|e| parse_error(text, &e))?;
         let mut expanded = table.clone();
         let mut replaced = Vec::new();
@@ -591,7 +591,7 @@ impl Config {
     }
 
     /// Checks every setting; the error names the first bad field.
-    pub fn validate(&self) -> Result<(), ConfigError> {
+    pub(crate) fn validate(&self) -> Result<(), ConfigError> {
         let brokers: Vec<&str> = self.kafka.brokers.split(',').map(str::trim).collect();
         if brokers.iter().any(|b| b.is_empty() || b.contains(|c: char| c.is_whitespace() || c.is_control())) {
             return Err(invalid(

@@ -10,7 +10,7 @@ use crate::config::SourceConfig;
 
 /// The PostgreSQL target of `source`, or of `url` (an admin URL given on the command line,
 /// with its own password) on the same server with the source's TLS settings.
-pub fn pg_target(source: &SourceConfig, url: Option<&str>) -> anyhow::Result<PgTarget> {
+pub(crate) fn pg_target(source: &SourceConfig, url: Option<&str>) -> anyhow::Result<PgTarget> {
     match url {
         Some(url) => pg_admin_target(source, url, None),
         None => pg_with_tls(
@@ -22,7 +22,7 @@ pub fn pg_target(source: &SourceConfig, url: Option<&str>) -> anyhow::Result<PgT
 }
 
 /// The admin login `url` (with `password` when the URL has none) with `source`'s TLS.
-pub fn pg_admin_target(source: &SourceConfig, url: &str, password: Option<&str>) -> anyhow::Result<PgTarget> {
+pub(crate) fn pg_admin_target(source: &SourceConfig, url: &str, password: Option<&str>) -> anyhow::Result<PgTarget> {
     pg_with_tls(source, PgTarget::from_url(url, password)?)
 }
 
@@ -34,7 +34,7 @@ fn pg_with_tls(source: &SourceConfig, target: PgTarget) -> anyhow::Result<PgTarg
 }
 
 /// The MySQL/MariaDB options of `source`, or of `url` as in [`pg_target`].
-pub fn mysql_opts(source: &SourceConfig, url: Option<&str>) -> anyhow::Result<Opts> {
+pub(crate) fn mysql_opts(source: &SourceConfig, url: Option<&str>) -> anyhow::Result<Opts> {
     match url {
         Some(url) => mysql_admin_opts(source, url, None),
         None => Ok(mysql_with_tls(
@@ -46,7 +46,7 @@ pub fn mysql_opts(source: &SourceConfig, url: Option<&str>) -> anyhow::Result<Op
 }
 
 /// The admin login `url` (with `password` when given) with `source`'s TLS settings.
-pub fn mysql_admin_opts(source: &SourceConfig, url: &str, password: Option<&str>) -> anyhow::Result<Opts> {
+pub(crate) fn mysql_admin_opts(source: &SourceConfig, url: &str, password: Option<&str>) -> anyhow::Result<Opts> {
     Ok(mysql_with_tls(source, mysql_url(url, password)?))
 }
 
@@ -55,7 +55,7 @@ fn mysql_with_tls(source: &SourceConfig, opts: Opts) -> Opts {
 }
 
 /// Connection options of a MySQL/MariaDB URL, with the password from the config if given.
-pub fn mysql_url(url: &str, password: Option<&str>) -> anyhow::Result<Opts> {
+pub(crate) fn mysql_url(url: &str, password: Option<&str>) -> anyhow::Result<Opts> {
     let opts = Opts::from_url(url).map_err(|e| {
         anyhow::anyhow!(
             "invalid MySQL URL ({}): expected mysql://user:password@host:port/database",
@@ -74,7 +74,7 @@ pub fn mysql_url(url: &str, password: Option<&str>) -> anyhow::Result<Opts> {
 
 /// Opens a MySQL/MariaDB session; a failure is one line naming the server and login, with
 /// what to change where the server's own message does not say it.
-pub async fn mysql_connect(opts: &Opts) -> anyhow::Result<Conn> {
+pub(crate) async fn mysql_connect(opts: &Opts) -> anyhow::Result<Conn> {
     Conn::new(opts.clone()).await.map_err(|e| {
         anyhow::anyhow!(
             "connecting to {}:{} as {}: {}",
@@ -87,7 +87,7 @@ pub async fn mysql_connect(opts: &Opts) -> anyhow::Result<Conn> {
 }
 
 /// `e` in one line (mysql_async repeats its cause in both message and source) with a hint.
-pub fn mysql_connect_message(e: &MyError) -> String {
+pub(crate) fn mysql_connect_message(e: &MyError) -> String {
     let mut innermost: &dyn std::error::Error = e;
     while let Some(cause) = innermost.source() {
         innermost = cause;

@@ -84,14 +84,14 @@ pub trait Classify {
 /// Which connection failed: a 42501 on the replication connection is the missing
 /// REPLICATION attribute, on the SQL session a missing grant.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Channel {
+pub(crate) enum Channel {
     Sql,
     Replication,
 }
 
 /// What a server code means for a shard-partition.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Class {
+pub(crate) enum Class {
     Transient,
     Busy,
     Definite(Remedy),
@@ -99,7 +99,7 @@ pub enum Class {
 
 /// What an operator must change; rendered with the failing stream's [`Scope`] by [`Remedy::fix`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Remedy {
+pub(crate) enum Remedy {
     /// The password was refused.
     Password,
     /// The login is not admitted at all (pg_hba.conf, NOLOGIN, a host the user may not use).
@@ -130,7 +130,7 @@ use Class::{Busy, Definite, Transient};
 
 /// PostgreSQL: by exact SQLSTATE or by its two-character class; the first match wins, codes
 /// not listed are transient.
-pub const POSTGRES: &[(&str, Class)] = &[
+pub(crate) const POSTGRES: &[(&str, Class)] = &[
     ("55006", Busy),                           // object_in_use: the slot is read by another session
     ("57P01", Transient),                      // admin_shutdown
     ("57P02", Transient),                      // crash_shutdown
@@ -161,7 +161,7 @@ pub const POSTGRES: &[(&str, Class)] = &[
 
 /// MySQL/MariaDB server error numbers; numbers not listed are transient (lost connection,
 /// 1040 too many connections, 1053 shutdown, 1205 lock wait timeout, 1213 deadlock, …).
-pub const MYSQL: &[(u16, Class)] = &[
+pub(crate) const MYSQL: &[(u16, Class)] = &[
     (1044, Definite(Remedy::Privilege)),   // ER_DBACCESS_DENIED_ERROR
     (1045, Definite(Remedy::Password)),    // ER_ACCESS_DENIED_ERROR
     (1049, Definite(Remedy::Database)),    // ER_BAD_DB_ERROR
@@ -179,7 +179,7 @@ pub const MYSQL: &[(u16, Class)] = &[
 ];
 
 /// The class of a server error answered on `channel`.
-pub fn class_of(error: &ServerError, channel: Channel) -> Class {
+pub(crate) fn class_of(error: &ServerError, channel: Channel) -> Class {
     let class = match &error.code {
         Code::SqlState(state) => POSTGRES
             .iter()
@@ -199,7 +199,7 @@ pub fn class_of(error: &ServerError, channel: Channel) -> Class {
 
 /// Whose stream failed: what a fix needs to name the exact statement or setting.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Scope {
+pub(crate) struct Scope {
     /// The `[[source]]`'s name.
     pub source: String,
     pub backend: Backend,
@@ -223,7 +223,7 @@ pub enum Backend {
 
 impl Scope {
     /// The scope of the shard-partition whose table is `table`, streamed as `login`.
-    pub fn of_stream(
+    pub(crate) fn of_stream(
         source: &crate::config::SourceConfig,
         backend: Backend,
         login: &str,
@@ -267,7 +267,7 @@ tokio::task_local! {
 }
 
 /// Runs `task` with `scope` for the fixes of the database errors it classifies.
-pub fn in_scope<F: Future>(scope: Scope, task: F) -> impl Future<Output = F::Output> {
+pub(crate) fn in_scope<F: Future>(scope: Scope, task: F) -> impl Future<Output = F::Output> {
     SCOPE.scope(scope, task)
 }
 
@@ -285,7 +285,7 @@ fn my_ident(name: &str) -> String {
 
 /// The fix when the default slot names are another database's: a `slot_prefix` of its own.
 /// `setup` and `run` say the same.
-pub fn slot_prefix_fix(source: &str, table_prefix: &str, database: &str) -> String {
+pub(crate) fn slot_prefix_fix(source: &str, table_prefix: &str, database: &str) -> String {
     let suggested = crate::names::suggested_slot_prefix(table_prefix, database);
     format!(
         "give this database its own slots: set slot_prefix = {suggested:?} in the [[source]] named {source:?} (its slots become {suggested}_<shard>_<partition>), run `outbox-streamer setup`, then restart; never drop or reuse the other database's slot"
@@ -294,7 +294,7 @@ pub fn slot_prefix_fix(source: &str, table_prefix: &str, database: &str) -> Stri
 
 /// A slot of the stream's name exists, but in `database` (empty: a physical slot): it is not
 /// this database's and is never read, dropped or taken over.
-pub fn slot_elsewhere(slot: &str, database: &str) -> SourceError {
+pub(crate) fn slot_elsewhere(slot: &str, database: &str) -> SourceError {
     let message = if database.is_empty() {
         format!("replication slot {slot:?} is a physical slot, not this database's logical slot")
     } else {
@@ -307,7 +307,7 @@ pub fn slot_elsewhere(slot: &str, database: &str) -> SourceError {
 
 impl Remedy {
     /// What to run or change, with the objects of `scope`.
-    pub fn fix(self, s: &Scope) -> String {
+    pub(crate) fn fix(self, s: &Scope) -> String {
         let pg = s.backend == Backend::Postgres;
         let setup = "or run `outbox-streamer setup --admin-url …` as the tables' owner, which grants them";
         match self {
@@ -372,7 +372,7 @@ impl Remedy {
 }
 
 /// The source error for a failed call `what` on `channel`, with the current task's scope.
-pub fn source_error<E: Classify>(what: &str, e: &E, channel: Channel) -> SourceError {
+pub(crate) fn source_error<E: Classify>(what: &str, e: &E, channel: Channel) -> SourceError {
     match e.server_error() {
         Some(server) => decide(what, &server, channel, &current_scope(E::BACKEND)),
         None => SourceError::Transient(format!("{what}: {}", e.text())),
@@ -380,7 +380,7 @@ pub fn source_error<E: Classify>(what: &str, e: &E, channel: Channel) -> SourceE
 }
 
 /// The pure decision: a server error of call `what`, for the stream `scope`.
-pub fn decide(what: &str, server: &ServerError, channel: Channel, scope: &Scope) -> SourceError {
+pub(crate) fn decide(what: &str, server: &ServerError, channel: Channel, scope: &Scope) -> SourceError {
     let text = format!("{what}: {}", server.describe());
     match class_of(server, channel) {
         Transient => SourceError::Transient(text),

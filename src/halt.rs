@@ -33,13 +33,13 @@
 use std::time::{Duration, Instant};
 
 /// The longest wait between two attempts of a halted shard-partition.
-pub const HALT_RETRY_MAX: Duration = Duration::from_secs(300);
+pub(crate) const HALT_RETRY_MAX: Duration = Duration::from_secs(300);
 
 /// The longest wait between two metadata lookups of a missing topic.
-pub const PROBE_EVERY_MAX: Duration = Duration::from_secs(5);
+pub(crate) const PROBE_EVERY_MAX: Duration = Duration::from_secs(5);
 
 /// A halt that keeps its reason logs its ERROR again at most this often.
-pub const HALT_LOG_EVERY: Duration = Duration::from_secs(300);
+pub(crate) const HALT_LOG_EVERY: Duration = Duration::from_secs(300);
 
 /// Where a session halted, kept while its shard-partition retries. The next sessions send
 /// that row alone and report the halt cleared once they are past the point: the row
@@ -48,7 +48,7 @@ pub const HALT_LOG_EVERY: Duration = Duration::from_secs(300);
 /// or — for a halt while connecting — a session connected. A transaction without rows proves
 /// nothing: a retry first replays transactions published before the halt.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct HaltPoint {
+pub(crate) struct HaltPoint {
     /// The row the halt named.
     pub row: Option<i64>,
     /// The topic the cluster said does not exist; probed between attempts.
@@ -61,7 +61,7 @@ pub struct HaltPoint {
 /// The retry interval and the ERROR's throttle of one shard-partition's halts. Pure: the
 /// caller passes the time.
 #[derive(Debug)]
-pub struct HaltRetry {
+pub(crate) struct HaltRetry {
     first: Duration,
     next: Duration,
     /// Attempts since the halt began.
@@ -72,13 +72,13 @@ pub struct HaltRetry {
 
 impl HaltRetry {
     /// `first`: the configured `halt_retry_ms`.
-    pub fn new(first: Duration) -> Self {
+    pub(crate) fn new(first: Duration) -> Self {
         Self { first, next: first, attempts: 0, logged: None }
     }
 
     /// A session halted with `reason` at `now`: whether to log the ERROR, and how long to
     /// wait before the next attempt.
-    pub fn halted(&mut self, reason: &str, now: Instant) -> (bool, Duration) {
+    pub(crate) fn halted(&mut self, reason: &str, now: Instant) -> (bool, Duration) {
         let log = match &self.logged {
             Some((last, at)) => last != reason || now.duration_since(*at) >= HALT_LOG_EVERY,
             None => true,
@@ -93,21 +93,21 @@ impl HaltRetry {
     }
 
     /// How many times the stream halted since the halt began (1 at the first halt).
-    pub fn attempts(&self) -> u32 {
+    pub(crate) fn attempts(&self) -> u32 {
         self.attempts
     }
 
     /// The halt cleared: a later one waits the first interval again. The ERROR's throttle is
     /// kept, so a halt that clears and comes back with the same reason is not logged twice
     /// within [`HALT_LOG_EVERY`].
-    pub fn cleared(&mut self) {
+    pub(crate) fn cleared(&mut self) {
         self.next = self.first;
         self.attempts = 0;
     }
 
     /// How often a missing topic is looked up between attempts: every `halt_retry_ms`, at
     /// most [`PROBE_EVERY_MAX`] apart (a metadata request is cheap).
-    pub fn probe_every(&self) -> Duration {
+    pub(crate) fn probe_every(&self) -> Duration {
         self.first.min(PROBE_EVERY_MAX)
     }
 }

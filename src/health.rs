@@ -39,7 +39,7 @@ fn streams() -> &'static Mutex<BTreeMap<String, Entry>> {
 /// Shard-partition `key` is now in `state` (a [`crate::metrics::state`] value); `reason`
 /// for a halt or a retry. [`state::STOPPED`] is reported only by a task that is starting (a
 /// task that ends leaves instead).
-pub fn report(key: &str, state: f64, reason: Option<&str>) {
+pub(crate) fn report(key: &str, state: f64, reason: Option<&str>) {
     let mut map = streams().lock().unwrap_or_else(|e| e.into_inner());
     let reason = reason.map(str::to_string);
     match map.get_mut(key) {
@@ -53,14 +53,14 @@ pub fn report(key: &str, state: f64, reason: Option<&str>) {
 }
 
 /// Shard-partition `key` is no longer run by this instance.
-pub fn leave(key: &str) {
+pub(crate) fn leave(key: &str) {
     streams().lock().unwrap_or_else(|e| e.into_inner()).remove(key);
 }
 
 /// What a shard-partition's task is doing, as `/streams` and `status` name it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
-pub enum StreamerState {
+pub(crate) enum StreamerState {
     /// The task runs and has not connected yet.
     Starting,
     Streaming,
@@ -84,7 +84,7 @@ impl StreamerState {
     }
 
     /// The word used in `/readyz`, `/streams` and `status`.
-    pub fn word(self) -> &'static str {
+    pub(crate) fn word(self) -> &'static str {
         match self {
             Self::Starting => "starting",
             Self::Streaming => "streaming",
@@ -98,7 +98,7 @@ impl StreamerState {
 /// The body of `GET /streams`: what this instance runs and how each shard-partition is doing.
 /// A shard-partition this instance does not run is absent.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct StreamsReport {
+pub(crate) struct StreamsReport {
     /// The instance name under ZooKeeper ownership (`None` without coordination).
     pub instance: Option<String>,
     pub pid: u32,
@@ -108,7 +108,7 @@ pub struct StreamsReport {
 
 /// One shard-partition in a [`StreamsReport`].
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct StreamReport {
+pub(crate) struct StreamReport {
     pub state: StreamerState,
     /// Why it halted, retries or catches up (names row ids and columns, never values).
     pub reason: Option<String>,
@@ -117,7 +117,7 @@ pub struct StreamReport {
 }
 
 /// The states of every shard-partition this instance runs.
-pub fn streams_report(instance: Option<&str>) -> StreamsReport {
+pub(crate) fn streams_report(instance: Option<&str>) -> StreamsReport {
     let map = streams().lock().unwrap_or_else(|e| e.into_inner());
     let streams = map
         .iter()
@@ -135,7 +135,7 @@ pub fn streams_report(instance: Option<&str>) -> StreamsReport {
 
 /// How the endpoint answers, from `[metrics]`.
 #[derive(Debug, Clone, Default)]
-pub struct HealthSettings {
+pub(crate) struct HealthSettings {
     /// `[metrics] ready_when_halted`: `/readyz` answers 200 while a shard-partition is halted
     /// (with its reason), as it did before halts counted as not ready.
     pub ready_when_halted: bool,
@@ -145,7 +145,7 @@ pub struct HealthSettings {
 
 /// Whether every shard-partition is streaming or catching up (or halted, with
 /// `ready_when_halted`), and one line per shard-partition saying what it does.
-pub fn readiness(ready_when_halted: bool) -> (bool, String) {
+pub(crate) fn readiness(ready_when_halted: bool) -> (bool, String) {
     let report = streams_report(None);
     let mut ready = true;
     let mut body = String::new();
@@ -175,7 +175,11 @@ pub fn readiness(ready_when_halted: bool) -> (bool, String) {
 /// request head must arrive within [`HEAD_DEADLINE`] and the whole exchange end within
 /// [`EXCHANGE_DEADLINE`]. A failing `accept` (out of file descriptors) backs off instead of
 /// spinning, with a warning at most once per [`ACCEPT_WARN_EVERY`].
-pub async fn serve(listen: SocketAddr, metrics: PrometheusHandle, settings: HealthSettings) -> std::io::Result<()> {
+pub(crate) async fn serve(
+    listen: SocketAddr,
+    metrics: PrometheusHandle,
+    settings: HealthSettings,
+) -> std::io::Result<()> {
     let listener = TcpListener::bind(listen).await?;
     let settings = Arc::new(settings);
     tokio::spawn(async move {
@@ -217,11 +221,11 @@ pub async fn serve(listen: SocketAddr, metrics: PrometheusHandle, settings: Heal
 }
 
 /// At most this many connections are open at once.
-pub const MAX_CONNECTIONS: usize = 64;
+pub(crate) const MAX_CONNECTIONS: usize = 64;
 /// A connection that has not sent its request head by then is closed.
-pub const HEAD_DEADLINE: Duration = Duration::from_secs(5);
+pub(crate) const HEAD_DEADLINE: Duration = Duration::from_secs(5);
 /// A connection is closed this long after it was accepted, answered or not.
-pub const EXCHANGE_DEADLINE: Duration = Duration::from_secs(10);
+pub(crate) const EXCHANGE_DEADLINE: Duration = Duration::from_secs(10);
 const ACCEPT_BACKOFF_START: Duration = Duration::from_millis(10);
 const ACCEPT_BACKOFF_MAX: Duration = Duration::from_secs(1);
 const ACCEPT_WARN_EVERY: Duration = Duration::from_secs(60);

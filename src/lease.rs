@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 /// One instance's ZooKeeper session, shared by the tasks of every shard-partition it owns.
 #[derive(Debug)]
-pub struct SessionLease {
+pub(crate) struct SessionLease {
     instance: String,
     session_timeout: Duration,
     /// Nanoseconds since [`base`]; 0 means not trusted.
@@ -28,7 +28,7 @@ pub struct SessionLease {
 }
 
 impl SessionLease {
-    pub fn new(instance: &str, session_timeout: Duration) -> Arc<Self> {
+    pub(crate) fn new(instance: &str, session_timeout: Duration) -> Arc<Self> {
         Arc::new(Self {
             instance: instance.into(),
             session_timeout,
@@ -38,33 +38,33 @@ impl SessionLease {
     }
 
     /// The server answered a request sent at `sent`.
-    pub fn renew(&self, sent: Instant) {
+    pub(crate) fn renew(&self, sent: Instant) {
         let until = nanos(sent + self.session_timeout / 2);
         self.valid_until.fetch_max(until, Ordering::SeqCst);
     }
 
     /// The session is lost (expired or closed): nothing may be produced or written any more.
-    pub fn revoke(&self) {
+    pub(crate) fn revoke(&self) {
         self.valid_until.store(0, Ordering::SeqCst);
     }
 
-    pub fn is_valid(&self) -> bool {
+    pub(crate) fn is_valid(&self) -> bool {
         nanos(Instant::now()) < self.valid_until.load(Ordering::SeqCst)
     }
 
-    pub fn set_live_members(&self, instances: impl IntoIterator<Item = String>) {
+    pub(crate) fn set_live_members(&self, instances: impl IntoIterator<Item = String>) {
         let mut live = self.live.write().unwrap_or_else(|e| e.into_inner());
         *live = instances.into_iter().collect();
     }
 
-    pub fn instance(&self) -> &str {
+    pub(crate) fn instance(&self) -> &str {
         &self.instance
     }
 }
 
 /// The ownership of one shard-partition as its task sees it.
 #[derive(Debug, Clone)]
-pub struct OwnerLease {
+pub(crate) struct OwnerLease {
     /// `None` without coordination: this instance owns everything, always.
     held: Option<(i64, Arc<SessionLease>)>,
     /// Set when the lease node itself is gone (deleted by an operator, a ZooKeeper restore)
@@ -74,37 +74,37 @@ pub struct OwnerLease {
 
 impl OwnerLease {
     /// No coordination: the single instance owns every shard-partition at epoch 0.
-    pub fn embedded() -> Self {
+    pub(crate) fn embedded() -> Self {
         Self { held: None, lost: Arc::default() }
     }
 
     /// Held through ZooKeeper at `epoch` (the lease node's creation zxid).
-    pub fn held(epoch: i64, session: Arc<SessionLease>) -> Self {
+    pub(crate) fn held(epoch: i64, session: Arc<SessionLease>) -> Self {
         Self { held: Some((epoch, session)), lost: Arc::default() }
     }
 
     /// The lease node is gone: from now on [`Self::check`] fails.
-    pub fn mark_lost(&self) {
+    pub(crate) fn mark_lost(&self) {
         self.lost.store(true, Ordering::SeqCst);
     }
 
     /// The epoch stamped as `outbox-owner-epoch`, if coordinated.
-    pub fn epoch(&self) -> Option<i64> {
+    pub(crate) fn epoch(&self) -> Option<i64> {
         self.held.as_ref().map(|(e, _)| *e)
     }
 
     /// The epoch that guards database position writes (0 when not coordinated).
-    pub fn db_epoch(&self) -> i64 {
+    pub(crate) fn db_epoch(&self) -> i64 {
         self.epoch().unwrap_or(0)
     }
 
     /// This instance's name (`None` when not coordinated).
-    pub fn instance(&self) -> Option<&str> {
+    pub(crate) fn instance(&self) -> Option<&str> {
         self.held.as_ref().map(|(_, s)| s.instance())
     }
 
     /// Ok while this instance may produce records and write positions.
-    pub fn check(&self) -> Result<(), String> {
+    pub(crate) fn check(&self) -> Result<(), String> {
         match &self.held {
             Some((epoch, _)) if self.lost.load(Ordering::SeqCst) => Err(format!(
                 "the lease node (epoch {epoch}) is gone from ZooKeeper (deleted by hand, or a restore), so the lease may be granted to another instance; it stops without producing or writing a position"
@@ -118,7 +118,7 @@ impl OwnerLease {
 
     /// Whether `instance` is a live member (always true when not coordinated: never take a
     /// slot from anyone).
-    pub fn is_live_member(&self, instance: &str) -> bool {
+    pub(crate) fn is_live_member(&self, instance: &str) -> bool {
         match &self.held {
             Some((_, session)) => session.live.read().unwrap_or_else(|e| e.into_inner()).contains(instance),
             None => true,

@@ -7,47 +7,47 @@ use std::net::SocketAddr;
 use metrics::{Unit, counter, describe_counter, describe_gauge, describe_histogram, gauge};
 use metrics_exporter_prometheus::PrometheusBuilder;
 
-pub const PUBLISHED_RECORDS: &str = "outbox_published_records_total";
-pub const DELETED_ROWS: &str = "outbox_deleted_rows_total";
-pub const DEAD_LETTERED_RECORDS: &str = "outbox_dead_lettered_records_total";
-pub const SKIPPED_REPLAYED_ROWS: &str = "outbox_replayed_rows_skipped_total";
-pub const SKIPPED_ROWS: &str = "outbox_skipped_rows_total";
-pub const SWEPT_ROWS: &str = "outbox_swept_rows_total";
-pub const STATEMENT_WRITES: &str = "outbox_statement_logged_writes_total";
-pub const ERRORS: &str = "outbox_errors_total";
-pub const IN_FLIGHT_RECORDS: &str = "outbox_in_flight_records";
-pub const IN_FLIGHT_BYTES: &str = "outbox_in_flight_bytes";
-pub const REPLICATION_LAG_BYTES: &str = "outbox_replication_lag_bytes";
-pub const BINLOG_LAG_SECONDS: &str = "outbox_binlog_lag_seconds";
-pub const BINLOG_LAG_BYTES: &str = "outbox_binlog_lag_bytes";
-pub const END_TO_END_LATENCY: &str = "outbox_end_to_end_latency_seconds";
-pub const STREAM_STATE: &str = "outbox_stream_state";
-pub const CATCHUPS: &str = "outbox_catchups_total";
-pub const CATCHUP_ROWS: &str = "outbox_catchup_rows_total";
-pub const POLL_QUERY_SECONDS: &str = "outbox_poll_query_seconds";
-pub const POLL_ROWS_BELOW_MARK: &str = "outbox_poll_rows_below_mark_total";
-pub const OWNED_STREAMS: &str = "outbox_owned_streams";
-pub const LEASE_CHANGES: &str = "outbox_lease_changes_total";
-pub const OWNER_EPOCH: &str = "outbox_owner_epoch";
+pub(crate) const PUBLISHED_RECORDS: &str = "outbox_published_records_total";
+pub(crate) const DELETED_ROWS: &str = "outbox_deleted_rows_total";
+pub(crate) const DEAD_LETTERED_RECORDS: &str = "outbox_dead_lettered_records_total";
+pub(crate) const SKIPPED_REPLAYED_ROWS: &str = "outbox_replayed_rows_skipped_total";
+pub(crate) const SKIPPED_ROWS: &str = "outbox_skipped_rows_total";
+pub(crate) const SWEPT_ROWS: &str = "outbox_swept_rows_total";
+pub(crate) const STATEMENT_WRITES: &str = "outbox_statement_logged_writes_total";
+pub(crate) const ERRORS: &str = "outbox_errors_total";
+pub(crate) const IN_FLIGHT_RECORDS: &str = "outbox_in_flight_records";
+pub(crate) const IN_FLIGHT_BYTES: &str = "outbox_in_flight_bytes";
+pub(crate) const REPLICATION_LAG_BYTES: &str = "outbox_replication_lag_bytes";
+pub(crate) const BINLOG_LAG_SECONDS: &str = "outbox_binlog_lag_seconds";
+pub(crate) const BINLOG_LAG_BYTES: &str = "outbox_binlog_lag_bytes";
+pub(crate) const END_TO_END_LATENCY: &str = "outbox_end_to_end_latency_seconds";
+pub(crate) const STREAM_STATE: &str = "outbox_stream_state";
+pub(crate) const CATCHUPS: &str = "outbox_catchups_total";
+pub(crate) const CATCHUP_ROWS: &str = "outbox_catchup_rows_total";
+pub(crate) const POLL_QUERY_SECONDS: &str = "outbox_poll_query_seconds";
+pub(crate) const POLL_ROWS_BELOW_MARK: &str = "outbox_poll_rows_below_mark_total";
+pub(crate) const OWNED_STREAMS: &str = "outbox_owned_streams";
+pub(crate) const LEASE_CHANGES: &str = "outbox_lease_changes_total";
+pub(crate) const OWNER_EPOCH: &str = "outbox_owner_epoch";
 
 /// Latency buckets in seconds: 1 ms to 30 s.
 const LATENCY_BUCKETS: &[f64] = &[0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0];
 
 /// Values of the `kind` label of [`ERRORS`].
-pub const ERROR_KINDS: &[&str] = &["source", "kafka_transient", "kafka_definite", "bad_row"];
+pub(crate) const ERROR_KINDS: &[&str] = &["source", "kafka_transient", "kafka_definite", "bad_row"];
 /// The `kind` values of [`SKIPPED_ROWS`].
-pub const SKIPPED_KINDS: &[&str] = &["operator", "deleted_bad_row"];
+pub(crate) const SKIPPED_KINDS: &[&str] = &["operator", "deleted_bad_row"];
 
 /// Values of [`STREAM_STATE`].
-pub mod state {
-    pub const STOPPED: f64 = 0.0;
-    pub const STREAMING: f64 = 1.0;
-    pub const RETRYING: f64 = 2.0;
-    pub const HALTED: f64 = 3.0;
-    pub const CATCHING_UP: f64 = 4.0;
+pub(crate) mod state {
+    pub(crate) const STOPPED: f64 = 0.0;
+    pub(crate) const STREAMING: f64 = 1.0;
+    pub(crate) const RETRYING: f64 = 2.0;
+    pub(crate) const HALTED: f64 = 3.0;
+    pub(crate) const CATCHING_UP: f64 = 4.0;
 }
 
-pub fn describe() {
+pub(crate) fn describe() {
     describe_counter!(PUBLISHED_RECORDS, Unit::Count, "records acknowledged by Kafka");
     describe_counter!(DELETED_ROWS, Unit::Count, "outbox rows deleted after their records were acknowledged");
     describe_counter!(DEAD_LETTERED_RECORDS, Unit::Count, "bad rows sent to the dead-letter topic");
@@ -120,7 +120,7 @@ pub fn describe() {
 /// one), [`ERRORS`] once per kind, nothing in flight. Dashboards and `rate()` alerts then see
 /// the shard-partition from the start instead of from its first message. Called when its
 /// task starts.
-pub fn init_stream(labels: &[(&'static str, String); 3]) {
+pub(crate) fn init_stream(labels: &[(&'static str, String); 3]) {
     for name in [
         PUBLISHED_RECORDS,
         DELETED_ROWS,
@@ -149,7 +149,7 @@ pub fn init_stream(labels: &[(&'static str, String); 3]) {
 
 /// Installs the global recorder and serves `/metrics`, `/healthz`, `/readyz` and `/streams` on
 /// `listen` (see [`crate::health`]).
-pub async fn serve(listen: SocketAddr, health: crate::health::HealthSettings) -> anyhow::Result<()> {
+pub(crate) async fn serve(listen: SocketAddr, health: crate::health::HealthSettings) -> anyhow::Result<()> {
     let handle = PrometheusBuilder::new()
         .set_buckets_for_metric(metrics_exporter_prometheus::Matcher::Full(END_TO_END_LATENCY.into()), LATENCY_BUCKETS)?
         .set_buckets_for_metric(metrics_exporter_prometheus::Matcher::Full(POLL_QUERY_SECONDS.into()), LATENCY_BUCKETS)?

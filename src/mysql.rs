@@ -47,7 +47,7 @@ const IDLE_STORE_INTERVAL: Duration = Duration::from_secs(5);
 /// `resume` is where a restart reads from — before the earliest prepared XA transaction still
 /// holding rows of this table, or `done` itself.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct MyPosition {
+pub(crate) struct MyPosition {
     pub resume: Position,
     pub done: Position,
 }
@@ -64,7 +64,7 @@ impl fmt::Display for MyPosition {
 
 /// A replica `server_id` derived from the stream's database and table (FNV-1a), in a range
 /// servers rarely use. Two readers of one stream share it, and the server keeps only the newer.
-pub fn server_id_for(database: &str, table: &str) -> u32 {
+pub(crate) fn server_id_for(database: &str, table: &str) -> u32 {
     let mut h: u32 = 0x811c_9dc5;
     for b in database.bytes().chain([b'.']).chain(table.bytes()) {
         h ^= u32::from(b);
@@ -92,13 +92,13 @@ struct OpenTxn {
 
 /// The named lock a session holds while it streams `table` (best effort: a second session of
 /// the same stream goes on without it), so `outbox-streamer skip` can refuse to run meanwhile.
-pub fn stream_lock(database: &str, table: &str) -> String {
+pub(crate) fn stream_lock(database: &str, table: &str) -> String {
     format!("outbox-streamer {:08x}", server_id_for(database, table))
 }
 
 /// One shard-partition's binlog session plus an SQL session for deletes and checkpoints.
 #[derive(Debug)]
-pub struct MySource {
+pub(crate) struct MySource {
     reader: BinlogReader,
     sql: Conn,
     table: String,
@@ -121,7 +121,7 @@ pub struct MySource {
 
 impl MySource {
     /// Reads the stored position and starts the binlog after it.
-    pub async fn connect(
+    pub(crate) async fn connect(
         labels: &crate::streamer::StreamLabels,
         opts: &Opts,
         names: &StreamNames,
@@ -363,7 +363,7 @@ fn binlog_error(e: BinlogError) -> SourceError {
 
 /// Builds the record of one inserted row from its values by name. A missing column makes
 /// the row a bad row naming it (the table, where the operator restores it, decides then).
-pub fn record(values: &[(String, Cell)]) -> Result<OutboxRecord, InvalidRow> {
+pub(crate) fn record(values: &[(String, Cell)]) -> Result<OutboxRecord, InvalidRow> {
     let cell = |name: &str| values.iter().find(|(n, _)| n == name).map(|(_, c)| c);
     let missing = |id: Option<i64>, column: &'static str| {
         InvalidRow::new(id, column, "is not in the logged row (dropped or renamed, or binlog_row_metadata is not FULL)")

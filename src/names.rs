@@ -14,7 +14,7 @@ use std::fmt;
 
 /// One shard-partition of a source.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct StreamId {
+pub(crate) struct StreamId {
     pub shard: u32,
     pub partition: u32,
 }
@@ -27,7 +27,7 @@ impl fmt::Display for StreamId {
 
 /// The names of one shard-partition's objects.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct StreamNames {
+pub(crate) struct StreamNames {
     pub table: String,
     pub publication: String,
     pub slot: String,
@@ -35,7 +35,7 @@ pub struct StreamNames {
 
 /// The names of shard-partition `id`: table and publication from `table_prefix`, the slot from
 /// `slot_prefix` when one is set (a second database of the cluster), else from `table_prefix`.
-pub fn stream_names(table_prefix: &str, slot_prefix: Option<&str>, id: StreamId) -> StreamNames {
+pub(crate) fn stream_names(table_prefix: &str, slot_prefix: Option<&str>, id: StreamId) -> StreamNames {
     let suffix = format!("{}_{}", id.shard, id.partition);
     let base = format!("{table_prefix}_{suffix}");
     let slot = match slot_prefix {
@@ -47,11 +47,11 @@ pub fn stream_names(table_prefix: &str, slot_prefix: Option<&str>, id: StreamId)
 
 /// The longest table or slot prefix: `<prefix>_<shard>_<partition>` stays well within
 /// PostgreSQL's 63-byte names.
-pub const MAX_PREFIX_LEN: usize = 40;
+pub(crate) const MAX_PREFIX_LEN: usize = 40;
 
 /// Whether `prefix` can start table and slot names: lowercase letters, digits and `_` (all a
 /// slot name may contain), not starting with a digit, at most [`MAX_PREFIX_LEN`] bytes.
-pub fn valid_prefix(prefix: &str) -> bool {
+pub(crate) fn valid_prefix(prefix: &str) -> bool {
     prefix.chars().next().is_some_and(|c| c.is_ascii_lowercase() || c == '_')
         && prefix.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
         && prefix.len() <= MAX_PREFIX_LEN
@@ -59,7 +59,7 @@ pub fn valid_prefix(prefix: &str) -> bool {
 
 /// A `slot_prefix` for a source whose default slot names are taken by another database:
 /// `<table_prefix>_<database>`, made a valid prefix.
-pub fn suggested_slot_prefix(table_prefix: &str, database: &str) -> String {
+pub(crate) fn suggested_slot_prefix(table_prefix: &str, database: &str) -> String {
     let db: String =
         database.chars().map(|c| if c.is_ascii_alphanumeric() { c.to_ascii_lowercase() } else { '_' }).collect();
     let db = if db.trim_matches('_').is_empty() { "db2".to_string() } else { db };
@@ -69,12 +69,12 @@ pub fn suggested_slot_prefix(table_prefix: &str, database: &str) -> String {
 }
 
 /// The MySQL/MariaDB table holding every shard-partition's stored binlog position.
-pub fn checkpoint_table(prefix: &str) -> String {
+pub(crate) fn checkpoint_table(prefix: &str) -> String {
     format!("{prefix}_checkpoint")
 }
 
 /// Every shard-partition of a source, shard-major.
-pub fn all_streams(shards: u32, partitions: u32) -> impl Iterator<Item = StreamId> {
+pub(crate) fn all_streams(shards: u32, partitions: u32) -> impl Iterator<Item = StreamId> {
     (0..shards).flat_map(move |shard| (0..partitions).map(move |partition| StreamId { shard, partition }))
 }
 

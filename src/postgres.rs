@@ -44,7 +44,7 @@ const CREATED_AT: usize = 6;
 
 /// Where each column sits in the relation's tuples, or why it cannot be read.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ColumnMap {
+pub(crate) struct ColumnMap {
     relation_id: u32,
     /// Per column: its position and type, or what is wrong with it.
     columns: [Result<(usize, u32), String>; 7],
@@ -54,7 +54,7 @@ impl ColumnMap {
     /// Maps a Relation message. A missing or retyped column does not stop the stream here:
     /// each row of the relation is then a bad row naming the column (see [`Self::record`]), so
     /// the bad-row policy — and the table, where the operator restores the column — decide.
-    pub fn new(rel: &Relation) -> Self {
+    pub(crate) fn new(rel: &Relation) -> Self {
         let columns = COLUMNS.map(|(name, types)| match rel.columns.iter().position(|c| c.name == name) {
             None => Err(format!("the table {} has no column {name:?} (dropped or renamed?)", rel.name)),
             Some(pos) if types.contains(&rel.columns[pos].type_oid) => Ok((pos, rel.columns[pos].type_oid)),
@@ -67,13 +67,13 @@ impl ColumnMap {
     }
 
     /// What is wrong with the relation's columns, if anything (for one warning per Relation).
-    pub fn problems(&self) -> Vec<&str> {
+    pub(crate) fn problems(&self) -> Vec<&str> {
         self.columns[..CREATED_AT].iter().filter_map(|c| c.as_ref().err().map(String::as_str)).collect()
     }
 
     /// Builds the record of one inserted tuple; a bad value or column names the row and column.
     /// Values come in text or binary format (see [`PgSource::connect`]); both read the same.
-    pub fn record(&self, values: &[Value]) -> Result<OutboxRecord, InvalidRow> {
+    pub(crate) fn record(&self, values: &[Value]) -> Result<OutboxRecord, InvalidRow> {
         let value = |slot: usize| -> Result<Option<(&Value, u32)>, &str> {
             match &self.columns[slot] {
                 Ok((pos, type_oid)) => Ok(values.get(*pos).map(|v| (v, *type_oid))),
@@ -125,7 +125,7 @@ impl ColumnMap {
 
 /// One shard-partition's logical replication session plus an SQL session for deletes.
 #[derive(Debug)]
-pub struct PgSource {
+pub(crate) struct PgSource {
     stream: ReplicationStream,
     sql: Client,
     names: StreamNames,
@@ -152,7 +152,7 @@ pub struct PgSource {
 
 impl PgSource {
     /// Opens the SQL session and starts streaming from the slot's confirmed position.
-    pub async fn connect(
+    pub(crate) async fn connect(
         target: &PgTarget,
         names: &StreamNames,
         checkpoint_table: &str,

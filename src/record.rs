@@ -48,7 +48,7 @@ impl InvalidRow {
 
 /// Header names starting with this are the streamer's own (`outbox-id`, `outbox-lsn`, …); a row
 /// may not set them, or it could forge them.
-pub const RESERVED_HEADER_PREFIX: &str = "outbox-";
+pub(crate) const RESERVED_HEADER_PREFIX: &str = "outbox-";
 
 /// A row's values as the database holds them, before they are checked.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -91,7 +91,7 @@ impl RawRow {
 }
 
 /// Checks the `topic` column of row `id`: present, UTF-8, a legal Kafka topic length.
-pub fn topic_value(id: i64, topic: Option<&[u8]>) -> Result<String, InvalidRow> {
+pub(crate) fn topic_value(id: i64, topic: Option<&[u8]>) -> Result<String, InvalidRow> {
     let bad = |reason: String| InvalidRow::new(Some(id), "topic", reason);
     let Some(bytes) = topic else { return Err(bad("is NULL; every row needs a Kafka topic".into())) };
     let topic = String::from_utf8(bytes.to_vec()).map_err(|_| bad("is not UTF-8".into()))?;
@@ -103,7 +103,7 @@ pub fn topic_value(id: i64, topic: Option<&[u8]>) -> Result<String, InvalidRow> 
 }
 
 /// Checks the `headers` column of row `id` (NULL means no headers).
-pub fn headers_value(id: i64, json: Option<&[u8]>) -> Result<Vec<(String, Vec<u8>)>, InvalidRow> {
+pub(crate) fn headers_value(id: i64, json: Option<&[u8]>) -> Result<Vec<(String, Vec<u8>)>, InvalidRow> {
     match json {
         None => Ok(Vec::new()),
         Some(json) => parse_headers(json).map_err(|reason| InvalidRow::new(Some(id), "headers", reason)),
@@ -111,7 +111,7 @@ pub fn headers_value(id: i64, json: Option<&[u8]>) -> Result<Vec<(String, Vec<u8
 }
 
 /// Checks the `kafka_partition` column of row `id` (NULL means "by key").
-pub fn partition_value(id: i64, partition: Option<i64>) -> Result<Option<i32>, InvalidRow> {
+pub(crate) fn partition_value(id: i64, partition: Option<i64>) -> Result<Option<i32>, InvalidRow> {
     match partition {
         None => Ok(None),
         Some(p) if (0..=i64::from(i32::MAX)).contains(&p) => Ok(Some(p as i32)),
@@ -123,7 +123,7 @@ pub fn partition_value(id: i64, partition: Option<i64>) -> Result<Option<i32>, I
 
 /// Parses the `headers` column: a JSON object whose values are strings (or null, skipped).
 /// Names starting with [`RESERVED_HEADER_PREFIX`] are refused.
-pub fn parse_headers(json: &[u8]) -> Result<Vec<(String, Vec<u8>)>, String> {
+pub(crate) fn parse_headers(json: &[u8]) -> Result<Vec<(String, Vec<u8>)>, String> {
     let value: serde_json::Value = serde_json::from_slice(json)
         .map_err(|e| format!("is not valid JSON (at line {} column {})", e.line(), e.column()))?;
     let serde_json::Value::Object(map) = value else {

@@ -62,7 +62,7 @@ const LAG_POLL_INTERVAL: Duration = Duration::from_secs(5);
 /// Connecting a session (SQL and replication or binlog) must finish within this.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(60);
 
-pub async fn run(mut config: Config) -> anyhow::Result<()> {
+pub(crate) async fn run(mut config: Config) -> anyhow::Result<()> {
     // Listen before anything else: a stop that arrives while starting (a restart right after
     // a start) must end the process in order, not kill it.
     let stop_signal = StopSignal::listen();
@@ -139,7 +139,7 @@ type StartFn = dyn Fn(OwnerLease, watch::Receiver<bool>) -> Pin<Box<dyn Future<O
 
 /// One shard-partition's work, started by whoever owns it: every shard-partition at once
 /// without coordination, or the holder of its ZooKeeper lease.
-pub struct StreamJob {
+pub(crate) struct StreamJob {
     /// `<source>.<table>`: the lease's name.
     pub key: String,
     start: Arc<StartFn>,
@@ -153,7 +153,7 @@ impl std::fmt::Debug for StreamJob {
 
 impl StreamJob {
     /// Starts streaming under `lease` until `stop` turns true (or the lease is revoked).
-    pub fn spawn(&self, lease: OwnerLease, stop: watch::Receiver<bool>) -> tokio::task::JoinHandle<()> {
+    pub(crate) fn spawn(&self, lease: OwnerLease, stop: watch::Receiver<bool>) -> tokio::task::JoinHandle<()> {
         tokio::spawn((self.start)(lease, stop))
     }
 }
@@ -835,7 +835,7 @@ async fn lag_poller(source: String, target: PgTarget, slots: Vec<String>, mut st
 }
 
 /// The prefix of heartbeat messages in the WAL.
-pub const HEARTBEAT_PREFIX: &str = "outbox-streamer-heartbeat";
+pub(crate) const HEARTBEAT_PREFIX: &str = "outbox-streamer-heartbeat";
 
 /// Writes a non-transactional logical message every `interval`, so every slot of the database
 /// sees a recent position even when the whole server is idle. Failures are logged once per

@@ -30,7 +30,7 @@ const IDENTIFY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(15)
 
 /// Fails when two sources of `config` with the same kind and `table_prefix` reach the same
 /// database; the error names both sources and the fix.
-pub async fn refuse_shared_databases(config: &Config) -> anyhow::Result<()> {
+pub(crate) async fn refuse_shared_databases(config: &Config) -> anyhow::Result<()> {
     let mut identified = Vec::new();
     for source in sources_sharing_a_prefix(config) {
         match tokio::time::timeout(IDENTIFY_TIMEOUT, identify(source))

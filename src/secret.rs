@@ -6,21 +6,21 @@ use serde::{Deserialize, Deserializer};
 
 /// A connection URL whose password is masked in `Debug` and `Display`.
 #[derive(Clone, PartialEq, Eq)]
-pub struct SecretUrl(String);
+pub(crate) struct SecretUrl(String);
 
 impl SecretUrl {
     #[cfg(test)]
-    pub fn new(url: impl Into<String>) -> Self {
+    pub(crate) fn new(url: impl Into<String>) -> Self {
         Self(url.into())
     }
 
     /// The real URL, for the driver only. Never log it.
-    pub fn expose(&self) -> &str {
+    pub(crate) fn expose(&self) -> &str {
         &self.0
     }
 
     /// The URL with any password replaced by `***`.
-    pub fn redacted(&self) -> String {
+    pub(crate) fn redacted(&self) -> String {
         redact_url(&self.0)
     }
 }
@@ -49,7 +49,7 @@ impl<'de> Deserialize<'de> for SecretUrl {
 /// Passwords are often written unencoded, so the userinfo ends at the *last* `@` of the
 /// authority, and the authority runs to the first `/`, `?` or `#` after the first `@`: a raw
 /// `@`, `/`, `?` or `#` in a password is masked with the rest of it.
-pub fn redact_url(url: &str) -> String {
+pub(crate) fn redact_url(url: &str) -> String {
     let mut out = url.to_string();
     let is_url = out.contains("://");
     if let Some(scheme_end) = out.find("://") {

@@ -11,7 +11,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 /// The stored skip lists of one shard-partition.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct SkipList {
+pub(crate) struct SkipList {
     /// Row id → the log position (as the source writes it) before which it is skipped.
     ids: BTreeMap<i64, String>,
     transactions: BTreeSet<String>,
@@ -20,7 +20,7 @@ pub struct SkipList {
 impl SkipList {
     /// Reads the stored columns: `id@bound;id@bound…` and comma-separated transaction labels
     /// (NULL = none).
-    pub fn parse(ids: Option<&str>, transactions: Option<&str>) -> Result<Self, String> {
+    pub(crate) fn parse(ids: Option<&str>, transactions: Option<&str>) -> Result<Self, String> {
         let mut list = Self::default();
         for part in ids.unwrap_or_default().split(';').map(str::trim).filter(|p| !p.is_empty()) {
             let (id, bound) =
@@ -35,31 +35,31 @@ impl SkipList {
     }
 
     /// The bound of row `id`, if it is to be skipped in transactions committed before it.
-    pub fn bound_of(&self, id: i64) -> Option<&str> {
+    pub(crate) fn bound_of(&self, id: i64) -> Option<&str> {
         self.ids.get(&id).map(String::as_str)
     }
 
     /// Whether rows without a readable id in transaction `label` are to be skipped.
-    pub fn skips_transaction(&self, label: &str) -> bool {
+    pub(crate) fn skips_transaction(&self, label: &str) -> bool {
         self.transactions.contains(label)
     }
 
-    pub fn add_id(&mut self, id: i64, bound: &str) {
+    pub(crate) fn add_id(&mut self, id: i64, bound: &str) {
         self.ids.insert(id, bound.to_string());
     }
 
-    pub fn add_transaction(&mut self, label: &str) {
+    pub(crate) fn add_transaction(&mut self, label: &str) {
         self.transactions.insert(label.to_string());
     }
 
     /// The `skip_ids` column's text (`None` when empty).
-    pub fn ids_text(&self) -> Option<String> {
+    pub(crate) fn ids_text(&self) -> Option<String> {
         (!self.ids.is_empty())
             .then(|| self.ids.iter().map(|(id, bound)| format!("{id}@{bound}")).collect::<Vec<_>>().join(";"))
     }
 
     /// The `skip_transactions` column's text (`None` when empty).
-    pub fn transactions_text(&self) -> Option<String> {
+    pub(crate) fn transactions_text(&self) -> Option<String> {
         (!self.transactions.is_empty()).then(|| self.transactions.iter().cloned().collect::<Vec<_>>().join(","))
     }
 }

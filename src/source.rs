@@ -31,7 +31,7 @@ use crate::poll::PolledRow;
 
 /// What a source reports, in commit order.
 #[derive(Debug)]
-pub enum SourceEvent<P> {
+pub(crate) enum SourceEvent<P> {
     /// A transaction starts; `label` is its position as stamped on records (commit LSN, GTID).
     Begin {
         label: String,
@@ -49,7 +49,7 @@ pub enum SourceEvent<P> {
 /// The sweep's look at the table: rows at or below an earlier highest id that are still
 /// there, the highest id now, and a log position that every commit those reads saw is before.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Probe<P> {
+pub(crate) struct Probe<P> {
     pub candidates: Vec<i64>,
     pub max_id: Option<i64>,
     pub mark: P,
@@ -86,7 +86,7 @@ impl SourceError {
 }
 
 /// One shard-partition's change source. See the module docs for the contract.
-pub trait Source: Send {
+pub(crate) trait Source: Send {
     /// The resume position: only commit positions are stored, so it is totally ordered.
     type Position: Clone + fmt::Display + Send + Sync + 'static;
 
@@ -139,15 +139,18 @@ pub trait Source: Send {
 /// The longest one database statement may take before its connection is presumed dead (a
 /// silent network path never errors by itself). Large deletes are split into
 /// [`DELETE_CHUNK`]-row statements so no healthy statement comes near it.
-pub const STATEMENT_TIMEOUT: Duration = Duration::from_secs(30);
+pub(crate) const STATEMENT_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Rows deleted per statement.
-pub const DELETE_CHUNK: usize = 10_000;
+pub(crate) const DELETE_CHUNK: usize = 10_000;
 
 /// Runs one database call under [`STATEMENT_TIMEOUT`]. A timeout is transient (the session
 /// restarts from the last stored position); an error is classified ([`SourceError::from_db`]):
 /// a missing grant, say, halts once instead of resending rows with every retry.
-pub async fn within<T, E: Classify>(what: &str, call: impl Future<Output = Result<T, E>>) -> Result<T, SourceError> {
+pub(crate) async fn within<T, E: Classify>(
+    what: &str,
+    call: impl Future<Output = Result<T, E>>,
+) -> Result<T, SourceError> {
     match tokio::time::timeout(STATEMENT_TIMEOUT, call).await {
         Ok(Ok(v)) => Ok(v),
         Ok(Err(e)) => Err(SourceError::from_db(what, &e)),

@@ -36,7 +36,7 @@ use crate::source::{Source, SourceError, SourceEvent};
 use crate::sweep::{Step, Sweep};
 
 /// The header naming the owner epoch under ZooKeeper coordination.
-pub const OWNER_EPOCH_HEADER: &str = "outbox-owner-epoch";
+pub(crate) const OWNER_EPOCH_HEADER: &str = "outbox-owner-epoch";
 
 /// How long a stopping session keeps reading to reach the commit of the transaction it is in.
 const FINISH_OPEN_TXN: Duration = Duration::from_secs(2);
@@ -48,7 +48,7 @@ const IDLE_LEASE_CHECK: Duration = Duration::from_millis(250);
 
 /// Who this loop streams for: labels for logs, metrics and headers.
 #[derive(Debug, Clone)]
-pub struct StreamLabels {
+pub(crate) struct StreamLabels {
     pub source: String,
     pub id: StreamId,
     pub table: String,
@@ -58,11 +58,11 @@ pub struct StreamLabels {
 
 impl StreamLabels {
     /// `<source>.<table>`: the name of the shard-partition's lease and of its `/readyz` line.
-    pub fn key(&self) -> String {
+    pub(crate) fn key(&self) -> String {
         format!("{}.{}", self.source, self.table)
     }
 
-    pub fn metric_labels(&self) -> [(&'static str, String); 3] {
+    pub(crate) fn metric_labels(&self) -> [(&'static str, String); 3] {
         [
             ("source", self.source.clone()),
             ("shard", self.id.shard.to_string()),
@@ -73,7 +73,7 @@ impl StreamLabels {
 
 /// How a session ended other than by shutdown.
 #[derive(Debug, thiserror::Error)]
-pub enum SessionError {
+pub(crate) enum SessionError {
     #[error("{0}")]
     Transient(String),
     /// Operator action needed; the message names the row or setting and the fix. The runner
@@ -143,7 +143,7 @@ async fn definite_unknown_topic(producer: &Producer, e: &KafkaError, topic: &str
 
 /// What a shard-partition's task remembers from one session to the next.
 #[derive(Debug)]
-pub struct StreamMemory<P> {
+pub(crate) struct StreamMemory<P> {
     /// A prefix Kafka acknowledged whose delete (and position) failed: the next session
     /// finishes it before it reads anything, so what was acknowledged is not sent again.
     unfinished: Option<(Vec<i64>, P)>,
@@ -183,7 +183,7 @@ impl<P> Default for StreamMemory<P> {
 impl<P> StreamMemory<P> {
     /// Where the session that just halted stopped: its row and missing topic, when it named
     /// them (a database error does not).
-    pub fn take_halt_point(&mut self) -> HaltPoint {
+    pub(crate) fn take_halt_point(&mut self) -> HaltPoint {
         self.last_halt.take().unwrap_or_default()
     }
 
@@ -210,7 +210,7 @@ impl<P> StreamMemory<P> {
 /// Runs one session until `shutdown` turns true (returns `Ok`) or an error ends it.
 /// Whatever happens, records already handed to Kafka are awaited and the acknowledged prefix
 /// is deleted and checkpointed before returning.
-pub async fn run_session<S: Source>(
+pub(crate) async fn run_session<S: Source>(
     labels: &StreamLabels,
     settings: &StreamSettings,
     mut source: S,

@@ -20,11 +20,11 @@
 //! cannot restore an order the log never had.
 
 /// Candidates read per probe; more are found by the next one.
-pub const CANDIDATE_LIMIT: usize = 10_000;
+pub(crate) const CANDIDATE_LIMIT: usize = 10_000;
 
 /// What the sweep does at its next tick.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Step {
+pub(crate) enum Step {
     /// Read the candidates at or below `below`, the highest id and the log's end.
     Probe { below: Option<i64> },
     /// The stream passed the mark: these candidates still in the table are stranded.
@@ -35,7 +35,7 @@ pub enum Step {
 
 /// One stream's sweep state, for one session (positions are compared within a session).
 #[derive(Debug)]
-pub struct Sweep<P> {
+pub(crate) struct Sweep<P> {
     /// The highest id of the last probe.
     below: Option<i64>,
     /// Candidates of the last probe and the mark the stream must pass first.
@@ -50,7 +50,7 @@ impl<P> Default for Sweep<P> {
 
 impl<P> Sweep<P> {
     /// The next step, given what the stream has handled (`done`) and how positions compare.
-    pub fn step(&self, done: Option<&P>, reached: impl Fn(&P, &P) -> bool) -> Step {
+    pub(crate) fn step(&self, done: Option<&P>, reached: impl Fn(&P, &P) -> bool) -> Step {
         match &self.waiting {
             None => Step::Probe { below: self.below },
             Some((candidates, mark)) => match done {
@@ -61,7 +61,7 @@ impl<P> Sweep<P> {
     }
 
     /// Records a probe's answer.
-    pub fn probed(&mut self, probe: crate::source::Probe<P>) {
+    pub(crate) fn probed(&mut self, probe: crate::source::Probe<P>) {
         if probe.max_id.is_some() {
             self.below = probe.max_id;
         }
@@ -71,7 +71,7 @@ impl<P> Sweep<P> {
     }
 
     /// The candidates were checked; the next step probes again.
-    pub fn checked(&mut self) {
+    pub(crate) fn checked(&mut self) {
         self.waiting = None;
     }
 }

@@ -13,9 +13,9 @@ use crate::support::{kafka, mysql, shared_services, unique, wait_until};
 
 const ARRIVAL: Duration = Duration::from_secs(120);
 /// The documented least-privilege global grants of the streamer's user.
-pub const STREAMER_GRANTS: &str = "REPLICATION SLAVE, REPLICATION CLIENT";
+pub(crate) const STREAMER_GRANTS: &str = "REPLICATION SLAVE, REPLICATION CLIENT";
 
-pub struct World {
+pub(crate) struct World {
     _services: Option<tokio::sync::RwLockReadGuard<'static, ()>>,
     pub db: mysql::MyDb,
     pub prefix: String,
@@ -26,23 +26,23 @@ pub struct World {
 }
 
 impl World {
-    pub async fn new(name: &str, topic_partitions: i32) -> Self {
+    pub(crate) async fn new(name: &str, topic_partitions: i32) -> Self {
         Self::with_extra(name, topic_partitions, "").await
     }
 
-    pub async fn with_extra(name: &str, topic_partitions: i32, extra: &str) -> Self {
+    pub(crate) async fn with_extra(name: &str, topic_partitions: i32, extra: &str) -> Self {
         let services = Some(shared_services().await);
         Self::build(services, name, topic_partitions, extra, STREAMER_GRANTS).await
     }
 
     /// With the streamer user's global privileges spelled out (for example adding `PROCESS`).
-    pub async fn with_grants(name: &str, topic_partitions: i32, extra: &str, grants: &str) -> Self {
+    pub(crate) async fn with_grants(name: &str, topic_partitions: i32, extra: &str, grants: &str) -> Self {
         let services = Some(shared_services().await);
         Self::build(services, name, topic_partitions, extra, grants).await
     }
 
     /// For a test that holds the services exclusively (it stops one of them).
-    pub async fn alone(name: &str, topic_partitions: i32, extra: &str) -> Self {
+    pub(crate) async fn alone(name: &str, topic_partitions: i32, extra: &str) -> Self {
         Self::build(None, name, topic_partitions, extra, STREAMER_GRANTS).await
     }
 
@@ -64,26 +64,26 @@ impl World {
         Self { _services: services, db, prefix, topic, dir, config, url }
     }
 
-    pub fn table(&self) -> String {
+    pub(crate) fn table(&self) -> String {
         format!("{}_0_0", self.prefix)
     }
 
-    pub fn start(&self, log: &str) -> Running {
+    pub(crate) fn start(&self, log: &str) -> Running {
         Running::start(&self.config, &self.dir.join(log))
     }
 
-    pub async fn admin(&self) -> mysql_async::Conn {
+    pub(crate) async fn admin(&self) -> mysql_async::Conn {
         mysql_async::Conn::new(mysql_async::Opts::from_url(&self.db.admin_url).unwrap()).await.unwrap()
     }
 
-    pub async fn count(&self) -> i64 {
+    pub(crate) async fn count(&self) -> i64 {
         let mut c = self.admin().await;
         let n: Option<i64> = c.query_first(format!("SELECT count(*) FROM {}", self.table())).await.unwrap();
         c.disconnect().await.unwrap();
         n.unwrap()
     }
 
-    pub async fn wait_drained(&self) {
+    pub(crate) async fn wait_drained(&self) {
         wait_until("the outbox table to drain", ARRIVAL, || async { (self.count().await == 0).then_some(()) }).await;
     }
 }

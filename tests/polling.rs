@@ -12,7 +12,7 @@ use crate::support::streamer::{pg_config, run_cli};
 use crate::support::{kafka, pg, wait_until};
 
 const ARRIVAL: Duration = Duration::from_secs(120);
-pub const POLLING: &str = "mode = \"polling\"";
+pub(crate) const POLLING: &str = "mode = \"polling\"";
 
 async fn insert(w: &World, payloads: impl IntoIterator<Item = String>) {
     let sql = format!("INSERT INTO {} (topic, msg_key, payload) VALUES ($1, $2, $3)", w.table(0, 0));

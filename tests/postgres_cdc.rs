@@ -11,7 +11,7 @@ use crate::support::{kafka, pg, unique, wait_until};
 const ARRIVAL: Duration = Duration::from_secs(120);
 
 /// A test's world: database, prefix, topic, config.
-pub struct World {
+pub(crate) struct World {
     _services: ServicesGuard,
     pub db: pg::PgDb,
     pub prefix: String,
@@ -21,19 +21,25 @@ pub struct World {
 }
 
 /// The shared or exclusive hold on the services for the test's lifetime (released on drop).
-pub struct ServicesGuard {
+pub(crate) struct ServicesGuard {
     _shared: Option<tokio::sync::RwLockReadGuard<'static, ()>>,
     _exclusive: Option<tokio::sync::RwLockWriteGuard<'static, ()>>,
 }
 
 impl World {
-    pub async fn new(name: &str, shards: u32, partitions: u32, topic_partitions: i32, extra: &str) -> Self {
+    pub(crate) async fn new(name: &str, shards: u32, partitions: u32, topic_partitions: i32, extra: &str) -> Self {
         let guard = ServicesGuard { _shared: Some(crate::support::shared_services().await), _exclusive: None };
         Self::with_guard(guard, name, shards, partitions, topic_partitions, extra).await
     }
 
     /// A world for a test that stops services: no other test runs meanwhile.
-    pub async fn exclusive(name: &str, shards: u32, partitions: u32, topic_partitions: i32, extra: &str) -> Self {
+    pub(crate) async fn exclusive(
+        name: &str,
+        shards: u32,
+        partitions: u32,
+        topic_partitions: i32,
+        extra: &str,
+    ) -> Self {
         let guard = ServicesGuard { _shared: None, _exclusive: Some(crate::support::exclusive_services().await) };
         Self::with_guard(guard, name, shards, partitions, topic_partitions, extra).await
     }
@@ -56,15 +62,15 @@ impl World {
         Self { _services: guard, db, prefix, topic, dir, config }
     }
 
-    pub fn table(&self, shard: u32, partition: u32) -> String {
+    pub(crate) fn table(&self, shard: u32, partition: u32) -> String {
         format!("{}_{shard}_{partition}", self.prefix)
     }
 
-    pub fn start(&self, log: &str) -> Running {
+    pub(crate) fn start(&self, log: &str) -> Running {
         Running::start(&self.config, &self.dir.join(log))
     }
 
-    pub async fn wait_drained(&self, table: &str) {
+    pub(crate) async fn wait_drained(&self, table: &str) {
         wait_until(&format!("{table} to drain"), ARRIVAL, || async { (self.db.count(table).await == 0).then_some(()) })
             .await;
     }

@@ -20,7 +20,7 @@ const ARRIVAL: Duration = Duration::from_secs(300);
 const KEYS: u64 = 6;
 
 /// xorshift64*: reproducible from the seed, no dependency.
-pub struct Rng(pub u64);
+pub(crate) struct Rng(pub u64);
 
 impl Rng {
     fn next(&mut self) -> u64 {
@@ -30,13 +30,13 @@ impl Rng {
         self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
     }
 
-    pub fn below(&mut self, n: u64) -> u64 {
+    pub(crate) fn below(&mut self, n: u64) -> u64 {
         self.next() % n
     }
 }
 
 /// The run's seed and number of operations, from the environment or fresh.
-pub fn settings() -> (u64, usize) {
+pub(crate) fn settings() -> (u64, usize) {
     let seed = std::env::var("OUTBOX_WORKLOAD_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64) | 1
     });

@@ -14,7 +14,7 @@ const SIZE: (u32, u32) = (960, 540);
 type Measure = fn(&Report) -> f64;
 
 /// Latency CDF of every run that measured latency (backlog drains do not).
-pub fn latency(runs: &[Report], path: &Path) -> anyhow::Result<()> {
+pub(super) fn latency(runs: &[Report], path: &Path) -> anyhow::Result<()> {
     let runs: Vec<&Report> = runs.iter().filter(|r| r.latency_quantiles_ms.len() > 1).collect();
     let max_ms = runs.iter().map(|r| r.latency_p99_ms).fold(1.0, f64::max) * 1.2;
     let root = SVGBackend::new(path, SIZE).into_drawing_area();
@@ -42,7 +42,7 @@ pub fn latency(runs: &[Report], path: &Path) -> anyhow::Result<()> {
 }
 
 /// Records consumed per second over each run.
-pub fn throughput(runs: &[Report], path: &Path) -> anyhow::Result<()> {
+pub(super) fn throughput(runs: &[Report], path: &Path) -> anyhow::Result<()> {
     let seconds = runs.iter().map(|r| r.throughput_per_second.len()).max().unwrap_or(1).max(1) as f64;
     let peak = runs.iter().flat_map(|r| r.throughput_per_second.iter().copied()).max().unwrap_or(1).max(1) as f64;
     let root = SVGBackend::new(path, SIZE).into_drawing_area();
@@ -74,7 +74,7 @@ pub fn throughput(runs: &[Report], path: &Path) -> anyhow::Result<()> {
 }
 
 /// CDC and polling bars per load: sustained rate, p99 latency, database CPU per 1,000.
-pub fn comparison(runs: &[Report], path: &Path) -> anyhow::Result<()> {
+pub(super) fn comparison(runs: &[Report], path: &Path) -> anyhow::Result<()> {
     let pairs = super::pairs(runs);
     let root = SVGBackend::new(path, (SIZE.0, SIZE.1 * 3 / 2)).into_drawing_area();
     root.fill(&WHITE).map_err(chart_error)?;
@@ -136,6 +136,6 @@ fn chart_error<E: std::fmt::Display>(e: E) -> anyhow::Error {
 }
 
 /// Whether a run belongs to the CDC side of a comparison.
-pub fn is_cdc(r: &Report) -> bool {
+pub(super) fn is_cdc(r: &Report) -> bool {
     r.mode == BenchMode::Cdc
 }

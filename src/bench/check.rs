@@ -12,7 +12,7 @@ use outbox_kafka::reader::TopicReader;
 
 /// What the checker saw, per outbox id: the first arrival and how many copies.
 #[derive(Debug, Default)]
-pub struct Seen {
+pub(super) struct Seen {
     pub first_arrival: HashMap<i64, Instant>,
     pub copies: HashMap<i64, u32>,
     /// Records whose id is lower than an earlier record of the same key (commit order broken).
@@ -25,7 +25,7 @@ pub struct Seen {
 
 /// First arrivals whose position in their key's commit order (`ledger`: id → n) is lower
 /// than that of a record of the same key that arrived before them.
-pub fn out_of_commit_order(arrivals: &[(Vec<u8>, i64)], ledger: &HashMap<i64, i64>) -> usize {
+pub(super) fn out_of_commit_order(arrivals: &[(Vec<u8>, i64)], ledger: &HashMap<i64, i64>) -> usize {
     let mut last: HashMap<&[u8], i64> = HashMap::new();
     let mut late = 0;
     for (key, id) in arrivals {
@@ -40,7 +40,7 @@ pub fn out_of_commit_order(arrivals: &[(Vec<u8>, i64)], ledger: &HashMap<i64, i6
 }
 
 /// Runs the checker on a thread until `stop`; `consumed` counts distinct ids live.
-pub fn spawn_checker(
+pub(super) fn spawn_checker(
     reader: TopicReader,
     stop: Arc<AtomicBool>,
     consumed: Arc<AtomicUsize>,
@@ -79,7 +79,7 @@ pub fn spawn_checker(
 
 /// Latency percentiles in milliseconds.
 #[derive(Debug, Clone, Copy, Default, serde::Serialize)]
-pub struct Percentiles {
+pub(super) struct Percentiles {
     pub p50: f64,
     pub p95: f64,
     pub p99: f64,
@@ -87,7 +87,7 @@ pub struct Percentiles {
 }
 
 /// The latency at every `1/steps` quantile, 0 to 1 inclusive (`steps + 1` values).
-pub fn quantiles(ms: &[f64], steps: usize) -> Vec<f64> {
+pub(super) fn quantiles(ms: &[f64], steps: usize) -> Vec<f64> {
     if ms.is_empty() {
         return Vec::new();
     }
@@ -96,7 +96,7 @@ pub fn quantiles(ms: &[f64], steps: usize) -> Vec<f64> {
     (0..=steps).map(|k| sorted[((sorted.len() - 1) as f64 * k as f64 / steps as f64).round() as usize]).collect()
 }
 
-pub fn percentiles(mut ms: Vec<f64>) -> Percentiles {
+pub(super) fn percentiles(mut ms: Vec<f64>) -> Percentiles {
     if ms.is_empty() {
         return Percentiles::default();
     }

@@ -35,14 +35,14 @@ pub enum HoldOpen {
 }
 
 /// The open transaction of [`BenchDb::hold_open`].
-pub enum HeldTxn {
+pub(super) enum HeldTxn {
     Pg(tokio_postgres::Client),
     My(Conn),
 }
 
 impl HeldTxn {
     /// Commits it.
-    pub async fn finish(self) -> anyhow::Result<()> {
+    pub(super) async fn finish(self) -> anyhow::Result<()> {
         match self {
             HeldTxn::Pg(c) => c.batch_execute("COMMIT").await?,
             HeldTxn::My(mut c) => {
@@ -57,7 +57,7 @@ impl HeldTxn {
 /// The run's own database and streamer login, dropped afterwards. `Debug` shows no URL or
 /// password.
 #[derive(Clone)]
-pub struct BenchDb {
+pub(super) struct BenchDb {
     pub kind: DbKind,
     root_url: String,
     name: String,
@@ -95,7 +95,7 @@ fn split_url(url: &str) -> anyhow::Result<(&str, &str)> {
 }
 
 impl BenchDb {
-    pub async fn create(kind: DbKind, root_url: &str, name: &str) -> anyhow::Result<Self> {
+    pub(super) async fn create(kind: DbKind, root_url: &str, name: &str) -> anyhow::Result<Self> {
         let password = random_password();
         let (base, hostport) = split_url(root_url)?;
         let streamer_url = match kind {
@@ -141,7 +141,7 @@ impl BenchDb {
 
     /// The streamer's URL with `password` (a `${VAR}` reference, in a config file) after the
     /// user name.
-    pub fn streamer_url_with(&self, password: &str) -> String {
+    pub(super) fn streamer_url_with(&self, password: &str) -> String {
         match self.streamer_url.split_once('@') {
             Some((user, rest)) => format!("{user}:{password}@{rest}"),
             None => self.streamer_url.clone(),
@@ -150,7 +150,7 @@ impl BenchDb {
 
     /// Transactions ended so far in each other database of a PostgreSQL server (committed or
     /// rolled back, from `pg_stat_database`); empty for MariaDB, which counts none per database.
-    pub async fn other_databases_transactions(&self) -> anyhow::Result<BTreeMap<String, i64>> {
+    pub(super) async fn other_databases_transactions(&self) -> anyhow::Result<BTreeMap<String, i64>> {
         if self.kind != DbKind::Postgres {
             return Ok(BTreeMap::new());
         }
@@ -167,7 +167,7 @@ impl BenchDb {
 
     /// The other databases of a MariaDB server with a session at work right now (not idle, not
     /// a binlog reader, not the run's streamer); empty for PostgreSQL (see [`Self::other_databases_transactions`]).
-    pub async fn other_databases_busy(&self) -> anyhow::Result<Vec<String>> {
+    pub(super) async fn other_databases_busy(&self) -> anyhow::Result<Vec<String>> {
         if self.kind != DbKind::Mariadb {
             return Ok(Vec::new());
         }
@@ -184,7 +184,7 @@ impl BenchDb {
         Ok(busy)
     }
 
-    pub fn kind_str(&self) -> &'static str {
+    pub(super) fn kind_str(&self) -> &'static str {
         match self.kind {
             DbKind::Postgres => "postgres",
             DbKind::Mariadb => "mysql",
@@ -192,7 +192,7 @@ impl BenchDb {
     }
 
     /// Bytes of WAL (PostgreSQL) or binlog (MariaDB) written so far by the server.
-    pub async fn log_bytes(&self) -> anyhow::Result<i64> {
+    pub(super) async fn log_bytes(&self) -> anyhow::Result<i64> {
         match self.kind {
             DbKind::Postgres => {
                 let c = PgTarget::from_url(&self.admin_url, None)?.connect().await?;
@@ -208,7 +208,7 @@ impl BenchDb {
     }
 
     /// CPU seconds of the database server so far.
-    pub fn server_cpu(&self, services_dir: &Path) -> Option<f64> {
+    pub(super) fn server_cpu(&self, services_dir: &Path) -> Option<f64> {
         match self.kind {
             DbKind::Postgres => procstat::service_pid(services_dir, "postgres").and_then(procstat::server_cpu_seconds),
             DbKind::Mariadb => procstat::service_pid(services_dir, "mariadb").and_then(procstat::cpu_seconds),
@@ -217,7 +217,7 @@ impl BenchDb {
 
     /// Gives each table its own id range (table `i` starts at `i × 10¹²`), so an `outbox-id`
     /// names one row across the run's shard-partitions.
-    pub async fn separate_id_ranges(&self, tables: &[String]) -> anyhow::Result<()> {
+    pub(super) async fn separate_id_ranges(&self, tables: &[String]) -> anyhow::Result<()> {
         for (i, table) in tables.iter().enumerate().skip(1) {
             let start = i as i64 * ID_RANGE;
             match self.kind {
@@ -239,7 +239,7 @@ impl BenchDb {
 
     /// Inserts `rows` rows into `table` in transactions of [`BACKLOG_TXN_ROWS`], keys spread
     /// over 16 values; returns their ids with the time the last transaction committed.
-    pub async fn insert_backlog(
+    pub(super) async fn insert_backlog(
         &self,
         table: &str,
         topic: &str,
@@ -295,7 +295,7 @@ impl BenchDb {
     }
 
     /// Commits one row (for the warm-up).
-    pub async fn insert_one(&self, table: &str, topic: &str, key: &str) -> anyhow::Result<()> {
+    pub(super) async fn insert_one(&self, table: &str, topic: &str, key: &str) -> anyhow::Result<()> {
         match self.kind {
             DbKind::Postgres => {
                 let c = PgTarget::from_url(&self.admin_url, None)?.connect().await?;
@@ -320,7 +320,7 @@ impl BenchDb {
 
     /// Opens a transaction that stays open until [`HeldTxn::finish`]: a reader holding a
     /// snapshot, or a writer that inserted one outbox row into `table`.
-    pub async fn hold_open(&self, kind: HoldOpen, table: &str, topic: &str) -> anyhow::Result<HeldTxn> {
+    pub(super) async fn hold_open(&self, kind: HoldOpen, table: &str, topic: &str) -> anyhow::Result<HeldTxn> {
         match self.kind {
             DbKind::Postgres => {
                 let c = PgTarget::from_url(&self.admin_url, None)?.connect().await?;
@@ -354,7 +354,7 @@ impl BenchDb {
     }
 
     /// Creates the shared-keys tables with `keys` counters at 0.
-    pub async fn create_ledger(&self, keys: usize) -> anyhow::Result<()> {
+    pub(super) async fn create_ledger(&self, keys: usize) -> anyhow::Result<()> {
         let fill = (0..keys).map(|k| format!("('k{k}', 0)")).collect::<Vec<_>>().join(",");
         let insert = format!("INSERT INTO bench_key_seq (k, n) VALUES {fill}");
         match self.kind {
@@ -378,7 +378,7 @@ impl BenchDb {
     }
 
     /// Each row's position in its key's commit order (shared-keys workload).
-    pub async fn ledger(&self) -> anyhow::Result<std::collections::HashMap<i64, i64>> {
+    pub(super) async fn ledger(&self) -> anyhow::Result<std::collections::HashMap<i64, i64>> {
         Ok(match self.kind {
             DbKind::Postgres => {
                 let c = PgTarget::from_url(&self.admin_url, None)?.connect().await?;
@@ -394,7 +394,7 @@ impl BenchDb {
     }
 
     /// Runs one writer of the plan.
-    pub async fn run_writer(&self, plan: WriterPlan, progress: Arc<AtomicUsize>) -> anyhow::Result<Committed> {
+    pub(super) async fn run_writer(&self, plan: WriterPlan, progress: Arc<AtomicUsize>) -> anyhow::Result<Committed> {
         match self.kind {
             DbKind::Postgres => {
                 super::load::run_writer(PgTarget::from_url(&self.admin_url, None)?, plan, progress).await
@@ -403,7 +403,7 @@ impl BenchDb {
         }
     }
 
-    pub async fn drop(&self) {
+    pub(super) async fn drop(&self) {
         let name = &self.name;
         match self.kind {
             DbKind::Postgres => {

@@ -8,7 +8,7 @@ use outbox_postgres::connect::PgTarget;
 
 /// One writer's shape.
 #[derive(Debug, Clone)]
-pub struct WriterPlan {
+pub(super) struct WriterPlan {
     pub writer: usize,
     pub table: String,
     pub topic: String,
@@ -27,7 +27,7 @@ pub struct WriterPlan {
 
 impl WriterPlan {
     /// The key of the `i`-th row of the `n`-th transaction.
-    pub fn key(&self, n: usize, i: usize) -> Vec<u8> {
+    pub(super) fn key(&self, n: usize, i: usize) -> Vec<u8> {
         if self.shared_keys {
             format!("k{}", (n.wrapping_mul(2_654_435_761) + self.writer * 7 + i) % self.keys).into_bytes()
         } else {
@@ -37,16 +37,16 @@ impl WriterPlan {
 }
 
 /// Tables of the shared-keys workload: per key a commit counter, per row its count.
-pub const LEDGER_DDL: [&str; 2] = [
+pub(super) const LEDGER_DDL: [&str; 2] = [
     "CREATE TABLE bench_key_seq (k VARCHAR(64) PRIMARY KEY, n BIGINT NOT NULL)",
     "CREATE TABLE bench_ledger (id BIGINT PRIMARY KEY, n BIGINT NOT NULL)",
 ];
 
 /// (outbox id, when its COMMIT returned).
-pub type Committed = Vec<(i64, Instant)>;
+pub(super) type Committed = Vec<(i64, Instant)>;
 
 /// The pacing of one writer: a tick per transaction, or none for as fast as possible.
-pub fn ticker(plan: &WriterPlan) -> Option<tokio::time::Interval> {
+pub(super) fn ticker(plan: &WriterPlan) -> Option<tokio::time::Interval> {
     plan.txn_rate.map(|rate| {
         let mut t = tokio::time::interval(Duration::from_secs_f64(1.0 / rate));
         t.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
@@ -55,7 +55,11 @@ pub fn ticker(plan: &WriterPlan) -> Option<tokio::time::Interval> {
 }
 
 /// Runs one PostgreSQL writer; returns the ids it committed with their commit times.
-pub async fn run_writer(target: PgTarget, plan: WriterPlan, progress: Arc<AtomicUsize>) -> anyhow::Result<Committed> {
+pub(super) async fn run_writer(
+    target: PgTarget,
+    plan: WriterPlan,
+    progress: Arc<AtomicUsize>,
+) -> anyhow::Result<Committed> {
     let client = target.connect().await?;
     let insert = client
         .prepare(&format!(

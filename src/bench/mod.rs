@@ -22,7 +22,7 @@ mod load;
 mod neighbours;
 mod private_dir;
 mod procstat;
-pub mod scenario;
+pub(crate) mod scenario;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -38,7 +38,7 @@ use serde::Serialize;
 
 use crate::config::Config;
 use db::BenchDb;
-pub use db::{DbKind, HoldOpen};
+pub(crate) use db::{DbKind, HoldOpen};
 use private_dir::PrivateDir;
 
 /// Where the streamer under test serves its metrics; the report quotes its own latency view.
@@ -122,7 +122,7 @@ pub struct BenchArgs {
 
 /// The results of one run.
 #[derive(Debug, Serialize)]
-pub struct Report {
+pub(crate) struct Report {
     pub scenario: String,
     pub mode: BenchMode,
     pub db: DbKind,
@@ -166,7 +166,7 @@ pub struct Report {
 
 /// Runs what the flags ask for: the scenario list, a suite, or one run. Returns the reports
 /// of the runs made.
-pub async fn bench_command(args: BenchArgs) -> anyhow::Result<Vec<Report>> {
+pub(crate) async fn bench_command(args: BenchArgs) -> anyhow::Result<Vec<Report>> {
     if args.list_scenarios {
         for s in scenario::all() {
             let load = if s.backlog.is_some() {
@@ -208,7 +208,7 @@ pub async fn bench_command(args: BenchArgs) -> anyhow::Result<Vec<Report>> {
 }
 
 /// Pairs of CDC and polling runs of the same database and load: (load label, cdc, polling).
-pub fn pairs(runs: &[Report]) -> Vec<(String, &Report, &Report)> {
+pub(crate) fn pairs(runs: &[Report]) -> Vec<(String, &Report, &Report)> {
     let mut out = Vec::new();
     for cdc in runs.iter().filter(|r| charts::is_cdc(r)) {
         let same = |p: &&Report| {
@@ -262,7 +262,7 @@ fn write_suite(suite: &str, reports: &[Report], out: &Path) -> anyhow::Result<()
     Ok(())
 }
 
-pub async fn bench(mut args: BenchArgs) -> anyhow::Result<Report> {
+pub(crate) async fn bench(mut args: BenchArgs) -> anyhow::Result<Report> {
     if args.quick {
         args.duration_s = 3;
         args.rate = 500;

@@ -14,7 +14,7 @@ use super::db::BenchDb;
 
 /// What was seen of other databases since [`Neighbours::start`].
 #[derive(Debug, Default)]
-pub struct Neighbours {
+pub(super) struct Neighbours {
     /// PostgreSQL: each other database's transactions at the start.
     transactions: BTreeMap<String, i64>,
     /// MariaDB: in how many samples each other database was at work.
@@ -24,7 +24,7 @@ pub struct Neighbours {
 
 impl Neighbours {
     /// Starts watching; a database that cannot be read is watched as having no neighbours.
-    pub async fn start(db: &BenchDb) -> Self {
+    pub(super) async fn start(db: &BenchDb) -> Self {
         let transactions = db.other_databases_transactions().await.unwrap_or_else(|e| {
             tracing::warn!(error = %format!("{e:#}"), "cannot read other databases' activity");
             BTreeMap::new()
@@ -33,7 +33,7 @@ impl Neighbours {
     }
 
     /// Takes one sample (MariaDB; nothing to do for PostgreSQL).
-    pub async fn sample(&mut self, db: &BenchDb) {
+    pub(super) async fn sample(&mut self, db: &BenchDb) {
         if let Ok(busy) = db.other_databases_busy().await {
             self.samples += 1;
             for name in busy {
@@ -44,7 +44,7 @@ impl Neighbours {
 
     /// The other databases that were active, busiest first, with how much
     /// (`"app (1520 transactions)"`).
-    pub async fn finish(self, db: &BenchDb) -> Vec<String> {
+    pub(super) async fn finish(self, db: &BenchDb) -> Vec<String> {
         let now = db.other_databases_transactions().await.unwrap_or_default();
         let mut active = active_since(&self.transactions, &now);
         let mut busy: Vec<(&String, &usize)> = self.busy.iter().collect();
@@ -70,7 +70,7 @@ fn active_since(before: &BTreeMap<String, i64>, after: &BTreeMap<String, i64>) -
 const NAMED: usize = 5;
 
 /// The note under a report whose DB CPU includes `others`' work (the busiest first).
-pub fn note(others: &[String]) -> String {
+pub(super) fn note(others: &[String]) -> String {
     let mut named = others.iter().take(NAMED).cloned().collect::<Vec<_>>().join(", ");
     if others.len() > NAMED {
         named.push_str(&format!(" and {} more", others.len() - NAMED));

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 
 /// A fresh `0700` directory under the system's temporary directory.
 #[derive(Debug)]
-pub struct PrivateDir {
+pub(super) struct PrivateDir {
     path: PathBuf,
     /// Keep the directory (with what [`PrivateDir::forget`] did not remove) when dropped.
     keep: bool,
@@ -17,19 +17,19 @@ pub struct PrivateDir {
 
 impl PrivateDir {
     /// Creates `<tmp>/<prefix>-<pid>-<nanos>`; fails if it exists.
-    pub fn create(prefix: &str) -> std::io::Result<Self> {
+    pub(super) fn create(prefix: &str) -> std::io::Result<Self> {
         let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
         let path = std::env::temp_dir().join(format!("{prefix}-{}-{nanos}", std::process::id()));
         DirBuilder::new().mode(0o700).create(&path)?;
         Ok(Self { path, keep: false })
     }
 
-    pub fn path(&self) -> &Path {
+    pub(super) fn path(&self) -> &Path {
         &self.path
     }
 
     /// Writes `name` with `text`, readable and writable by this user only (`0600`).
-    pub fn write(&self, name: &str, text: &str) -> std::io::Result<PathBuf> {
+    pub(super) fn write(&self, name: &str, text: &str) -> std::io::Result<PathBuf> {
         let path = self.path.join(name);
         let mut file = OpenOptions::new().write(true).create_new(true).mode(0o600).open(&path)?;
         file.write_all(text.as_bytes())?;
@@ -37,13 +37,13 @@ impl PrivateDir {
     }
 
     /// Creates `name` for writing (`0600`), for a child process's output.
-    pub fn file(&self, name: &str) -> std::io::Result<std::fs::File> {
+    pub(super) fn file(&self, name: &str) -> std::io::Result<std::fs::File> {
         OpenOptions::new().write(true).create_new(true).mode(0o600).open(self.path.join(name))
     }
 
     /// Keeps the directory when dropped, without `remove` (a failed run's log, for the
     /// operator); returns its path.
-    pub fn keep_without(&mut self, remove: &[&str]) -> &Path {
+    pub(super) fn keep_without(&mut self, remove: &[&str]) -> &Path {
         for name in remove {
             let _ = std::fs::remove_file(self.path.join(name));
         }

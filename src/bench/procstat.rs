@@ -13,7 +13,7 @@ fn stat_fields(pid: u32) -> Option<Vec<String>> {
 }
 
 /// User + system CPU seconds of a live process (not its children).
-pub fn cpu_seconds(pid: u32) -> Option<f64> {
+pub(super) fn cpu_seconds(pid: u32) -> Option<f64> {
     let f = stat_fields(pid)?;
     // After ")": state(0) ppid(1) … utime(11) stime(12) cutime(13) cstime(14).
     let ticks: f64 = f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?;
@@ -21,7 +21,7 @@ pub fn cpu_seconds(pid: u32) -> Option<f64> {
 }
 
 /// CPU seconds of a server: the parent, its live children, and its reaped children.
-pub fn server_cpu_seconds(parent: u32) -> Option<f64> {
+pub(super) fn server_cpu_seconds(parent: u32) -> Option<f64> {
     let f = stat_fields(parent)?;
     let mut ticks: f64 = (11..=14).map(|i| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0)).sum();
     for entry in std::fs::read_dir("/proc").ok()?.flatten() {
@@ -37,14 +37,14 @@ pub fn server_cpu_seconds(parent: u32) -> Option<f64> {
 }
 
 /// Peak resident memory (VmHWM) in bytes.
-pub fn peak_rss_bytes(pid: u32) -> Option<u64> {
+pub(super) fn peak_rss_bytes(pid: u32) -> Option<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
     line.split_whitespace().nth(1)?.parse::<u64>().ok().map(|kb| kb * 1024)
 }
 
 /// The pid recorded by `scripts/services` for a service, if that process runs.
-pub fn service_pid(services_dir: &Path, service: &str) -> Option<u32> {
+pub(super) fn service_pid(services_dir: &Path, service: &str) -> Option<u32> {
     let pid: u32 = std::fs::read_to_string(services_dir.join(service).join("pid")).ok()?.trim().parse().ok()?;
     stat_fields(pid).map(|_| pid)
 }

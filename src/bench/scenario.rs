@@ -8,11 +8,11 @@
 use super::{BenchArgs, BenchMode, DbKind};
 
 /// Rows of a backlog drain.
-pub const BACKLOG_ROWS: usize = 1_000_000;
+pub(crate) const BACKLOG_ROWS: usize = 1_000_000;
 
 /// One named scenario.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Scenario {
+pub(crate) struct Scenario {
     pub name: String,
     pub db: DbKind,
     pub mode: BenchMode,
@@ -25,7 +25,7 @@ pub struct Scenario {
 
 impl Scenario {
     /// Sets the scenario's values on `args` (and names the run after it).
-    pub fn apply(&self, args: &mut BenchArgs) {
+    pub(crate) fn apply(&self, args: &mut BenchArgs) {
         args.scenario = self.name.clone();
         args.db = self.db;
         args.mode = self.mode;
@@ -37,7 +37,7 @@ impl Scenario {
 }
 
 /// Every named scenario, in the order a suite runs them.
-pub fn all() -> Vec<Scenario> {
+pub(crate) fn all() -> Vec<Scenario> {
     let mut out = Vec::new();
     for (db, prefix) in [(DbKind::Postgres, "pg"), (DbKind::Mariadb, "mariadb")] {
         let s = |mode: BenchMode, load: &str, rate: u64, payload_bytes: usize, partitions: u32, backlog| {
@@ -68,12 +68,12 @@ pub fn all() -> Vec<Scenario> {
     out
 }
 
-pub fn find(name: &str) -> Option<Scenario> {
+pub(crate) fn find(name: &str) -> Option<Scenario> {
     all().into_iter().find(|s| s.name == name)
 }
 
 /// The scenarios of a suite: `pg`, `mariadb` or `all`.
-pub fn suite(name: &str) -> Option<Vec<Scenario>> {
+pub(crate) fn suite(name: &str) -> Option<Vec<Scenario>> {
     let prefix = match name {
         "pg" => "pg-",
         "mariadb" => "mariadb-",

@@ -16,8 +16,8 @@
 //! transactions (c) sends it may arrive out of commit order: the catch-up is an incident
 //! path, and `docs/polling.md` names this window.
 
-pub mod mysql;
-pub mod postgres;
+pub(crate) mod mysql;
+pub(crate) mod postgres;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -33,7 +33,7 @@ use crate::streamer::{SessionError, StreamLabels, StreamMemory, run_session};
 
 /// What a finished catch-up did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct CatchUpReport {
+pub(crate) struct CatchUpReport {
     /// Rows published by polling and deleted.
     pub rows: u64,
     pub elapsed: Duration,
@@ -41,7 +41,7 @@ pub struct CatchUpReport {
 
 /// How a catch-up publishes: the stream's own producer and settings.
 #[derive(Debug)]
-pub struct Drain<'a> {
+pub(crate) struct Drain<'a> {
     pub labels: &'a StreamLabels,
     pub settings: &'a StreamSettings,
     pub producer: &'a Producer,
@@ -55,7 +55,12 @@ pub struct Drain<'a> {
 impl Drain<'_> {
     /// Publishes and deletes every row with `id <= upto` by polling; returns how many.
     /// `Ok(None)` means the process is stopping and the drain did not finish.
-    pub async fn run<T: PollTable>(&mut self, reader: T, cleaner: T, upto: i64) -> Result<Option<u64>, SessionError> {
+    pub(crate) async fn run<T: PollTable>(
+        &mut self,
+        reader: T,
+        cleaner: T,
+        upto: i64,
+    ) -> Result<Option<u64>, SessionError> {
         let rows_sent = Arc::new(AtomicU64::new(0));
         let settings = PollSettings {
             batch: self.settings.poll_batch,
@@ -77,7 +82,7 @@ impl Drain<'_> {
 }
 
 /// Logs and counts a finished catch-up.
-pub fn report(labels: &StreamLabels, started: Instant, rows: u64) -> CatchUpReport {
+pub(crate) fn report(labels: &StreamLabels, started: Instant, rows: u64) -> CatchUpReport {
     let report = CatchUpReport { rows, elapsed: started.elapsed() };
     let metric_labels = labels.metric_labels();
     metrics::counter!(m::CATCHUPS, &metric_labels).increment(1);

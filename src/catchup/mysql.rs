@@ -57,7 +57,12 @@ async fn snapshot(conn: &mut Conn, table: &str) -> Result<Snapshot, MyError> {
 }
 
 /// Marks a catch-up of `table` as needed before it streams again (polling mode does this).
-pub async fn mark_pending(conn: &mut Conn, checkpoint_table: &str, table: &str, epoch: i64) -> Result<(), SourceError> {
+pub(crate) async fn mark_pending(
+    conn: &mut Conn,
+    checkpoint_table: &str,
+    table: &str,
+    epoch: i64,
+) -> Result<(), SourceError> {
     conn.exec_drop(
         format!(
             "UPDATE {} SET catchup_pending = 1, catchup_started_at = NOW(6) WHERE stream = ? AND owner_epoch <= ?",
@@ -75,7 +80,7 @@ pub async fn mark_pending(conn: &mut Conn, checkpoint_table: &str, table: &str, 
 
 /// Runs the whole catch-up of one shard-partition. `Ok(None)`: the process is stopping and
 /// the catch-up stays pending.
-pub async fn run(
+pub(crate) async fn run(
     opts: &Opts,
     names: &StreamNames,
     checkpoint_table: &str,

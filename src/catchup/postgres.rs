@@ -39,7 +39,7 @@ fn missing_checkpoint(checkpoint_table: &str, what: String) -> SourceError {
 }
 
 /// Whether a catch-up of `table` is pending (interrupted, or polling mode ran).
-pub async fn pending(client: &Client, checkpoint_table: &str, table: &str) -> Result<bool, SourceError> {
+pub(crate) async fn pending(client: &Client, checkpoint_table: &str, table: &str) -> Result<bool, SourceError> {
     let sql = format!("SELECT catchup_pending FROM {} WHERE stream = $1", ident(checkpoint_table));
     match client.query_opt(&sql, &[&table]).await {
         Ok(Some(row)) => Ok(row.get(0)),
@@ -54,7 +54,12 @@ pub async fn pending(client: &Client, checkpoint_table: &str, table: &str) -> Re
 /// Marks a catch-up of `table` as needed before it streams again, and claims the stream for
 /// owner `epoch`: from then on the polling deletes of an older owner are refused (the fence
 /// PostgreSQL polling has instead of a slot; see `PgPollTable::fenced_by`).
-pub async fn mark_pending(client: &Client, checkpoint_table: &str, table: &str, epoch: i64) -> Result<(), SourceError> {
+pub(crate) async fn mark_pending(
+    client: &Client,
+    checkpoint_table: &str,
+    table: &str,
+    epoch: i64,
+) -> Result<(), SourceError> {
     let sql = format!(
         "UPDATE {} SET catchup_pending = true, catchup_started_at = now(), owner_epoch = $2, updated_at = now()
          WHERE stream = $1 AND owner_epoch <= $2",
@@ -74,7 +79,7 @@ pub async fn mark_pending(client: &Client, checkpoint_table: &str, table: &str, 
 
 /// Runs the whole catch-up of one shard-partition. `Ok(None)`: the process is stopping and
 /// the catch-up stays pending.
-pub async fn run(
+pub(crate) async fn run(
     target: &PgTarget,
     names: &StreamNames,
     checkpoint_table: &str,

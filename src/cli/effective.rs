@@ -102,7 +102,7 @@ struct StreamView {
 }
 
 /// `config`: the file is valid (it was loaded); says what it holds.
-pub fn check(config: &Config, path: &Path) {
+pub(super) fn check(config: &Config, path: &Path) {
     let streams: u32 = config.sources.iter().map(|s| s.shards * s.partitions).sum();
     let coordination = match &config.coordination {
         Some(c) => format!(", shared by the instances of ZooKeeper cluster {:?}", c.cluster_name),
@@ -116,7 +116,7 @@ pub fn check(config: &Config, path: &Path) {
 }
 
 /// `config --effective`: every setting, as TOML or JSON, secrets masked.
-pub fn effective(config: &Config, path: &Path, json: bool) -> anyhow::Result<()> {
+pub(super) fn effective(config: &Config, path: &Path, json: bool) -> anyhow::Result<()> {
     let view = view(config);
     let text = if json {
         serde_json::to_string_pretty(&view)?

@@ -24,7 +24,7 @@ pub struct AdminLogin<'a> {
 
 /// Runs `setup` for every source: checks first, then creates. `app_roles` are granted what
 /// enqueuing needs (`--app-role`).
-pub async fn setup(
+pub(crate) async fn setup(
     config: &Config,
     dry_run: bool,
     admin: Option<AdminLogin<'_>>,
@@ -44,7 +44,7 @@ pub async fn setup(
 }
 
 /// The setup plan of a PostgreSQL source; the streamer role is the source URL's user.
-pub fn postgres_plan(source: &SourceConfig, streamer: &PgTarget, app_roles: &[String]) -> SetupPlan {
+pub(crate) fn postgres_plan(source: &SourceConfig, streamer: &PgTarget, app_roles: &[String]) -> SetupPlan {
     SetupPlan {
         prefix: source.table_prefix.clone(),
         shards: source.shards,

@@ -26,7 +26,7 @@ use crate::skip::SkipList;
 
 /// What to skip.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum What {
+pub(super) enum What {
     Id(i64),
     Transaction(String),
     Backlog,
@@ -56,7 +56,7 @@ fn stream<'c>(config: &'c Config, text: &str) -> anyhow::Result<(&'c SourceConfi
     Ok((source, StreamId { shard, partition }))
 }
 
-pub async fn skip(config: &Config, stream_text: &str, what: What) -> anyhow::Result<ExitCode> {
+pub(super) async fn skip(config: &Config, stream_text: &str, what: What) -> anyhow::Result<ExitCode> {
     let (source, id) = stream(config, stream_text)?;
     let message = match source.kind {
         SourceKind::Postgres => postgres(source, id, &what).await?,

@@ -24,7 +24,7 @@ use crate::config::{Config, Mode, SourceConfig, SourceKind};
 use crate::names::{StreamId, all_streams, checkpoint_table};
 use streamer::{Observed, Seen};
 use verdict::Problem;
-pub use verdict::{Limits, exit};
+pub(super) use verdict::{Limits, exit};
 
 /// Pending rows are counted up to this many; more shows as this number and `+`.
 const PENDING_COUNT_CAP: i64 = 1_000_000;
@@ -84,7 +84,7 @@ impl Row {
 }
 
 /// `metrics_address`: without coordination, the instance to ask instead of `[metrics] listen`.
-pub async fn status(
+pub(super) async fn status(
     config: &Config,
     json: bool,
     limits: Limits,

@@ -4,7 +4,7 @@
 /// The order in which the member at `rank` prefers shard-partitions: its own stripe
 /// (`i % members == rank`) first, so instances rarely contend for the same free lease, and
 /// gives up the least preferred first.
-pub fn preference(total: usize, members: usize, rank: usize) -> Vec<usize> {
+pub(crate) fn preference(total: usize, members: usize, rank: usize) -> Vec<usize> {
     let members = members.max(1);
     let mut order: Vec<usize> = (0..total).collect();
     order.sort_by_key(|&i| ((i % members + members - rank % members) % members, i));
@@ -18,7 +18,7 @@ pub fn preference(total: usize, members: usize, rank: usize) -> Vec<usize> {
 /// fewest candidates go first, each to the candidate with the fewest so far (the oldest on a
 /// tie), so the counts are as even as the sets allow and every quota can be met. Returns the
 /// targets of each member.
-pub fn plan(total: usize, serves: &[Vec<usize>]) -> Vec<Vec<usize>> {
+pub(crate) fn plan(total: usize, serves: &[Vec<usize>]) -> Vec<Vec<usize>> {
     let mut candidates: Vec<Vec<usize>> = vec![Vec::new(); total];
     for (member, indexes) in serves.iter().enumerate() {
         for &i in indexes {

@@ -12,7 +12,7 @@
 //! the session expires, every task is aborted at once (its producer's queue is purged and its
 //! database connections dropped), and the instance joins again with a new session.
 
-pub mod assign;
+pub(crate) mod assign;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
@@ -42,7 +42,7 @@ const ACQUIRE_WAIT: Duration = Duration::from_secs(1);
 const RELEASE_WAIT: Duration = Duration::from_secs(45);
 
 /// The ZooKeeper session settings of `config`: ensemble, session timeout, TLS.
-pub fn session_settings(config: &CoordinationConfig) -> SessionSettings {
+pub(crate) fn session_settings(config: &CoordinationConfig) -> SessionSettings {
     let mut settings = SessionSettings::new(config.connect.clone());
     settings.session_timeout = Duration::from_millis(config.session_timeout_ms);
     settings.tls = config.tls.as_ref().and_then(|t| t.zookeeper());
@@ -52,7 +52,7 @@ pub fn session_settings(config: &CoordinationConfig) -> SessionSettings {
 /// Runs ownership until `stop` turns true; then stops every owned task and gives its lease up.
 /// `metrics` (`host:port` of this instance's metrics endpoint) is published in the member
 /// node, for `status`.
-pub async fn run(
+pub(crate) async fn run(
     config: &CoordinationConfig,
     jobs: Vec<StreamJob>,
     sources: BTreeMap<String, String>,
@@ -595,7 +595,7 @@ impl Membership<'_> {
 
 /// Which database a source streams, as member nodes show it: kind, host, port, database and
 /// table prefix — never the login or the password.
-pub fn fingerprint(source: &crate::config::SourceConfig) -> String {
+pub(crate) fn fingerprint(source: &crate::config::SourceConfig) -> String {
     let url = source.url.redacted();
     let rest = url.split_once("://").map_or(url.as_str(), |(_, r)| r);
     let (authority, path) = rest.split_once('/').unwrap_or((rest, ""));

@@ -20,7 +20,7 @@ use crate::source::SourceError;
 
 /// Rows a prepared XA transaction may hold in memory; beyond this the stream stops with the
 /// XID, rather than let one transaction exhaust the process.
-pub const MAX_HELD_BYTES: usize = 512 * 1024 * 1024;
+pub(super) const MAX_HELD_BYTES: usize = 512 * 1024 * 1024;
 
 #[derive(Debug)]
 struct Held {
@@ -32,7 +32,7 @@ struct Held {
 
 /// The prepared XA transactions of one stream that hold rows, in prepare order.
 #[derive(Debug, Default)]
-pub struct XaHolds {
+pub(super) struct XaHolds {
     held: Vec<Held>,
     bytes: usize,
 }
@@ -47,7 +47,7 @@ fn weight(row: &PolledRow) -> usize {
 impl XaHolds {
     /// Holds the rows of XA transaction `xid`, prepared after `before`. Nothing is held for an
     /// XA transaction without rows of this table.
-    pub fn hold(&mut self, xid: Xid, before: Position, rows: Vec<PolledRow>) -> Result<(), SourceError> {
+    pub(super) fn hold(&mut self, xid: Xid, before: Position, rows: Vec<PolledRow>) -> Result<(), SourceError> {
         if rows.is_empty() {
             return Ok(());
         }
@@ -70,7 +70,7 @@ impl XaHolds {
     }
 
     /// The outcome of `xid` arrived: its held rows, if it held any.
-    pub fn release(&mut self, xid: &Xid) -> Vec<PolledRow> {
+    pub(super) fn release(&mut self, xid: &Xid) -> Vec<PolledRow> {
         match self.held.iter().position(|h| h.xid == *xid) {
             Some(at) => {
                 let held = self.held.remove(at);
@@ -84,7 +84,7 @@ impl XaHolds {
     /// Where a restart must read from once everything up to `done` is handled: before the
     /// earliest prepare still held, or `done` itself. The file form (no GTID to skip by) never
     /// resumes earlier: held rows are then found again by the sweep, once committed.
-    pub fn resume(&self, done: &Position) -> Position {
+    pub(super) fn resume(&self, done: &Position) -> Position {
         match (self.held.first(), done) {
             (_, Position::File { .. }) | (None, _) => done.clone(),
             (Some(earliest), _) => earliest.before.clone(),
@@ -92,7 +92,7 @@ impl XaHolds {
     }
 
     #[cfg(test)]
-    pub fn is_empty(&self) -> bool {
+    pub(super) fn is_empty(&self) -> bool {
         self.held.is_empty()
     }
 }

@@ -17,7 +17,7 @@ use crate::source::SourceError;
 
 /// What a session needs from the checkpoint row.
 #[derive(Debug)]
-pub struct Stored {
+pub(super) struct Stored {
     pub catchup_pending: bool,
     pub published: Option<Lsn>,
     pub skips: SkipList,
@@ -32,7 +32,7 @@ fn run_setup(message: String) -> SourceError {
 }
 
 /// Reads the row of `table`.
-pub async fn read(client: &Client, checkpoint_table: &str, table: &str) -> Result<Stored, SourceError> {
+pub(super) async fn read(client: &Client, checkpoint_table: &str, table: &str) -> Result<Stored, SourceError> {
     let sql = format!(
         "SELECT catchup_pending, published_lsn::text, skip_ids, skip_transactions FROM {} WHERE stream = $1",
         ident(checkpoint_table)

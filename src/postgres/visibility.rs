@@ -20,7 +20,7 @@ const POLL: Duration = Duration::from_millis(2);
 
 /// Returns once none of `xids` still holds its transaction lock; a transient error after
 /// [`LIMIT`].
-pub async fn wait(sql: &Client, xids: &[u32]) -> Result<(), SourceError> {
+pub(super) async fn wait(sql: &Client, xids: &[u32]) -> Result<(), SourceError> {
     if xids.is_empty() {
         return Ok(());
     }

@@ -11,23 +11,23 @@ use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 
 use super::{env, unique};
 
-pub fn brokers() -> String {
+pub(crate) fn brokers() -> String {
     env("OUTBOX_KAFKA_BROKERS")
 }
 
 /// Creates a topic with a unique name and `partitions` partitions; returns its name.
-pub async fn fresh_topic(prefix: &str, partitions: i32) -> String {
+pub(crate) async fn fresh_topic(prefix: &str, partitions: i32) -> String {
     let name = unique(prefix).replace('_', "-");
     create_topic(&name, partitions).await;
     name
 }
 
-pub async fn create_topic(name: &str, partitions: i32) {
+pub(crate) async fn create_topic(name: &str, partitions: i32) {
     create_topic_with(name, partitions, &[]).await;
 }
 
 /// Creates a topic with topic-level settings (for example `max.message.bytes`).
-pub async fn create_topic_with(name: &str, partitions: i32, config: &[(&str, &str)]) {
+pub(crate) async fn create_topic_with(name: &str, partitions: i32, config: &[(&str, &str)]) {
     let admin: AdminClient<DefaultClientContext> =
         ClientConfig::new().set("bootstrap.servers", brokers()).create().expect("kafka admin client");
     let mut topic = NewTopic::new(name, partitions, TopicReplication::Fixed(1));
@@ -45,7 +45,7 @@ pub async fn create_topic_with(name: &str, partitions: i32, config: &[(&str, &st
 
 /// One consumed record.
 #[derive(Debug, Clone)]
-pub struct Record {
+pub(crate) struct Record {
     pub partition: i32,
     pub offset: i64,
     pub key: Option<Vec<u8>>,
@@ -54,15 +54,15 @@ pub struct Record {
 }
 
 impl Record {
-    pub fn header(&self, name: &str) -> &str {
+    pub(crate) fn header(&self, name: &str) -> &str {
         self.headers.get(name).map(String::as_str).unwrap_or_else(|| panic!("record without header {name}: {self:?}"))
     }
 
-    pub fn payload_str(&self) -> String {
+    pub(crate) fn payload_str(&self) -> String {
         String::from_utf8_lossy(self.payload.as_deref().unwrap_or_default()).into_owned()
     }
 
-    pub fn key_str(&self) -> String {
+    pub(crate) fn key_str(&self) -> String {
         String::from_utf8_lossy(self.key.as_deref().unwrap_or_default()).into_owned()
     }
 }
@@ -70,7 +70,7 @@ impl Record {
 /// Checks records whose payload is `<key>:<n>:<committed|rolled-back>`, where `n` counted
 /// each key's transactions under a row lock (so `n` order is commit order): no rolled-back row
 /// was published, and per key, in Kafka order, `n` runs 1, 2, 3, … without gap or repeat.
-pub fn assert_commit_order_per_key(records: &[Record]) {
+pub(crate) fn assert_commit_order_per_key(records: &[Record]) {
     let mut sorted = records.to_vec();
     sorted.sort_by_key(|r| (r.partition, r.offset));
     let mut per_key: HashMap<String, Vec<i32>> = HashMap::new();
@@ -91,7 +91,7 @@ pub fn assert_commit_order_per_key(records: &[Record]) {
 /// After faults, records may repeat; counting each `outbox-id` once, at its first delivery,
 /// checks that `expected` distinct rows arrived and that per key (in Kafka order) the first
 /// deliveries keep their ids increasing, i.e. commit order.
-pub fn assert_first_deliveries_in_order(records: &[Record], expected: usize) {
+pub(crate) fn assert_first_deliveries_in_order(records: &[Record], expected: usize) {
     let mut sorted = records.to_vec();
     sorted.sort_by_key(|r| (r.partition, r.offset));
     let mut first = std::collections::HashSet::new();
@@ -110,7 +110,7 @@ pub fn assert_first_deliveries_in_order(records: &[Record], expected: usize) {
 
 /// Reads `topic` from the beginning until at least `count` records arrived, then a little
 /// longer (`settle`) to catch extra records (duplicates), or panics at the deadline.
-pub async fn read_at_least(topic: &str, partitions: i32, count: usize, timeout: Duration) -> Vec<Record> {
+pub(crate) async fn read_at_least(topic: &str, partitions: i32, count: usize, timeout: Duration) -> Vec<Record> {
     let topic = topic.to_string();
     tokio::task::spawn_blocking(move || read_blocking(&topic, partitions, count, timeout, Duration::from_millis(500)))
         .await
@@ -121,7 +121,7 @@ pub async fn read_at_least(topic: &str, partitions: i32, count: usize, timeout: 
 /// `outbox-shard`, `outbox-partition` and `outbox-id` headers — then a little longer for
 /// duplicates. Where duplicates are possible, [`read_at_least`] could stop at `expected`
 /// records with some rows still on their way.
-pub async fn read_distinct(topic: &str, partitions: i32, expected: usize, timeout: Duration) -> Vec<Record> {
+pub(crate) async fn read_distinct(topic: &str, partitions: i32, expected: usize, timeout: Duration) -> Vec<Record> {
     let topic = topic.to_string();
     tokio::task::spawn_blocking(move || {
         let mut out = Vec::new();
@@ -144,7 +144,7 @@ pub async fn read_distinct(topic: &str, partitions: i32, expected: usize, timeou
 
 /// Reads `topic` from the beginning until every payload in `expected` arrived, then a little
 /// longer for duplicates and strays; returns every record read.
-pub async fn read_until_payloads(
+pub(crate) async fn read_until_payloads(
     topic: &str,
     partitions: i32,
     expected: &std::collections::HashSet<String>,
@@ -167,7 +167,12 @@ pub async fn read_until_payloads(
 
 /// Counts records and distinct `outbox-id` headers until `expected` distinct ids arrived,
 /// keeping no records in memory (for runs of a million records). Returns (records, distinct).
-pub async fn count_distinct_ids(topic: &str, partitions: i32, expected: usize, timeout: Duration) -> (usize, usize) {
+pub(crate) async fn count_distinct_ids(
+    topic: &str,
+    partitions: i32,
+    expected: usize,
+    timeout: Duration,
+) -> (usize, usize) {
     let topic = topic.to_string();
     tokio::task::spawn_blocking(move || {
         let mut seen = std::collections::HashSet::with_capacity(expected);
@@ -259,7 +264,7 @@ fn scan(
 
 /// Reads a one-partition topic until `n` records arrived and asserts their payloads are
 /// `p0`, `p1`, … `p{n-1}`: every row once, in order.
-pub async fn expect_numbered_payloads(topic: &str, n: usize, timeout: Duration) -> Vec<Record> {
+pub(crate) async fn expect_numbered_payloads(topic: &str, n: usize, timeout: Duration) -> Vec<Record> {
     let records = read_at_least(topic, 1, n, timeout).await;
     let got: Vec<String> = records.iter().map(Record::payload_str).collect();
     assert_eq!(got, (0..n).map(|i| format!("p{i}")).collect::<Vec<_>>(), "every row once, in order");
@@ -268,7 +273,7 @@ pub async fn expect_numbered_payloads(topic: &str, n: usize, timeout: Duration) 
 
 /// Reads `topic` from the beginning until a record whose header `name` equals `value`
 /// arrives; panics at the deadline.
-pub async fn wait_for_header(topic: &str, partitions: i32, name: &str, value: &str, timeout: Duration) {
+pub(crate) async fn wait_for_header(topic: &str, partitions: i32, name: &str, value: &str, timeout: Duration) {
     let (topic, name, value) = (topic.to_string(), name.to_string(), value.to_string());
     tokio::task::spawn_blocking(move || {
         scan(&topic, partitions, timeout, Duration::ZERO, |msg| {

@@ -2,35 +2,35 @@
 //! fresh Kafka topics, a Kafka reader, the streamer as a real child process, and waits on
 //! conditions with deadlines (never sleeps as synchronisation).
 
-pub mod kafka;
-pub mod metrics;
-pub mod mysql;
-pub mod pg;
-pub mod proxy;
-pub mod streamer;
+pub(crate) mod kafka;
+pub(crate) mod metrics;
+pub(crate) mod mysql;
+pub(crate) mod pg;
+pub(crate) mod proxy;
+pub(crate) mod streamer;
 
 use std::future::Future;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 /// How to get the services the tests need.
-pub const HOW_TO_START: &str = "start the services with `scripts/services up && eval \"$(scripts/services env)\"`, or run every test with `scripts/test`";
+pub(crate) const HOW_TO_START: &str = "start the services with `scripts/services up && eval \"$(scripts/services env)\"`, or run every test with `scripts/test`";
 
 /// Tests share the services; a test that stops one (Kafka outage) takes them exclusively.
 static SERVICES: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
 
 /// Held by every test that uses the services.
-pub async fn shared_services() -> tokio::sync::RwLockReadGuard<'static, ()> {
+pub(crate) async fn shared_services() -> tokio::sync::RwLockReadGuard<'static, ()> {
     SERVICES.read().await
 }
 
 /// Held by a test that stops or restarts a service; no other test runs meanwhile.
-pub async fn exclusive_services() -> tokio::sync::RwLockWriteGuard<'static, ()> {
+pub(crate) async fn exclusive_services() -> tokio::sync::RwLockWriteGuard<'static, ()> {
     SERVICES.write().await
 }
 
 /// Runs `scripts/services <args>` (for example `down kafka`) and panics if it fails.
-pub fn services(args: &[&str]) {
+pub(crate) fn services(args: &[&str]) {
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/services");
     let out = std::process::Command::new(script).args(args).output().expect("running scripts/services");
     assert!(
@@ -43,10 +43,10 @@ pub fn services(args: &[&str]) {
 
 /// Stops Kafka now and starts it again when dropped, so a failing assertion in between
 /// still leaves Kafka running for the tests after it. Hold the services exclusively.
-pub struct KafkaOutage;
+pub(crate) struct KafkaOutage;
 
 impl KafkaOutage {
-    pub fn begin() -> Self {
+    pub(crate) fn begin() -> Self {
         services(&["down", "kafka"]);
         Self
     }
@@ -59,18 +59,18 @@ impl Drop for KafkaOutage {
 }
 
 /// A service setting; panics with how to start the services when it is missing.
-pub fn env(name: &str) -> String {
+pub(crate) fn env(name: &str) -> String {
     std::env::var(name).unwrap_or_else(|_| panic!("{name} is not set: {HOW_TO_START}"))
 }
 
 /// A name unique to this test process and call: `<prefix>_<pid>_<n>`.
-pub fn unique(prefix: &str) -> String {
+pub(crate) fn unique(prefix: &str) -> String {
     static N: AtomicU32 = AtomicU32::new(0);
     format!("{prefix}_{}_{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed))
 }
 
 /// Polls `check` until it returns `Some`, or panics with `what` after `timeout`.
-pub async fn wait_until<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> T
+pub(crate) async fn wait_until<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> T
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Option<T>>,

@@ -5,7 +5,7 @@ use mysql_async::prelude::Queryable;
 use super::{env, unique};
 
 /// One test's database, reached as the admin user.
-pub struct MyDb {
+pub(crate) struct MyDb {
     pub name: String,
     pub conn: mysql_async::Conn,
     /// The admin URL pointing at this database.
@@ -15,7 +15,7 @@ pub struct MyDb {
 impl MyDb {
     /// Creates the documented least-privilege streamer user (replication only; `setup`
     /// grants the table privileges) and returns its URL. `global` overrides the grant.
-    pub async fn streamer_user(&mut self, global: &str) -> String {
+    pub(crate) async fn streamer_user(&mut self, global: &str) -> String {
         let user = format!("{}_s", self.name);
         let password = format!("pw-{}", unique("x"));
         self.conn.query_drop(format!("CREATE USER '{user}'@'127.0.0.1' IDENTIFIED BY '{password}'")).await.unwrap();
@@ -28,7 +28,7 @@ impl MyDb {
 }
 
 /// Creates a database named uniquely for this test process and call.
-pub async fn fresh_db() -> MyDb {
+pub(crate) async fn fresh_db() -> MyDb {
     let url = env("OUTBOX_MYSQL_URL");
     let opts = mysql_async::Opts::from_url(&url).expect("OUTBOX_MYSQL_URL is a mysql:// URL");
     let mut root = mysql_async::Conn::new(opts.clone())

@@ -5,7 +5,7 @@ use tokio_postgres::{Client, NoTls};
 use super::{env, unique};
 
 /// One test's database: an admin session and the streamer role's URL.
-pub struct PgDb {
+pub(crate) struct PgDb {
     pub admin_url: String,
     pub streamer_url: String,
     pub admin: Client,
@@ -16,7 +16,7 @@ fn with_database(url: &str, db: &str) -> String {
     format!("{base}/{db}")
 }
 
-pub async fn connect(url: &str) -> Client {
+pub(crate) async fn connect(url: &str) -> Client {
     let (client, conn) = tokio_postgres::connect(url, NoTls)
         .await
         .unwrap_or_else(|e| panic!("connecting to PostgreSQL: {e}; {}", super::HOW_TO_START));
@@ -29,7 +29,7 @@ pub async fn connect(url: &str) -> Client {
 /// Creates a database and a streamer role (LOGIN REPLICATION, nothing else; `setup` grants
 /// it SELECT and DELETE on the outbox tables). Slots left behind by earlier test processes
 /// are dropped first so they cannot pin WAL.
-pub async fn fresh_db() -> PgDb {
+pub(crate) async fn fresh_db() -> PgDb {
     let root_url = env("OUTBOX_PG_URL");
     let root = connect(&root_url).await;
     drop_stale_slots_once(&root).await;
@@ -95,7 +95,7 @@ fn of_an_ended_process(database: &str) -> bool {
 }
 
 /// Rolls back two-phase transactions of one database (gone already: fine).
-pub async fn roll_back_prepared(url: &str, gids: &[String]) {
+pub(crate) async fn roll_back_prepared(url: &str, gids: &[String]) {
     let client = connect(url).await;
     for gid in gids {
         let _ = client.batch_execute(&format!("ROLLBACK PREPARED '{gid}'")).await;
@@ -103,7 +103,7 @@ pub async fn roll_back_prepared(url: &str, gids: &[String]) {
 }
 
 impl PgDb {
-    pub async fn count(&self, table: &str) -> i64 {
+    pub(crate) async fn count(&self, table: &str) -> i64 {
         self.admin.query_one(&format!("SELECT count(*) FROM {table}"), &[]).await.expect("count").get(0)
     }
 }

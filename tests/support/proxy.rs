@@ -14,7 +14,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-pub struct Proxy {
+pub(crate) struct Proxy {
     pub addr: SocketAddr,
     frozen: watch::Sender<bool>,
     /// Bytes read since the last freeze and not forwarded.
@@ -25,7 +25,7 @@ pub struct Proxy {
 
 impl Proxy {
     /// Listens on an ephemeral loopback port and forwards every connection to `upstream`.
-    pub async fn start(upstream: SocketAddr) -> Self {
+    pub(crate) async fn start(upstream: SocketAddr) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("binding the proxy");
         let addr = listener.local_addr().unwrap();
         let (frozen, watcher) = watch::channel(false);
@@ -47,24 +47,24 @@ impl Proxy {
     }
 
     /// Closes every connection open now (new ones are accepted as before).
-    pub fn reset(&self) {
+    pub(crate) fn reset(&self) {
         for pump in self.pumps.lock().unwrap().drain(..) {
             pump.abort();
         }
     }
 
     /// Stops forwarding; connections stay open and silent.
-    pub fn freeze(&self) {
+    pub(crate) fn freeze(&self) {
         self.held.store(0, Ordering::SeqCst);
         self.frozen.send_replace(true);
     }
 
     /// Bytes read from either end since the last `freeze` and held back.
-    pub fn held_bytes(&self) -> usize {
+    pub(crate) fn held_bytes(&self) -> usize {
         self.held.load(Ordering::SeqCst)
     }
 
-    pub fn thaw(&self) {
+    pub(crate) fn thaw(&self) {
         self.frozen.send_replace(false);
     }
 }

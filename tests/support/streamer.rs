@@ -5,19 +5,19 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// The binary under test.
-pub fn bin() -> &'static str {
+pub(crate) fn bin() -> &'static str {
     env!("CARGO_BIN_EXE_outbox-streamer")
 }
 
 /// A scratch directory for one test (config and logs), kept after the run for inspection.
-pub fn scratch(name: &str) -> PathBuf {
+pub(crate) fn scratch(name: &str) -> PathBuf {
     let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(name);
     std::fs::create_dir_all(&dir).expect("scratch dir");
     dir
 }
 
 /// Runs `outbox-streamer <args>` to completion; returns (success, stdout, stderr).
-pub fn run_cli(config: &Path, args: &[&str]) -> (bool, String, String) {
+pub(crate) fn run_cli(config: &Path, args: &[&str]) -> (bool, String, String) {
     let out = Command::new(bin()).arg("--config").arg(config).args(args).output().expect("running outbox-streamer");
     (
         out.status.success(),
@@ -27,7 +27,7 @@ pub fn run_cli(config: &Path, args: &[&str]) -> (bool, String, String) {
 }
 
 /// Runs `outbox-streamer <args>` to completion; returns (exit code, stdout, stderr).
-pub fn run_cli_code(config: &Path, args: &[&str]) -> (i32, String, String) {
+pub(crate) fn run_cli_code(config: &Path, args: &[&str]) -> (i32, String, String) {
     let out = Command::new(bin()).arg("--config").arg(config).args(args).output().expect("running outbox-streamer");
     (
         out.status.code().expect("exited, not killed by a signal"),
@@ -37,24 +37,24 @@ pub fn run_cli_code(config: &Path, args: &[&str]) -> (i32, String, String) {
 }
 
 /// A running `outbox-streamer run`, its stderr logged to a file.
-pub struct Running {
+pub(crate) struct Running {
     child: Child,
     pub log: PathBuf,
 }
 
 impl Running {
-    pub fn start(config: &Path, log: &Path) -> Self {
+    pub(crate) fn start(config: &Path, log: &Path) -> Self {
         Self::start_with_env(config, log, &[])
     }
 
     /// Starts with extra environment variables (for example `OUTBOX_METRICS_LISTEN`).
-    pub fn start_with_env(config: &Path, log: &Path, env: &[(&str, String)]) -> Self {
+    pub(crate) fn start_with_env(config: &Path, log: &Path, env: &[(&str, String)]) -> Self {
         Self::spawn(Command::new(bin()), config, log, env)
     }
 
     /// Starts with at most `nofile` open file descriptors (`prlimit` execs the binary, so the
     /// child is the streamer itself).
-    pub fn start_with_nofile(config: &Path, log: &Path, env: &[(&str, String)], nofile: u64) -> Self {
+    pub(crate) fn start_with_nofile(config: &Path, log: &Path, env: &[(&str, String)], nofile: u64) -> Self {
         let mut command = Command::new("prlimit");
         command.arg(format!("--nofile={nofile}:{nofile}")).arg("--").arg(bin());
         Self::spawn(command, config, log, env)
@@ -76,14 +76,14 @@ impl Running {
     }
 
     /// Peak resident memory of the process so far (VmHWM), in bytes.
-    pub fn peak_rss_bytes(&self) -> u64 {
+    pub(crate) fn peak_rss_bytes(&self) -> u64 {
         let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).expect("proc status");
         let line = status.lines().find(|l| l.starts_with("VmHWM:")).expect("VmHWM line");
         line.split_whitespace().nth(1).and_then(|kb| kb.parse::<u64>().ok()).expect("VmHWM in kB") * 1024
     }
 
     /// CPU time (user and system) the process has used so far.
-    pub fn cpu_time(&self) -> Duration {
+    pub(crate) fn cpu_time(&self) -> Duration {
         let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.child.id())).expect("proc stat");
         // Fields after the command name, which is in parentheses: utime and stime are the
         // 12th and 13th, in clock ticks (100 a second on Linux).
@@ -92,12 +92,12 @@ impl Running {
         Duration::from_millis(ticks * 10)
     }
 
-    pub fn log_text(&self) -> String {
+    pub(crate) fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
     /// Waits until the log contains `needle`; returns the whole log.
-    pub async fn wait_for_log(&self, needle: &str, timeout: Duration) -> String {
+    pub(crate) async fn wait_for_log(&self, needle: &str, timeout: Duration) -> String {
         super::wait_until(&format!("{needle:?} in {}", self.log.display()), timeout, || async {
             let log = self.log_text();
             log.contains(needle).then_some(log)
@@ -107,7 +107,7 @@ impl Running {
 
     /// Waits until a shard-partition halts and checks it halted at once and once: exactly one
     /// ERROR line and no retry as transient before it. Returns that line.
-    pub async fn wait_for_one_halt(&self, timeout: Duration) -> String {
+    pub(crate) async fn wait_for_one_halt(&self, timeout: Duration) -> String {
         let log = self.wait_for_log("halted", timeout).await;
         let errors: Vec<&str> = log.lines().filter(|l| l.split_whitespace().nth(1) == Some("ERROR")).collect();
         assert_eq!(errors.len(), 1, "one ERROR:\n{log}");
@@ -116,7 +116,7 @@ impl Running {
     }
 
     /// SIGTERM, then waits (with a deadline) for a clean exit; returns whether it exited 0.
-    pub fn stop(mut self) -> bool {
+    pub(crate) fn stop(mut self) -> bool {
         signal(self.child.id(), "TERM");
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
@@ -133,22 +133,22 @@ impl Running {
         }
     }
 
-    pub fn pid(&self) -> u32 {
+    pub(crate) fn pid(&self) -> u32 {
         self.child.id()
     }
 
     /// SIGSTOP: the process freezes with every connection open.
-    pub fn freeze(&self) {
+    pub(crate) fn freeze(&self) {
         signal(self.child.id(), "STOP");
     }
 
     /// SIGCONT after [`Running::freeze`].
-    pub fn resume(&self) {
+    pub(crate) fn resume(&self) {
         signal(self.child.id(), "CONT");
     }
 
     /// SIGKILL: no draining, no cleanup.
-    pub fn kill(mut self) {
+    pub(crate) fn kill(mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
@@ -178,12 +178,19 @@ fn signal(pid: u32, sig: &str) {
 }
 
 /// A config for one PostgreSQL source.
-pub fn pg_config(dir: &Path, streamer_url: &str, prefix: &str, shards: u32, partitions: u32, extra: &str) -> PathBuf {
+pub(crate) fn pg_config(
+    dir: &Path,
+    streamer_url: &str,
+    prefix: &str,
+    shards: u32,
+    partitions: u32,
+    extra: &str,
+) -> PathBuf {
     source_config(dir, "postgres", streamer_url, prefix, shards, partitions, extra)
 }
 
 /// A config for one source of `kind` (`postgres` or `mysql`).
-pub fn source_config(
+pub(crate) fn source_config(
     dir: &Path,
     kind: &str,
     streamer_url: &str,

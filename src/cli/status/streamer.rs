@@ -20,14 +20,14 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use crate::health::{StreamerState, StreamsReport};
 
 /// How long one instance may take to answer `GET /streams`.
-pub const ASK_DEADLINE: Duration = Duration::from_secs(3);
+pub(super) const ASK_DEADLINE: Duration = Duration::from_secs(3);
 /// The longest answer read; a report is a few hundred bytes per shard-partition.
 const MAX_ANSWER: u64 = 4 * 1024 * 1024;
 
 /// A streamer's state as `status` shows it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
 #[serde(rename_all = "kebab-case")]
-pub enum Seen {
+pub(super) enum Seen {
     Starting,
     /// Streaming, with rows still in the table.
     Streaming,
@@ -44,7 +44,7 @@ pub enum Seen {
 }
 
 impl Seen {
-    pub fn word(self) -> &'static str {
+    pub(super) fn word(self) -> &'static str {
         match self {
             Seen::Starting => "starting",
             Seen::Streaming => "streaming",
@@ -72,7 +72,7 @@ impl From<StreamerState> for Seen {
 
 /// One shard-partition's streamer as learned from the instances.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
-pub struct Observed {
+pub(super) struct Observed {
     pub state: Seen,
     /// Why it halted, retries, catches up, is not running, or is unknown.
     pub reason: Option<String>,
@@ -90,7 +90,7 @@ impl Observed {
     }
 
     /// Streaming with an empty table is caught up.
-    pub fn settle(&mut self, pending: Option<i64>) {
+    pub(super) fn settle(&mut self, pending: Option<i64>) {
         if self.state == Seen::Streaming && pending == Some(0) {
             self.state = Seen::CaughtUp;
         }
@@ -99,7 +99,7 @@ impl Observed {
 
 /// The answer of one instance to `GET /streams`.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Asked {
+pub(super) enum Asked {
     Report(StreamsReport),
     /// Nothing listens at the address.
     Refused(String),
@@ -108,7 +108,7 @@ pub enum Asked {
 }
 
 /// Asks the instance at `address` (`host:port`) for its streams.
-pub async fn ask(address: &str) -> Asked {
+pub(super) async fn ask(address: &str) -> Asked {
     match tokio::time::timeout(ASK_DEADLINE, fetch(address)).await {
         Ok(asked) => asked,
         Err(_) => Asked::Failed(format!("no answer within {} s", ASK_DEADLINE.as_secs())),
@@ -116,7 +116,7 @@ pub async fn ask(address: &str) -> Asked {
 }
 
 /// Asks every address once, concurrently.
-pub async fn ask_all(addresses: impl IntoIterator<Item = String>) -> BTreeMap<String, Asked> {
+pub(super) async fn ask_all(addresses: impl IntoIterator<Item = String>) -> BTreeMap<String, Asked> {
     let addresses: Vec<String> = addresses.into_iter().collect();
     let answers = futures::future::join_all(addresses.iter().map(|a| ask(a))).await;
     addresses.into_iter().zip(answers).collect()
@@ -163,7 +163,7 @@ fn parse_answer(answer: &[u8]) -> Asked {
 
 /// The address to ask for the local instance: `listen` with an unspecified IP (`0.0.0.0`,
 /// `[::]`) replaced by loopback.
-pub fn local_address(listen: SocketAddr) -> String {
+pub(super) fn local_address(listen: SocketAddr) -> String {
     let mut addr = listen;
     if addr.ip().is_unspecified() {
         addr.set_ip(match addr {
@@ -190,7 +190,12 @@ fn reported(report: &StreamsReport, key: &str, address: &str) -> Option<Observed
 /// about `key`. `slot_reader` is the backend pid reading the shard-partition's PostgreSQL
 /// slot, if any: when nothing answers at the address, a slot in use means a streamer runs
 /// elsewhere, so the state is unknown rather than "not running".
-pub fn uncoordinated(key: &str, address: Option<&str>, asked: Option<&Asked>, slot_reader: Option<i32>) -> Observed {
+pub(super) fn uncoordinated(
+    key: &str,
+    address: Option<&str>,
+    asked: Option<&Asked>,
+    slot_reader: Option<i32>,
+) -> Observed {
     let (Some(address), Some(asked)) = (address, asked) else {
         return Observed::of(
             Seen::Unknown,
@@ -218,7 +223,7 @@ pub fn uncoordinated(key: &str, address: Option<&str>, asked: Option<&Asked>, sl
 /// Under coordination: the lease of `key` is held by `holder` (or nobody); `addresses` maps
 /// each live member's instance name to its published metrics address (`None`: it publishes
 /// none); `asked` holds the answers.
-pub fn coordinated(
+pub(super) fn coordinated(
     key: &str,
     holder: Option<&str>,
     addresses: &BTreeMap<String, Option<String>>,

@@ -8,21 +8,21 @@ use serde::{Serialize, Serializer};
 use super::streamer::Seen;
 
 /// Exit codes of `status` (also in `status --help` and docs/operations.md).
-pub mod exit {
+pub(crate) mod exit {
     /// Every shard-partition is healthy.
-    pub const HEALTHY: u8 = 0;
+    pub(crate) const HEALTHY: u8 = 0;
     /// A shard-partition needs attention: not running while rows wait, beyond a limit, or its
     /// slot, checkpoint or catch-up is not as it should be.
-    pub const UNHEALTHY: u8 = 1;
+    pub(crate) const UNHEALTHY: u8 = 1;
     /// A shard-partition is halted: an operator must act (the reason says how).
-    pub const HALTED: u8 = 2;
+    pub(crate) const HALTED: u8 = 2;
     /// `status` could not tell: the configuration, a database or ZooKeeper failed.
-    pub const UNKNOWN: u8 = 3;
+    pub(crate) const UNKNOWN: u8 = 3;
 }
 
 /// Why one shard-partition is not healthy.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Problem {
+pub(super) enum Problem {
     /// Its streamer halted and waits for an operator.
     Halted,
     /// No instance runs it while this many rows wait in its table.
@@ -46,7 +46,7 @@ pub enum Problem {
 }
 
 impl Problem {
-    pub fn exit_code(&self) -> u8 {
+    pub(super) fn exit_code(&self) -> u8 {
         match self {
             Problem::Halted => exit::HALTED,
             _ => exit::UNHEALTHY,
@@ -54,7 +54,7 @@ impl Problem {
     }
 
     /// A limit was exceeded (shown as `LAGGING`).
-    pub fn is_lag(&self) -> bool {
+    pub(super) fn is_lag(&self) -> bool {
         matches!(self, Problem::PendingRows { .. } | Problem::LagBytes { .. })
     }
 }
@@ -91,7 +91,7 @@ impl Serialize for Problem {
 
 /// Thresholds beyond which a shard-partition counts as lagging (unhealthy).
 #[derive(Debug, Clone, Copy, Default)]
-pub struct Limits {
+pub(crate) struct Limits {
     pub max_lag_bytes: Option<i64>,
     pub max_pending_rows: Option<i64>,
 }
@@ -100,7 +100,12 @@ pub struct Limits {
 /// `lag_bytes` behind) against `limits`. Retrying, starting or catching up is no problem by
 /// itself — those states pass, and one that lasts shows in the limits; a state that cannot be
 /// known is none either (the output says why it is unknown).
-pub fn streamer_problems(seen: Seen, pending: Option<i64>, lag_bytes: Option<i64>, limits: Limits) -> Vec<Problem> {
+pub(super) fn streamer_problems(
+    seen: Seen,
+    pending: Option<i64>,
+    lag_bytes: Option<i64>,
+    limits: Limits,
+) -> Vec<Problem> {
     let mut problems = Vec::new();
     match seen {
         Seen::Halted => problems.push(Problem::Halted),
@@ -125,7 +130,7 @@ pub fn streamer_problems(seen: Seen, pending: Option<i64>, lag_bytes: Option<i64
 }
 
 /// The exit code for all problems of all shard-partitions: the worst one's.
-pub fn exit_code<'a>(problems: impl IntoIterator<Item = &'a Problem>) -> u8 {
+pub(super) fn exit_code<'a>(problems: impl IntoIterator<Item = &'a Problem>) -> u8 {
     problems.into_iter().map(Problem::exit_code).max().unwrap_or(exit::HEALTHY)
 }
 

@@ -119,7 +119,7 @@ impl Section {
 }
 
 /// Runs teardown for every source, then for the cluster's ZooKeeper nodes.
-pub async fn teardown(config: &Config, args: TeardownArgs) -> anyhow::Result<ExitCode> {
+pub(super) async fn teardown(config: &Config, args: TeardownArgs) -> anyhow::Result<ExitCode> {
     let admin = args.admin.resolve()?;
     let options = Options { act: args.yes, drop_pending: args.drop_pending };
     // Read first: which instances run, and which shard-partitions they serve.

@@ -16,7 +16,7 @@ use std::fmt;
 
 /// One object `setup` creates (or something named like one).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Object {
+pub(super) enum Object {
     /// An outbox table, with the rows it held when counted (`None`: not counted).
     Table {
         name: String,
@@ -68,7 +68,7 @@ impl fmt::Display for Object {
 
 /// What exists of one configured shard-partition.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct StreamFound {
+pub(super) struct StreamFound {
     pub table: String,
     /// Rows in its table; `None` when there is no table.
     pub rows: Option<i64>,
@@ -80,7 +80,7 @@ pub struct StreamFound {
 
 impl StreamFound {
     /// Every object of the shard-partition that exists, its table first.
-    pub fn objects(&self) -> Vec<Object> {
+    pub(super) fn objects(&self) -> Vec<Object> {
         let table = self.rows.map(|rows| Object::Table { name: self.table.clone(), rows: Some(rows) });
         table.into_iter().chain(self.others.iter().cloned()).collect()
     }
@@ -88,14 +88,14 @@ impl StreamFound {
 
 /// Whether a group of objects goes, or stays and why.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Verdict {
+pub(super) enum Verdict {
     Drop,
     Leave(String),
 }
 
 /// The verdict on a shard-partition's objects; `None` when nothing of it exists.
 /// `source_busy` says why nothing of the source may be touched (a streamer runs).
-pub fn stream_verdict(stream: &StreamFound, source_busy: Option<&str>, drop_pending: bool) -> Option<Verdict> {
+pub(super) fn stream_verdict(stream: &StreamFound, source_busy: Option<&str>, drop_pending: bool) -> Option<Verdict> {
     if stream.rows.is_none() && stream.others.is_empty() {
         return None;
     }
@@ -108,7 +108,7 @@ pub fn stream_verdict(stream: &StreamFound, source_busy: Option<&str>, drop_pend
 }
 
 /// `objects` with the table's row count replaced by `rows` (counted again under the lock).
-pub fn recounted(objects: Vec<Object>, rows: i64) -> Vec<Object> {
+pub(super) fn recounted(objects: Vec<Object>, rows: i64) -> Vec<Object> {
     objects
         .into_iter()
         .map(|o| match o {
@@ -119,12 +119,12 @@ pub fn recounted(objects: Vec<Object>, rows: i64) -> Vec<Object> {
 }
 
 /// Why a table that holds rows stays (the table's line says how many).
-pub const PENDING_REASON: &str = "its rows were never published; run the streamer until they are sent \
+pub(super) const PENDING_REASON: &str = "its rows were never published; run the streamer until they are sent \
      (`status` shows them pending), or add --drop-pending to discard them";
 
 /// The verdict on the source's shared objects (checkpoint table, enqueue function), given the
 /// tables that remain after this run (left shard-partitions' and strays).
-pub fn shared_verdict(remaining_tables: &[String], source_busy: Option<&str>) -> Verdict {
+pub(super) fn shared_verdict(remaining_tables: &[String], source_busy: Option<&str>) -> Verdict {
     if let Some(why) = source_busy {
         return Verdict::Leave(why.to_string());
     }
@@ -139,7 +139,7 @@ pub fn shared_verdict(remaining_tables: &[String], source_busy: Option<&str>) ->
 }
 
 /// Why an object named like the source's, outside its shard-partitions, stays.
-pub fn stray_reason(shards: u32, partitions: u32) -> String {
+pub(super) fn stray_reason(shards: u32, partitions: u32) -> String {
     format!(
         "named like this source's objects but outside its {shards} shard(s) × {partitions} partition(s): not touched; \
          raise shards/partitions to cover it and run teardown again, or drop it by hand"
