@@ -39,6 +39,7 @@ pub(crate) mod record;
 pub(crate) mod run;
 pub(crate) mod same_database;
 pub(crate) mod secret;
+pub(crate) mod sink;
 pub(crate) mod skip;
 pub(crate) mod source;
 pub(crate) mod streamer;

@@ -1,28 +1,28 @@
 //! The streamer loop of one shard-partition: read → publish → ordered acks → delete → checkpoint.
 //!
 //! ```text
-//!  Source::next ──row──▶ Producer::enqueue ──future──▶ deliveries ──ack──▶ AckTracker
+//!  Source::next ──row──▶ Sink::send ──────future──▶ deliveries ──ack──▶ AckTracker
 //!        ▲                                                                  │ complete prefix
 //!        └──────────── Source::finish(ids, position): DELETE, then move slot ◀┘
 //! ```
 //!
 //! Records are produced without waiting for each other; acknowledgements are released in
-//! order by [`AckTracker`]. One session runs until shutdown or an error: a transient error ends
+//! order by [`AckTracker`]. A sink with no room ([`Offer::Full`]) is waited on as one branch
+//! of the loop's `select!`: meanwhile acknowledgements, cleanup and shutdown are served, and
+//! nothing more is read. One session runs until shutdown or an error: a transient error ends
 //! the session after the records already sent have settled, and the caller starts a new one
 //! from the last stored position (never past a gap); a definite error halts this
 //! shard-partition with a message naming the row and the fix.
 
+use std::collections::{HashSet, VecDeque};
 use std::future::Future;
 use std::pin::Pin;
+use std::task::{Context, Poll, ready};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
-
-use std::collections::HashSet;
 
 use futures::StreamExt;
 use futures::stream::FuturesUnordered;
 use metrics::{counter, gauge, histogram};
-use outbox_kafka::classify::{about_the_topic, hint};
-use outbox_kafka::{Class, KafkaError, Outgoing, Producer, Refused, classify};
 use tokio::sync::watch;
 
 use crate::ack::{AckTracker, TxnSeq};
@@ -32,6 +32,7 @@ use crate::lease::OwnerLease;
 use crate::metrics as m;
 use crate::names::StreamId;
 use crate::record::{InvalidRow, OutboxRecord};
+use crate::sink::{Failure, Offer, Outgoing, Sink, Verdict};
 use crate::source::{Source, SourceError, SourceEvent};
 use crate::sweep::{Step, Sweep};
 
@@ -104,8 +105,6 @@ impl From<SourceError> for SessionError {
     }
 }
 
-type Delivery = Pin<Box<dyn Future<Output = Delivered> + Send>>;
-
 /// What a delivery was for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Kind {
@@ -114,7 +113,8 @@ enum Kind {
     DeadLetter,
 }
 
-struct Delivered {
+/// What a record handed to the sink was, for when its outcome comes.
+struct Meta {
     seq: TxnSeq,
     id: i64,
     weight: usize,
@@ -122,9 +122,6 @@ struct Delivered {
     kind: Kind,
     /// Sent with nothing else in flight: a refusal is the record's own.
     alone: bool,
-    result: Result<(), KafkaError>,
-    /// The record's topic when its delivery failed (see [`definite_unknown_topic`]).
-    failed_topic: Option<String>,
     /// The record's topic when the cluster did not show it ready before: an acknowledgement
     /// confirms it.
     confirms_topic: Option<String>,
@@ -132,13 +129,55 @@ struct Delivered {
     record: Option<Box<OutboxRecord>>,
 }
 
-/// librdkafka reports a missing topic either as its own `UnknownTopic` (definite) or, once the
-/// broker answered, as the broker's `UnknownTopicOrPartition`, which is also what a topic being
-/// created or a moving partition looks like. The cluster's metadata decides: a topic it does
-/// not know is definite, anything else is retried.
-async fn definite_unknown_topic(producer: &Producer, e: &KafkaError, topic: &str) -> bool {
-    e.rdkafka_error_code() == Some(outbox_kafka::ErrorCode::UnknownTopicOrPartition)
-        && producer.topic_missing(topic).await
+/// A record's outcome.
+struct Delivered {
+    meta: Meta,
+    result: Result<(), Failure>,
+}
+
+/// A sink's delivery future with what it was for: one allocation-free wrapper per record.
+struct InFlight<F> {
+    delivery: F,
+    meta: Option<Meta>,
+}
+
+impl<F: Future<Output = Result<(), Failure>> + Unpin> Future for InFlight<F> {
+    type Output = Delivered;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Delivered> {
+        let result = ready!(Pin::new(&mut self.delivery).poll(cx));
+        let meta = self.meta.take().expect("an InFlight is not polled after it completed");
+        Poll::Ready(Delivered { meta, result })
+    }
+}
+
+/// A record on its way to the sink.
+struct Pending {
+    meta: Meta,
+    body: Body,
+    /// The position label stamped on it once it had to wait for room (until then the
+    /// session's current one).
+    label: Option<String>,
+}
+
+enum Body {
+    Row(OutboxRecord),
+    /// A dead-letter copy: its topic, raw key and payload, and headers.
+    Copy {
+        topic: String,
+        key: Option<Vec<u8>>,
+        payload: Option<Vec<u8>>,
+        headers: Vec<(String, Vec<u8>)>,
+    },
+}
+
+/// What became of one offer to the sink.
+enum Offered {
+    Sent,
+    /// No room: offer it again when the sink is ready.
+    Full(Pending),
+    /// The sink refused the row before sending it: its verdict, to settle.
+    Refused(Delivered),
 }
 
 /// What a shard-partition's task remembers from one session to the next.
@@ -210,16 +249,17 @@ impl<P> StreamMemory<P> {
 /// Runs one session until `shutdown` turns true (returns `Ok`) or an error ends it.
 /// Whatever happens, records already handed to Kafka are awaited and the acknowledged prefix
 /// is deleted and checkpointed before returning.
-pub(crate) async fn run_session<S: Source>(
+pub(crate) async fn run_session<S: Source, K: Sink>(
     labels: &StreamLabels,
     settings: &StreamSettings,
     mut source: S,
-    producer: &Producer,
+    sink: &K,
     message_timeout: Duration,
     shutdown: &mut watch::Receiver<bool>,
     memory: &mut StreamMemory<S::Position>,
 ) -> Result<(), SessionError> {
     memory.last_halt = None;
+    tracing::debug!(sink = K::NAME, transactional = K::TRANSACTIONAL, "session starts");
     if let Some((ids, upto)) = memory.unfinished.take() {
         match source.finish(&ids, upto.clone()).await {
             Ok(deleted) => {
@@ -243,10 +283,11 @@ pub(crate) async fn run_session<S: Source>(
     let mut s = Session {
         labels,
         settings,
-        producer,
+        sink,
         memory,
         tracker: AckTracker::new(),
         deliveries: FuturesUnordered::new(),
+        waiting: VecDeque::new(),
         in_flight_bytes: 0,
         open: None,
         label: String::new(),
@@ -275,13 +316,16 @@ pub(crate) async fn run_session<S: Source>(
     result.and(drained)
 }
 
-struct Session<'a, P> {
+struct Session<'a, P, K: Sink> {
     labels: &'a StreamLabels,
     settings: &'a StreamSettings,
-    producer: &'a Producer,
+    sink: &'a K,
     memory: &'a mut StreamMemory<P>,
     tracker: AckTracker<P>,
-    deliveries: FuturesUnordered<Delivery>,
+    deliveries: FuturesUnordered<InFlight<K::Delivery>>,
+    /// Records the sink had no room for, in order; nothing is read while any waits.
+    waiting: VecDeque<Pending>,
+    /// Bytes of the records handed over or waiting, not yet settled.
     in_flight_bytes: usize,
     /// The transaction being read, if any.
     open: Option<TxnSeq>,
@@ -345,7 +389,7 @@ struct DeadLetter {
     raw_headers: Option<Vec<u8>>,
 }
 
-impl<P: Clone + std::fmt::Display + Send + Sync + 'static> Session<'_, P> {
+impl<P: Clone + std::fmt::Display + Send + Sync + 'static, K: Sink> Session<'_, P, K> {
     async fn main_loop<S: Source<Position = P>>(
         &mut self,
         source: &mut S,
@@ -376,8 +420,9 @@ impl<P: Clone + std::fmt::Display + Send + Sync + 'static> Session<'_, P> {
             if cleanup.deadline() != due {
                 cleanup.as_mut().reset(due);
             }
-            // Priorities: 1 shutdown, 2 Kafka acknowledgements, 3 cleanup, 4 the sweep (between
-            // transactions only), 5 new changes.
+            // Priorities: 1 shutdown, 2 acknowledgements, 3 room in the sink for waiting records,
+            // 4 cleanup, 5 the sweep (between transactions only), 6 new changes.
+            let sink = self.sink;
             tokio::select! {
                 biased;
                 changed = shutdown.changed(), if finish_by.is_none() => {
@@ -391,6 +436,9 @@ impl<P: Clone + std::fmt::Display + Send + Sync + 'static> Session<'_, P> {
                 Some(d) = self.deliveries.next(), if !self.deliveries.is_empty() => {
                     self.settle_one(d).await?;
                 }
+                _ = sink.ready(), if !self.waiting.is_empty() => {
+                    self.flush_waiting().await?;
+                }
                 _ = &mut cleanup => {
                     last_cleanup = tokio::time::Instant::now();
                     self.cleanup(source).await?;
@@ -398,7 +446,7 @@ impl<P: Clone + std::fmt::Display + Send + Sync + 'static> Session<'_, P> {
                 _ = sweep.tick(), if S::SWEEPS && self.open.is_none() && finish_by.is_none() => {
                     self.sweep(source).await?;
                 }
-                event = source.next(), if self.in_flight_bytes < budget => {
+                event = source.next(), if self.in_flight_bytes < budget && self.waiting.is_empty() => {
                     match event? {
                         Some(SourceEvent::Drained) => return Ok(()),
                         Some(event) => self.on_event(source, event).await?,
@@ -465,101 +513,152 @@ impl<P: Clone + std::fmt::Display + Send + Sync + 'static> Session<'_, P> {
         Ok(())
     }
 
-    /// Hands a record to Kafka. Some records go alone — everything in flight settles first,
-    /// then the record is sent and its verdict awaited before anything else: one Kafka refused
-    /// earlier while it travelled with others (a suspect), the row a halt being retried named,
-    /// and the first record to a topic the cluster's metadata does not show ready (a missing
-    /// topic then halts the stream with nothing after the row sent).
+    /// Hands a record to the sink. Some records go alone — everything in flight settles first,
+    /// then the record is sent and its verdict awaited before anything else: one the sink
+    /// refused earlier while it travelled with others (a suspect), the row a halt being retried
+    /// named, and the first record to a topic the broker does not show ready (a missing topic
+    /// then halts the stream with nothing after the row sent).
     async fn publish(&mut self, seq: TxnSeq, record: OutboxRecord) -> Result<(), SessionError> {
         self.labels.lease.check().map_err(SessionError::Revoked)?;
         let suspect = self.memory.suspects.contains(&record.id);
         let unconfirmed_topic = self.topic_unconfirmed(&record.topic).await;
         let alone = suspect || self.memory.is_halted_row(record.id) || unconfirmed_topic;
         // Only a record nothing else is sent with until its verdict travels alone: records
-        // enqueued after one can still join its batch.
+        // sent after one can still join its batch.
         if alone {
             self.settle_all().await?;
         }
-        let id_text = record.id.to_string();
-        let stamp = self.stamp(&id_text);
-        let out = Outgoing {
-            topic: &record.topic,
-            key: record.key.as_deref(),
-            payload: record.payload.as_deref(),
-            partition: record.kafka_partition,
-            headers: &record.headers,
-            stamp: &stamp,
-        };
         let weight = record.weight();
-        let (id, created_at_micros) = (record.id, record.created_at_micros);
-        let confirms_topic = unconfirmed_topic.then(|| record.topic.clone());
-        let lease = &self.labels.lease;
-        let sent = self.producer.enqueue(&out, || lease.check()).await;
-        self.tracker.sent(seq, id);
+        let meta = Meta {
+            seq,
+            id: record.id,
+            weight,
+            created_at_micros: record.created_at_micros,
+            kind: Kind::Row,
+            alone,
+            confirms_topic: unconfirmed_topic.then(|| record.topic.clone()),
+            record: None,
+        };
+        self.tracker.sent(seq, record.id);
         self.in_flight_bytes += weight;
-        // The record itself is kept only for a possible dead-letter copy.
-        let dead_letter = self.settings.on_bad_row == BadRowPolicy::DeadLetter;
-        match sent {
-            Ok(fut) => {
-                let keep = dead_letter.then(|| Box::new(record));
-                self.deliveries.push(Box::pin(async move {
-                    let (result, failed_topic) = match fut.await {
-                        Ok(Ok(_)) => (Ok(()), None),
-                        Ok(Err((e, message))) => (Err(e), Some(outbox_kafka::producer::topic_of(&message))),
-                        Err(_) => (Err(KafkaError::Canceled), None),
-                    };
-                    Delivered {
-                        seq,
-                        id,
-                        weight,
-                        created_at_micros,
-                        kind: Kind::Row,
-                        alone,
-                        result,
-                        failed_topic,
-                        confirms_topic,
-                        record: keep,
-                    }
-                }));
-                self.update_gauges();
-                if alone {
-                    self.settle_all().await?;
+        if let Some(refused) = self.offer(Pending { meta, body: Body::Row(record), label: None })? {
+            return self.settle_one(refused).await;
+        }
+        self.update_gauges();
+        if alone {
+            self.settle_all().await?;
+        }
+        Ok(())
+    }
+
+    /// Offers a record to the sink behind those already waiting for room. `Some` is a row the
+    /// sink refused before sending it (its verdict, for the caller to settle).
+    fn offer(&mut self, pending: Pending) -> Result<Option<Delivered>, SessionError> {
+        if !self.waiting.is_empty() {
+            self.waiting.push_back(pending);
+            return Ok(None);
+        }
+        match self.try_offer(pending)? {
+            Offered::Sent => Ok(None),
+            Offered::Full(pending) => {
+                self.waiting.push_back(pending);
+                Ok(None)
+            }
+            Offered::Refused(d) => Ok(Some(d)),
+        }
+    }
+
+    /// The sink has room again: offers the waiting records in order until it is full again.
+    async fn flush_waiting(&mut self) -> Result<(), SessionError> {
+        while let Some(pending) = self.waiting.pop_front() {
+            match self.try_offer(pending)? {
+                Offered::Sent => {}
+                Offered::Full(pending) => {
+                    self.waiting.push_front(pending);
+                    break;
                 }
-                Ok(())
+                Offered::Refused(d) => self.settle_one(d).await?,
             }
-            Err(Refused::NotAllowed(reason)) => Err(SessionError::Revoked(reason)),
-            // Refused before it was queued (for example larger than message.max.bytes): it was
-            // alone, so the verdict is final.
-            Err(Refused::Kafka(e)) => {
-                // The topic names what a halt on an unknown topic waits for.
-                let failed_topic = Some(record.topic.clone());
-                let keep = dead_letter.then(|| Box::new(record));
-                let d = Delivered {
-                    seq,
-                    id,
-                    weight,
-                    created_at_micros,
-                    kind: Kind::Row,
-                    alone: true,
-                    failed_topic,
-                    confirms_topic: None,
-                    result: Err(e),
-                    record: keep,
-                };
-                self.settle_one(d).await
+        }
+        self.update_gauges();
+        Ok(())
+    }
+
+    /// One attempt to hand a record over, right after checking the lease (a wait for room can
+    /// outlast the right to publish).
+    fn try_offer(&mut self, mut pending: Pending) -> Result<Offered, SessionError> {
+        self.labels.lease.check().map_err(SessionError::Revoked)?;
+        let sent = {
+            let id_text = pending.meta.id.to_string();
+            let label = pending.label.as_deref().unwrap_or(&self.label);
+            let stamp = self.stamp(&id_text, label);
+            let out = match &pending.body {
+                Body::Row(r) => Outgoing {
+                    topic: &r.topic,
+                    key: r.key.as_deref(),
+                    payload: r.payload.as_deref(),
+                    partition: r.kafka_partition,
+                    headers: &r.headers,
+                    stamp: &stamp,
+                },
+                Body::Copy { topic, key, payload, headers } => Outgoing {
+                    topic,
+                    key: key.as_deref(),
+                    payload: payload.as_deref(),
+                    partition: None,
+                    headers,
+                    stamp: &stamp,
+                },
+            };
+            self.sink.send(&out)
+        };
+        // The record itself is kept only for a possible dead-letter copy.
+        let keep = self.settings.on_bad_row == BadRowPolicy::DeadLetter;
+        match sent {
+            Ok(delivery) => {
+                let mut meta = pending.meta;
+                if let Body::Row(record) = pending.body
+                    && keep
+                {
+                    meta.record = Some(Box::new(record));
+                }
+                self.deliveries.push(InFlight { delivery, meta: Some(meta) });
+                Ok(Offered::Sent)
             }
+            Err(Offer::Full) => {
+                if pending.label.is_none() {
+                    pending.label = Some(self.label.clone());
+                }
+                Ok(Offered::Full(pending))
+            }
+            Err(Offer::Refused(failure)) => match pending.body {
+                // Refused before it was sent (for example larger than the broker takes): it
+                // travelled alone, so the verdict is final.
+                Body::Row(record) => {
+                    let mut meta = pending.meta;
+                    meta.alone = true;
+                    meta.confirms_topic = None;
+                    meta.record = keep.then(|| Box::new(record));
+                    Ok(Offered::Refused(Delivered { meta, result: Err(failure) }))
+                }
+                Body::Copy { .. } => Err(self.halt(
+                    Some(pending.meta.id),
+                    &format!("its dead-letter record was refused: {failure}; the row stays in the table"),
+                    "raise kafka.properties.\"message.max.bytes\" (and the dead-letter topic's max.message.bytes) to fit it, or delete the row, then restart",
+                )),
+            },
         }
     }
 
     /// The streamer's own headers, sent after the row's: id, shard-partition, position,
     /// epoch — borrowed from values formatted once per session (`id` is the row's, formatted
-    /// by the caller).
-    fn stamp<'s>(&'s self, id: &'s str) -> Vec<(&'static str, &'s [u8])> {
+    /// by the caller; `label` its transaction's position).
+    fn stamp<'s>(&'s self, id: &'s str, label: &'s str) -> Vec<(&'static str, &'s [u8])> {
         let mut stamp = Vec::with_capacity(5);
         stamp.push(("outbox-id", id.as_bytes()));
         stamp.push(("outbox-shard", self.stamp_values.shard.as_bytes()));
         stamp.push(("outbox-partition", self.stamp_values.partition.as_bytes()));
-        stamp.push((self.position_header, self.label.as_bytes()));
+        stamp.push((self.position_header, label.as_bytes()));
         if let Some(epoch) = &self.stamp_values.epoch {
             stamp.push((OWNER_EPOCH_HEADER, epoch.as_bytes()));
         }
@@ -574,23 +673,24 @@ impl<P: Clone + std::fmt::Display + Send + Sync + 'static> Session<'_, P> {
         Ok(())
     }
 
-    /// Waits until nothing is in flight (dead-letter copies included).
+    /// Waits until nothing is in flight or waiting for room (dead-letter copies included).
     async fn settle_all(&mut self) -> Result<(), SessionError> {
-        while let Some(d) = self.deliveries.next().await {
-            self.settle_one(d).await?;
+        while !self.deliveries.is_empty() || !self.waiting.is_empty() {
+            let sink = self.sink;
+            tokio::select! {
+                biased;
+                Some(d) = self.deliveries.next(), if !self.deliveries.is_empty() => self.settle_one(d).await?,
+                _ = sink.ready(), if !self.waiting.is_empty() => self.flush_waiting().await?,
+            }
         }
         Ok(())
     }
 
-    async fn on_delivery(&mut self, mut d: Delivered) -> Result<Option<DeadLetter>, SessionError> {
+    async fn on_delivery(&mut self, d: Delivered) -> Result<Option<DeadLetter>, SessionError> {
+        let Delivered { meta: d, result } = d;
         self.in_flight_bytes -= d.weight;
         self.update_gauges();
-        if let (Err(e), Some(topic)) = (&d.result, &d.failed_topic)
-            && definite_unknown_topic(self.producer, e, topic).await
-        {
-            d.result = Err(KafkaError::MessageProduction(outbox_kafka::ErrorCode::UnknownTopic));
-        }
-        let e = match d.result {
+        let failure = match result {
             Ok(()) => {
                 self.tracker.acked(d.seq);
                 if let Some(topic) = d.confirms_topic {
@@ -615,32 +715,35 @@ impl<P: Clone + std::fmt::Display + Send + Sync + 'static> Session<'_, P> {
                 }
                 return Ok(None);
             }
-            Err(e) => e,
+            Err(f) if f.verdict == Verdict::Unsure => self.sink.recheck(f).await,
+            Err(f) => f,
         };
-        if classify(&e) != Class::Definite {
+        if !failure.verdict.is_definite() {
             counter!(m::ERRORS, &kind_labels(&self.metric_labels, "kafka_transient")).increment(1);
             return Err(SessionError::Transient(format!(
-                "delivery of row id={} failed: {e}; resending from the last confirmed position",
+                "delivery of row id={} failed: {failure}; resending from the last confirmed position",
                 d.id
             )));
         }
         if d.kind == Kind::DeadLetter {
             return Err(self.halt(
                 Some(d.id),
-                &format!("its dead-letter record was refused too: {e}; the row stays in the table"),
+                &format!("its dead-letter record was refused too: {failure}; the row stays in the table"),
                 "make sure the dead-letter topic exists and accepts records this large (max.message.bytes), then restart",
             ));
         }
-        if !d.alone && !about_the_topic(&e) {
+        // A refusal of the record's own (too large, invalid) may be its batch's.
+        if !d.alone && failure.verdict == Verdict::Record {
             self.memory.suspects.insert(d.id);
             return Err(SessionError::Transient(format!(
-                "Kafka refused row id={} ({e}) in a batch; it is sent again on its own to tell a bad record from a refused batch",
+                "{} refused row id={} ({failure}) in a batch; it is sent again on its own to tell a bad record from a refused batch",
+                K::NAME,
                 d.id
             )));
         }
         counter!(m::ERRORS, &kind_labels(&self.metric_labels, "kafka_definite")).increment(1);
         self.memory.suspects.remove(&d.id);
-        let reason = format!("Kafka refused it: {e}");
+        let reason = format!("{} refused it: {failure}", K::NAME);
         match (self.settings.on_bad_row, d.record) {
             (BadRowPolicy::DeadLetter, Some(record)) => Ok(Some(DeadLetter {
                 seq: d.seq,
@@ -653,9 +756,9 @@ impl<P: Clone + std::fmt::Display + Send + Sync + 'static> Session<'_, P> {
                 raw_headers: None,
             })),
             _ => {
-                let halt = self.halt(Some(d.id), &reason, hint(&e));
-                if e.rdkafka_error_code() == Some(outbox_kafka::ErrorCode::UnknownTopic)
-                    && let Some(topic) = d.failed_topic
+                let halt = self.halt(Some(d.id), &reason, failure.fix);
+                if failure.verdict == Verdict::MissingTopic
+                    && let Some(topic) = failure.topic
                 {
                     self.memory.topics_ok.remove(&topic);
                     if let Some(point) = &mut self.memory.last_halt {
@@ -738,7 +841,7 @@ impl<P: Clone + std::fmt::Display + Send + Sync + 'static> Session<'_, P> {
     }
 
     /// Sends a bad row to the dead-letter topic with its raw key and payload, its original
-    /// topic and the reason; the copy's acknowledgement completes the row. A copy Kafka
+    /// topic and the reason; the copy's acknowledgement completes the row. A copy the sink
     /// refuses halts the stream with the row left in the table.
     async fn dead_letter(&mut self, copy: DeadLetter) -> Result<(), SessionError> {
         let topic = self.settings.dead_letter_topic.clone().expect("validated: dead-letter policy names a topic");
@@ -751,51 +854,23 @@ impl<P: Clone + std::fmt::Display + Send + Sync + 'static> Session<'_, P> {
         if let Some(raw) = copy.raw_headers {
             headers.push(("outbox-original-headers".into(), raw));
         }
-        let id_text = copy.id.to_string();
-        let stamp = self.stamp(&id_text);
-        let out = Outgoing {
-            topic: &topic,
-            key: copy.key.as_deref(),
-            payload: copy.payload.as_deref(),
-            partition: None,
-            headers: &headers,
-            stamp: &stamp,
-        };
         let weight = 64 + copy.key.as_ref().map_or(0, Vec::len) + copy.payload.as_ref().map_or(0, Vec::len);
-        let lease = &self.labels.lease;
-        match self.producer.enqueue(&out, || lease.check()).await {
-            Ok(fut) => {
-                let (seq, id) = (copy.seq, copy.id);
-                self.in_flight_bytes += weight;
-                self.deliveries.push(Box::pin(async move {
-                    let result = match fut.await {
-                        Ok(Ok(_)) => Ok(()),
-                        Ok(Err((e, _))) => Err(e),
-                        Err(_) => Err(KafkaError::Canceled),
-                    };
-                    Delivered {
-                        seq,
-                        id,
-                        weight,
-                        created_at_micros: None,
-                        kind: Kind::DeadLetter,
-                        alone: true,
-                        result,
-                        failed_topic: None,
-                        confirms_topic: None,
-                        record: None,
-                    }
-                }));
-                self.update_gauges();
-                Ok(())
-            }
-            Err(Refused::NotAllowed(reason)) => Err(SessionError::Revoked(reason)),
-            Err(Refused::Kafka(e)) => Err(self.halt(
-                Some(copy.id),
-                &format!("its dead-letter record was refused: {e}; the row stays in the table"),
-                "raise kafka.properties.\"message.max.bytes\" (and the dead-letter topic's max.message.bytes) to fit it, or delete the row, then restart",
-            )),
-        }
+        let meta = Meta {
+            seq: copy.seq,
+            id: copy.id,
+            weight,
+            created_at_micros: None,
+            kind: Kind::DeadLetter,
+            alone: true,
+            confirms_topic: None,
+            record: None,
+        };
+        self.in_flight_bytes += weight;
+        let body = Body::Copy { topic, key: copy.key, payload: copy.payload, headers };
+        // A copy the sink refuses halts in `try_offer`; only a row comes back refused.
+        self.offer(Pending { meta, body, label: None })?;
+        self.update_gauges();
+        Ok(())
     }
 
     /// A halt at row `id` (if the halt is about one): the message, and where the next
@@ -813,7 +888,7 @@ impl<P: Clone + std::fmt::Display + Send + Sync + 'static> Session<'_, P> {
         if self.memory.topics_ok.contains(topic) || !self.looked_up.insert(topic.to_string()) {
             return false;
         }
-        match self.producer.topic_ready(topic).await {
+        match self.sink.topic_ready(topic).await {
             Some(true) => {
                 self.confirm_topic(topic.to_string());
                 false
@@ -952,20 +1027,17 @@ impl<P: Clone + std::fmt::Display + Send + Sync + 'static> Session<'_, P> {
     }
 
     async fn on_delivery_draining(&mut self, d: Delivered) -> Result<(), SessionError> {
-        if d.result.is_ok() {
+        let Err(failure) = &d.result else {
             return self.on_delivery(d).await.map(|_| ());
-        }
+        };
         // A failure while draining only ends intake; its row stays in the table and is resent
-        // (alone, if Kafka refused it in a batch).
-        self.in_flight_bytes -= d.weight;
-        if let Err(e) = &d.result
-            && d.kind == Kind::Row
-            && classify(e) == Class::Definite
-            && !d.alone
-        {
-            self.memory.suspects.insert(d.id);
+        // (alone, if the sink refused it in a batch).
+        let meta = &d.meta;
+        self.in_flight_bytes -= meta.weight;
+        if meta.kind == Kind::Row && failure.verdict.is_definite() && !meta.alone {
+            self.memory.suspects.insert(meta.id);
         }
-        Err(SessionError::Transient(format!("delivery of row id={} failed while draining", d.id)))
+        Err(SessionError::Transient(format!("delivery of row id={} failed while draining", meta.id)))
     }
 
     fn update_gauges(&self) {
@@ -978,3 +1050,6 @@ fn kind_labels(base: &[(&'static str, String); 3], kind: &'static str) -> [(&'st
     let [a, b, c] = base.clone();
     [a, b, c, ("kind", kind.to_string())]
 }
+
+#[cfg(test)]
+mod tests;

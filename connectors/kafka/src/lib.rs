@@ -2,8 +2,8 @@
 //!
 //! * [`producer`] builds an idempotent producer (`enable.idempotence=true`, `acks=all`,
 //!   at most 5 requests in flight, `murmur2_random` so a key lands where the Java client puts
-//!   it) and enqueues records without waiting for each one, waiting on a full local queue
-//!   instead of dropping.
+//!   it) and hands records over without waiting for each one; a full local queue is reported
+//!   (never dropped) and a delivery report says when there is room again.
 //! * [`classify`] is the one table that says which Kafka errors are worth retrying and which
 //!   are definite for the record (too large, unknown or unauthorised topic, bad partition).
 
@@ -13,6 +13,6 @@ pub mod producer;
 pub mod reader;
 
 pub use classify::{Class, classify};
-pub use producer::{Outgoing, Producer, ProducerSettings, Refused};
+pub use producer::{Offer, Outgoing, Producer, ProducerSettings};
 pub use rdkafka::error::{KafkaError, RDKafkaErrorCode as ErrorCode};
 pub use rdkafka::producer::DeliveryFuture;

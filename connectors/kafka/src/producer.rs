@@ -9,8 +9,15 @@
 //! measured here, about 0.5–1 % of a core per producer while nothing at all is produced — one
 //! producer per shard-partition, so 16 idle shard-partitions cost 10 % of a core. This producer
 //! polls only while records are in flight: its thread sleeps on a condition variable when
-//! nothing is (but for a non-blocking look every [`IDLE_POLL`]), and [`Producer::enqueue`]
+//! nothing is (but for a non-blocking look every [`IDLE_POLL`]), and [`Producer::try_send`]
 //! wakes it.
+//!
+//! # A full queue
+//!
+//! [`Producer::try_send`] never waits: when librdkafka's local queue is full it says so
+//! ([`Offer::Full`]) and the caller awaits [`Producer::room`], which resolves when a delivery
+//! report frees a place — so the caller can keep serving acknowledgements, its own timers and
+//! shutdown meanwhile instead of sleeping inside a call.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -23,7 +30,7 @@ use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{DeliveryResult, Header, Message as _, OwnedHeaders, OwnedMessage};
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer as _, ProducerContext};
 use rdkafka::{ClientConfig, Statistics};
-use tokio::sync::oneshot;
+use tokio::sync::{Notify, oneshot};
 
 /// The outcome of one record: acknowledged, or the error with the record as it was sent.
 pub type DeliveryResultOwned = Result<(), (KafkaError, OwnedMessage)>;
@@ -78,6 +85,8 @@ pub fn topic_of(message: &OwnedMessage) -> String {
 struct Activity {
     state: Mutex<ActivityState>,
     wake: Condvar,
+    /// Notified at every report: a place in the local queue is free ([`Producer::room`]).
+    room: Notify,
 }
 
 #[derive(Debug, Default)]
@@ -102,8 +111,11 @@ impl Activity {
 
     /// A record's report came, or it was never handed over.
     fn end(&self) {
-        let mut s = self.lock();
-        s.in_flight = s.in_flight.saturating_sub(1);
+        {
+            let mut s = self.lock();
+            s.in_flight = s.in_flight.saturating_sub(1);
+        }
+        self.room.notify_one();
     }
 
     fn stop(&self) {
@@ -183,13 +195,13 @@ impl ClientContext for LogContext {
     fn stats(&self, _statistics: Statistics) {}
 }
 
-/// Why [`Producer::enqueue`] did not hand a record to the client.
+/// Why [`Producer::try_send`] did not hand a record to the client.
 #[derive(Debug)]
-pub enum Refused {
+pub enum Offer {
+    /// The local queue is full: await [`Producer::room`], then offer the record again.
+    Full,
     /// The client refused it (for example larger than `message.max.bytes`) or is dead.
-    Kafka(KafkaError),
-    /// The caller's check said no; the reason is the caller's.
-    NotAllowed(String),
+    Refused(KafkaError),
 }
 
 /// The producer of one shard-partition.
@@ -288,16 +300,10 @@ impl Producer {
         Ok(Self { inner, activity, poller: Some(poller) })
     }
 
-    /// Enqueues one record and returns the future of its acknowledgement. A full local queue
-    /// is waited on (the future resolves as earlier records are acknowledged), never dropped.
-    /// `may_send` is asked right before every attempt to hand the record to the client — the
-    /// wait on a full queue can outlast the caller's right to publish (an ownership lease) —
-    /// and its `Err` is returned as [`Refused::NotAllowed`] with nothing handed over.
-    pub async fn enqueue(
-        &self,
-        rec: &Outgoing<'_>,
-        may_send: impl Fn() -> Result<(), String>,
-    ) -> Result<DeliveryFuture, Refused> {
+    /// Hands one record to the client and returns the future of its acknowledgement, or says
+    /// why it did not: a full local queue ([`Offer::Full`]; nothing was handed over, offer it
+    /// again after [`Self::room`]) or a refusal. Never waits.
+    pub fn try_send(&self, rec: &Outgoing<'_>) -> Result<DeliveryFuture, Offer> {
         let mut headers = OwnedHeaders::new_with_capacity(rec.headers.len() + rec.stamp.len());
         for (k, v) in rec.headers {
             headers = headers.insert(Header { key: k, value: Some(v.as_slice()) });
@@ -317,25 +323,24 @@ impl Producer {
         if let Some(p) = rec.partition {
             record = record.partition(p);
         }
-        let mut wait = Duration::from_micros(200);
-        loop {
-            may_send().map_err(Refused::NotAllowed)?;
-            // Counted before the hand-over, so a report that comes at once finds it counted.
-            self.activity.begin();
-            match self.inner.send(record) {
-                Ok(()) => return Ok(delivered),
-                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back)) => {
-                    self.activity.end();
-                    record = back;
-                    tokio::time::sleep(wait).await;
-                    wait = (wait * 2).min(Duration::from_millis(20));
-                }
-                Err((e, _)) => {
-                    self.activity.end();
-                    return Err(Refused::Kafka(e));
+        // Counted before the hand-over, so a report that comes at once finds it counted.
+        self.activity.begin();
+        match self.inner.send(record) {
+            Ok(()) => Ok(delivered),
+            Err((e, _)) => {
+                self.activity.end();
+                match e {
+                    KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull) => Err(Offer::Full),
+                    e => Err(Offer::Refused(e)),
                 }
             }
         }
+    }
+
+    /// Resolves when a delivery report may have freed a place in the local queue (one that
+    /// came since the last call counts), or after [`POLL_WINDOW`] at the latest.
+    pub async fn room(&self) {
+        let _ = tokio::time::timeout(POLL_WINDOW, self.activity.room.notified()).await;
     }
 
     /// Waits up to `timeout` for everything enqueued to be acknowledged or failed.
@@ -382,35 +387,29 @@ impl Producer {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::atomic::{AtomicUsize, Ordering};
-
     use super::*;
 
-    /// The caller's check runs right before every hand-over, so a right to publish lost while
-    /// waiting for room in a full queue stops the record (no broker is needed: the queue of
-    /// one record fills at once).
+    /// A full local queue is reported at once, with nothing handed over, and a report frees
+    /// room (no broker is needed: a queue of one record fills at once, and a record that
+    /// cannot reach a broker fails after its message timeout).
     #[tokio::test]
-    async fn the_callers_check_runs_again_after_waiting_for_room() {
+    async fn a_full_queue_is_reported_and_a_report_makes_room() {
         let settings = ProducerSettings {
             brokers: "127.0.0.1:1".into(),
             client_id: "test".into(),
             compression: "none".into(),
             linger_ms: 0,
-            message_timeout_ms: 60_000,
+            message_timeout_ms: 1_000,
             properties: [("queue.buffering.max.messages".to_string(), "1".to_string())].into(),
         };
         let producer = Producer::new(&settings).unwrap();
         let rec = Outgoing { topic: "t", key: None, payload: Some(b"p"), partition: Some(0), headers: &[], stamp: &[] };
-        let _first = producer.enqueue(&rec, || Ok(())).await.expect("room for one");
-        let checks = AtomicUsize::new(0);
-        let refused = producer
-            .enqueue(&rec, || match checks.fetch_add(1, Ordering::SeqCst) {
-                0 => Ok(()),
-                _ => Err("the lease is gone".into()),
-            })
-            .await;
-        assert!(matches!(refused, Err(Refused::NotAllowed(ref r)) if r == "the lease is gone"));
-        assert_eq!(checks.load(Ordering::SeqCst), 2, "checked once before the queue was full, once after");
+        let first = producer.try_send(&rec).expect("room for one");
+        assert!(matches!(producer.try_send(&rec), Err(Offer::Full)));
         assert_eq!(producer.in_flight(), 1, "the refused record was never handed over");
+        let report = first.await.expect("a report comes");
+        assert!(report.is_err(), "no broker: the record times out");
+        producer.room().await;
+        let _second = producer.try_send(&rec).expect("the report freed the place");
     }
 }

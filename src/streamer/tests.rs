@@ -1,0 +1,584 @@
+//! The streamer loop against a fake source and a fake sink: order, cleanup, shutdown inside a
+//! transaction, backpressure, dead letters, halts, failures mid-batch and what the next session
+//! does about them. Time is paused (and advances by itself whenever every task waits), so the
+//! loop's timers cost nothing.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use futures::FutureExt;
+use futures::future::Map;
+use tokio::sync::oneshot::error::RecvError;
+use tokio::sync::{Notify, mpsc, oneshot, watch};
+
+use super::*;
+use crate::config::BadRowPolicy;
+use crate::lease::OwnerLease;
+use crate::names::StreamId;
+use crate::poll::PolledRow;
+use crate::source::Probe;
+
+const TOPIC: &str = "orders";
+const DLQ: &str = "dead";
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+// ---- the fake sink ----------------------------------------------------------------------
+
+/// A record as the sink received it.
+#[derive(Debug, Clone)]
+struct Received {
+    topic: String,
+    id: i64,
+    label: String,
+    headers: Vec<(String, Vec<u8>)>,
+}
+
+#[derive(Default)]
+struct SinkState {
+    /// At most this many records unsettled; more are [`Offer::Full`].
+    capacity: Option<usize>,
+    /// Acknowledge every record as it is handed over.
+    auto_ack: bool,
+    /// Every record handed over, in order.
+    received: Vec<Received>,
+    /// Records handed over and not settled yet, in order.
+    open: VecDeque<(i64, oneshot::Sender<Result<(), Failure>>)>,
+    /// Refused before sending, by (topic, id).
+    refuse: HashMap<(String, i64), Verdict>,
+    /// Failed once on delivery, by (topic, id) (a resend goes through).
+    fail_once: HashMap<(String, i64), Verdict>,
+    /// Topics the broker does not show ready.
+    missing: HashSet<String>,
+    /// How many offers found the sink full.
+    full: usize,
+}
+
+#[derive(Default)]
+struct FakeSink {
+    state: Mutex<SinkState>,
+    room: Notify,
+}
+
+type Report = Result<Result<(), Failure>, RecvError>;
+
+fn failure(verdict: Verdict, topic: &str) -> Failure {
+    Failure {
+        verdict,
+        topic: Some(topic.to_string()),
+        error: Box::new(std::io::Error::other("refused by the fake sink")),
+        fix: "the fake's fix",
+    }
+}
+
+fn header<'a>(headers: &'a [(&str, &[u8])], name: &str) -> &'a [u8] {
+    headers.iter().find(|(k, _)| *k == name).map(|(_, v)| *v).unwrap_or_default()
+}
+
+impl Sink for FakeSink {
+    const NAME: &'static str = "Fake";
+    const TRANSACTIONAL: bool = false;
+    type Delivery = Map<oneshot::Receiver<Result<(), Failure>>, fn(Report) -> Result<(), Failure>>;
+
+    fn send(&self, r: &Outgoing<'_>) -> Result<Self::Delivery, Offer> {
+        let mut s = lock(&self.state);
+        let id: i64 = std::str::from_utf8(header(r.stamp, "outbox-id")).unwrap().parse().unwrap();
+        let key = (r.topic.to_string(), id);
+        if let Some(verdict) = s.refuse.get(&key) {
+            return Err(Offer::Refused(failure(*verdict, r.topic)));
+        }
+        if s.capacity.is_some_and(|c| s.open.len() >= c) {
+            s.full += 1;
+            return Err(Offer::Full);
+        }
+        let mut headers: Vec<(String, Vec<u8>)> = r.headers.to_vec();
+        headers.extend(r.stamp.iter().map(|(k, v)| (k.to_string(), v.to_vec())));
+        let label = String::from_utf8(header(r.stamp, "outbox-lsn").to_vec()).unwrap();
+        s.received.push(Received { topic: r.topic.to_string(), id, label, headers });
+        let (tx, rx) = oneshot::channel();
+        if let Some(verdict) = s.fail_once.remove(&key) {
+            let _ = tx.send(Err(failure(verdict, r.topic)));
+        } else if s.auto_ack {
+            let _ = tx.send(Ok(()));
+        } else {
+            s.open.push_back((id, tx));
+        }
+        Ok(rx.map((|r: Report| r.unwrap_or_else(|_| Err(failure(Verdict::Transient, "?")))) as fn(Report) -> _))
+    }
+
+    async fn ready(&self) {
+        self.room.notified().await;
+    }
+
+    async fn topic_ready(&self, topic: &str) -> Option<bool> {
+        Some(!lock(&self.state).missing.contains(topic))
+    }
+
+    async fn recheck(&self, mut f: Failure) -> Failure {
+        if f.verdict == Verdict::Unsure {
+            f.verdict = Verdict::Transient;
+        }
+        f
+    }
+}
+
+impl FakeSink {
+    fn with(f: impl FnOnce(&mut SinkState)) -> Arc<Self> {
+        let sink = Arc::new(FakeSink::default());
+        f(&mut lock(&sink.state));
+        sink
+    }
+
+    /// Acknowledges the `n` oldest unsettled records.
+    fn ack(&self, n: usize) {
+        let mut s = lock(&self.state);
+        for _ in 0..n {
+            let (_, tx) = s.open.pop_front().expect("a record to acknowledge");
+            let _ = tx.send(Ok(()));
+        }
+        drop(s);
+        self.room.notify_one();
+    }
+
+    fn ids(&self) -> Vec<i64> {
+        lock(&self.state).received.iter().map(|r| r.id).collect()
+    }
+
+    fn received(&self) -> Vec<Received> {
+        lock(&self.state).received.clone()
+    }
+
+    fn open(&self) -> usize {
+        lock(&self.state).open.len()
+    }
+}
+
+// ---- the fake source --------------------------------------------------------------------
+
+#[derive(Debug, Default)]
+struct SourceLog {
+    /// Events handed to the loop.
+    read: usize,
+    /// `finish` calls: the rows deleted and the position stored.
+    finished: Vec<(Vec<i64>, u64)>,
+    /// `finish` calls to fail before one succeeds.
+    fail_finish: usize,
+}
+
+struct FakeSource {
+    events: mpsc::UnboundedReceiver<SourceEvent<u64>>,
+    log: Arc<Mutex<SourceLog>>,
+}
+
+impl Source for FakeSource {
+    type Position = u64;
+    const POSITION_HEADER: &'static str = "outbox-lsn";
+    const SWEEPS: bool = false;
+
+    async fn next(&mut self) -> Result<Option<SourceEvent<u64>>, SourceError> {
+        let event = self.events.recv().await;
+        lock(&self.log).read += 1;
+        Ok(event)
+    }
+
+    async fn finish(&mut self, ids: &[i64], upto: u64) -> Result<u64, SourceError> {
+        let mut log = lock(&self.log);
+        if log.fail_finish > 0 {
+            log.fail_finish -= 1;
+            return Err(SourceError::Transient("the fake database is away".into()));
+        }
+        log.finished.push((ids.to_vec(), upto));
+        Ok(ids.len() as u64)
+    }
+
+    fn confirm_idle(&mut self, _position: u64) {}
+
+    async fn close(self) {}
+
+    async fn current_rows(&mut self, _ids: &[i64]) -> Result<Vec<PolledRow>, SourceError> {
+        Ok(Vec::new())
+    }
+
+    async fn existing(&mut self, _ids: &[i64]) -> Result<Vec<i64>, SourceError> {
+        Ok(Vec::new())
+    }
+
+    async fn probe(&mut self, _below: Option<i64>, _limit: usize) -> Result<Probe<u64>, SourceError> {
+        Ok(Probe { candidates: Vec::new(), max_id: None, mark: 0 })
+    }
+
+    fn reached(done: &u64, mark: &u64) -> bool {
+        done >= mark
+    }
+
+    fn skips(&self, _id: Option<i64>, _label: &str) -> bool {
+        false
+    }
+}
+
+// ---- a session under test ---------------------------------------------------------------
+
+type Ended = (Result<(), SessionError>, StreamMemory<u64>);
+
+struct Session {
+    events: mpsc::UnboundedSender<SourceEvent<u64>>,
+    log: Arc<Mutex<SourceLog>>,
+    stop: watch::Sender<bool>,
+    task: tokio::task::JoinHandle<Ended>,
+}
+
+fn settings() -> StreamSettings {
+    StreamSettings { cleanup_interval_ms: 20, ..StreamSettings::default() }
+}
+
+fn start(sink: &Arc<FakeSink>, settings: StreamSettings, memory: StreamMemory<u64>) -> Session {
+    start_with(sink, settings, memory, SourceLog::default())
+}
+
+fn start_with(
+    sink: &Arc<FakeSink>,
+    settings: StreamSettings,
+    mut memory: StreamMemory<u64>,
+    log: SourceLog,
+) -> Session {
+    let (events, rx) = mpsc::unbounded_channel();
+    let log = Arc::new(Mutex::new(log));
+    let (stop, mut stop_rx) = watch::channel(false);
+    let source = FakeSource { events: rx, log: log.clone() };
+    let sink = sink.clone();
+    let task = tokio::spawn(async move {
+        let labels = StreamLabels {
+            source: "fake".into(),
+            id: StreamId { shard: 0, partition: 0 },
+            table: "outbox".into(),
+            lease: OwnerLease::embedded(),
+        };
+        let result =
+            run_session(&labels, &settings, source, &*sink, Duration::from_secs(5), &mut stop_rx, &mut memory).await;
+        (result, memory)
+    });
+    Session { events, log, stop, task }
+}
+
+fn record(id: i64, topic: &str) -> OutboxRecord {
+    OutboxRecord {
+        id,
+        topic: topic.into(),
+        key: Some(format!("k{id}").into_bytes()),
+        payload: Some(format!("p{id}").into_bytes()),
+        headers: vec![("app".into(), b"v".to_vec())],
+        kafka_partition: None,
+        created_at_micros: None,
+    }
+}
+
+impl Session {
+    fn send(&self, event: SourceEvent<u64>) {
+        self.events.send(event).expect("the session reads");
+    }
+
+    /// One transaction with `ids`, committed at `position`.
+    fn txn(&self, position: u64, ids: &[i64]) {
+        self.begin(position);
+        for id in ids {
+            self.row(*id);
+        }
+        self.send(SourceEvent::Commit(position));
+    }
+
+    fn begin(&self, position: u64) {
+        self.send(SourceEvent::Begin { label: format!("L{position}") });
+    }
+
+    fn row(&self, id: i64) {
+        self.send(SourceEvent::Row(Ok(record(id, TOPIC))));
+    }
+
+    fn finished(&self) -> Vec<(Vec<i64>, u64)> {
+        lock(&self.log).finished.clone()
+    }
+
+    fn deleted(&self) -> Vec<i64> {
+        self.finished().into_iter().flat_map(|(ids, _)| ids).collect()
+    }
+
+    fn read(&self) -> usize {
+        lock(&self.log).read
+    }
+
+    async fn stop(self) -> Ended {
+        let _ = self.stop.send(true);
+        self.ended().await
+    }
+
+    async fn ended(self) -> Ended {
+        tokio::time::timeout(Duration::from_secs(60), self.task).await.expect("the session ends").expect("no panic")
+    }
+}
+
+/// Waits (in paused time) until `done` holds; fails with `what` after a minute.
+async fn until(what: &str, done: impl Fn() -> bool) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while !done() {
+        assert!(tokio::time::Instant::now() < deadline, "timed out waiting until {what}");
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+}
+
+// ---- the tests --------------------------------------------------------------------------
+
+#[tokio::test(start_paused = true)]
+async fn records_go_out_in_order_and_complete_transactions_are_deleted() {
+    let sink = FakeSink::with(|s| s.auto_ack = true);
+    let session = start(&sink, settings(), StreamMemory::default());
+    session.txn(10, &[1, 2, 3]);
+    session.txn(20, &[4]);
+    until("a complete prefix is deleted", || session.deleted().len() == 4).await;
+    let (result, _) = session.stop().await;
+    result.unwrap();
+    assert_eq!(sink.ids(), [1, 2, 3, 4]);
+    let got = sink.received();
+    assert_eq!(got[0].label, "L10");
+    assert_eq!(got[3].label, "L20", "each record carries its own transaction's position");
+    let names: Vec<&str> = got[0].headers.iter().map(|(k, _)| k.as_str()).collect();
+    assert_eq!(names, ["app", "outbox-id", "outbox-shard", "outbox-partition", "outbox-lsn"]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn nothing_is_deleted_before_every_record_of_a_transaction_is_acknowledged() {
+    let sink = FakeSink::default().into();
+    let session = start(&sink, settings(), StreamMemory::default());
+    session.txn(10, &[1, 2]);
+    session.txn(20, &[3]);
+    until("all three are sent", || sink.ids().len() == 3).await;
+    sink.ack(1);
+    // The loop runs its cleanup timer many times over while the clock advances.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(session.deleted().is_empty(), "transaction 10 is not complete: nothing deleted");
+    sink.ack(2);
+    until("both transactions are deleted", || session.deleted() == [1, 2, 3]).await;
+    assert_eq!(session.finished().last().unwrap().1, 20, "the position stored is the last complete commit");
+    session.stop().await.0.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn shutdown_inside_a_transaction_reads_on_to_its_commit() {
+    let sink = FakeSink::with(|s| s.auto_ack = true);
+    let session = start(&sink, settings(), StreamMemory::default());
+    session.begin(10);
+    session.row(1);
+    session.row(2);
+    until("both rows are sent", || sink.ids().len() == 2).await;
+    let _ = session.stop.send(true);
+    session.row(3);
+    session.send(SourceEvent::Commit(10));
+    let log = session.log.clone();
+    let (result, _) = session.ended().await;
+    result.unwrap();
+    assert_eq!(sink.ids(), [1, 2, 3]);
+    assert_eq!(lock(&log).finished, [(vec![1, 2, 3], 10)], "the transaction is deleted, not left to the next owner");
+}
+
+#[tokio::test(start_paused = true)]
+async fn shutdown_inside_a_transaction_whose_commit_never_comes_deletes_nothing() {
+    let sink = FakeSink::with(|s| s.auto_ack = true);
+    let session = start(&sink, settings(), StreamMemory::default());
+    session.txn(5, &[1]);
+    session.begin(10);
+    session.row(2);
+    until("both rows are sent", || sink.ids().len() == 2).await;
+    let log = session.log.clone();
+    let started = tokio::time::Instant::now();
+    let (result, _) = session.stop().await;
+    result.unwrap();
+    assert!(started.elapsed() >= FINISH_OPEN_TXN, "the session waited for the commit");
+    let finished = lock(&log).finished.clone();
+    assert_eq!(finished, [(vec![1], 5)], "only the committed transaction is deleted");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_full_sink_stops_reading_while_acknowledgements_and_shutdown_are_served() {
+    let sink = FakeSink::with(|s| s.capacity = Some(2));
+    let session = start(&sink, settings(), StreamMemory::default());
+    session.txn(10, &[1, 2, 3, 4, 5]);
+    session.txn(20, &[6]);
+    until("the sink is full", || lock(&sink.state).full > 0).await;
+    let read = session.read();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(sink.ids(), [1, 2], "nothing more is handed over without room");
+    assert_eq!(session.read(), read, "nothing more is read while a record waits for room");
+    assert_eq!(read, 4, "begin and three rows: the third found no room");
+    // Acknowledgements are served meanwhile, and each one makes room for the next record.
+    for sent in 3..=6 {
+        sink.ack(1);
+        until("the next record goes out", || sink.ids().len() == sent).await;
+    }
+    sink.ack(2);
+    until("everything is deleted", || session.deleted() == [1, 2, 3, 4, 5, 6]).await;
+    assert_eq!(sink.ids(), [1, 2, 3, 4, 5, 6], "order kept across the waits");
+    // Full again inside an open transaction: shutdown still ends the session.
+    session.begin(30);
+    for id in 7..=9 {
+        session.row(id);
+    }
+    until("the sink is full again", || sink.ids().len() == 8).await;
+    let log = session.log.clone();
+    let stopping = tokio::spawn(session.stop());
+    until("the session stops after its grace for the commit", || stopping.is_finished() || sink.open() == 0).await;
+    sink.ack(2);
+    let (result, _) = stopping.await.unwrap();
+    result.unwrap();
+    assert_eq!(sink.ids(), [1, 2, 3, 4, 5, 6, 7, 8], "row 9 never got room and was never sent");
+    assert_eq!(lock(&log).finished.last().unwrap().1, 20, "the open transaction is not deleted");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_row_the_sink_refuses_halts_at_that_row_after_deleting_what_came_before() {
+    let sink = FakeSink::with(|s| {
+        s.auto_ack = true;
+        s.refuse.insert((TOPIC.into(), 2), Verdict::Record);
+    });
+    let session = start(&sink, settings(), StreamMemory::default());
+    session.txn(10, &[1]);
+    session.txn(20, &[2, 3]);
+    let log = session.log.clone();
+    let (result, mut memory) = session.ended().await;
+    let Err(SessionError::Halt(message)) = result else { panic!("a halt, not {result:?}") };
+    assert!(message.starts_with("at row id=2 of outbox: Fake refused it: refused by the fake sink"), "{message}");
+    assert!(message.ends_with("fix: the fake's fix"), "{message}");
+    assert_eq!(memory.take_halt_point().row, Some(2));
+    assert_eq!(sink.ids(), [1], "nothing after the refused row is sent");
+    assert_eq!(lock(&log).finished, [(vec![1], 10)]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_missing_topic_halts_with_the_topic_to_wait_for() {
+    let sink = FakeSink::with(|s| {
+        s.auto_ack = true;
+        s.missing.insert("nowhere".into());
+        s.refuse.insert(("nowhere".into(), 2), Verdict::MissingTopic);
+    });
+    let session = start(&sink, settings(), StreamMemory::default());
+    session.txn(10, &[1]);
+    session.begin(20);
+    session.send(SourceEvent::Row(Ok(record(2, "nowhere"))));
+    session.send(SourceEvent::Commit(20));
+    let (result, mut memory) = session.ended().await;
+    assert!(matches!(result, Err(SessionError::Halt(_))), "{result:?}");
+    let point = memory.take_halt_point();
+    assert_eq!((point.row, point.missing_topic.as_deref()), (Some(2), Some("nowhere")));
+}
+
+#[tokio::test(start_paused = true)]
+async fn bad_rows_go_to_the_dead_letter_topic_and_complete_their_transaction() {
+    let sink = FakeSink::with(|s| {
+        s.auto_ack = true;
+        s.refuse.insert((TOPIC.into(), 2), Verdict::Record);
+    });
+    let settings =
+        StreamSettings { on_bad_row: BadRowPolicy::DeadLetter, dead_letter_topic: Some(DLQ.into()), ..settings() };
+    let session = start(&sink, settings, StreamMemory::default());
+    session.begin(10);
+    session.row(1);
+    session.row(2);
+    session.send(SourceEvent::Row(Err(InvalidRow::new(Some(3), "topic", "is empty"))));
+    session.row(4);
+    session.send(SourceEvent::Commit(10));
+    until("the transaction is deleted", || session.deleted().len() == 4).await;
+    session.stop().await.0.unwrap();
+    let got: Vec<(String, i64)> = sink.received().into_iter().map(|r| (r.topic, r.id)).collect();
+    let expect = [(TOPIC, 1), (DLQ, 2), (DLQ, 3), (TOPIC, 4)].map(|(t, id)| (t.to_string(), id));
+    assert_eq!(got, expect);
+    let copy = &sink.received()[1];
+    let reason = copy.headers.iter().find(|(k, _)| k == "outbox-dead-letter-reason").expect("a reason");
+    assert_eq!(reason.1, b"Fake refused it: refused by the fake sink");
+    assert!(copy.headers.iter().any(|(k, v)| k == "outbox-original-topic" && v == TOPIC.as_bytes()));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_refusal_in_a_batch_is_retried_alone_by_the_next_session() {
+    // Row 2 fails while travelling with others: the session ends (transient), and the next
+    // one — replaying from the last stored position — sends it alone.
+    let sink = FakeSink::with(|s| {
+        s.auto_ack = true;
+        s.fail_once.insert((TOPIC.into(), 2), Verdict::Record);
+    });
+    let first = start(&sink, settings(), StreamMemory::default());
+    first.txn(10, &[1, 2, 3]);
+    let (result, memory) = first.ended().await;
+    assert!(matches!(result, Err(SessionError::Transient(ref m)) if m.contains("row id=2")), "{result:?}");
+    assert!(memory.suspects.contains(&2));
+    lock(&sink.state).received.clear();
+    lock(&sink.state).auto_ack = false;
+    let second = start(&sink, settings(), memory);
+    second.txn(10, &[1, 2, 3]);
+    until("row 1 is sent", || sink.ids() == [1]).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(sink.ids(), [1], "the suspect waits until everything before it settled");
+    sink.ack(1);
+    until("the suspect is sent alone", || sink.ids() == [1, 2]).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(sink.ids(), [1, 2], "nothing goes with the suspect");
+    sink.ack(1);
+    until("row 3 follows", || sink.ids() == [1, 2, 3]).await;
+    sink.ack(1);
+    until("the transaction is deleted", || second.deleted() == [1, 2, 3]).await;
+    let (result, memory) = second.stop().await;
+    result.unwrap();
+    assert!(memory.suspects.is_empty(), "a deleted suspect is forgotten");
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_acknowledged_prefix_whose_delete_failed_is_finished_first_by_the_next_session() {
+    let sink = FakeSink::with(|s| s.auto_ack = true);
+    let log = SourceLog { fail_finish: 1, ..SourceLog::default() };
+    let first = start_with(&sink, settings(), StreamMemory::default(), log);
+    first.txn(10, &[1, 2]);
+    let (result, memory) = first.ended().await;
+    assert!(matches!(result, Err(SessionError::Transient(_))), "{result:?}");
+    assert_eq!(sink.ids(), [1, 2]);
+    let second = start(&sink, settings(), memory);
+    until("the prefix is finished", || second.deleted() == [1, 2]).await;
+    assert_eq!(second.read(), 0, "finished before anything is read");
+    assert_eq!(second.finished()[0].1, 10);
+    let (result, _) = second.stop().await;
+    result.unwrap();
+    assert_eq!(sink.ids(), [1, 2], "what was acknowledged is not sent again");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_transient_delivery_failure_mid_batch_ends_the_session_after_settling_the_rest() {
+    let sink = FakeSink::with(|s| {
+        s.fail_once.insert((TOPIC.into(), 3), Verdict::Transient);
+    });
+    let session = start(&sink, settings(), StreamMemory::default());
+    session.txn(10, &[1]);
+    session.txn(20, &[2, 3, 4]);
+    until("three records are sent", || sink.ids().len() == 3).await;
+    // The failure settles first; the records before it are still acknowledged in the drain.
+    sink.ack(2);
+    let log = session.log.clone();
+    let (result, memory) = session.ended().await;
+    let Err(SessionError::Transient(message)) = result else { panic!("transient, not {result:?}") };
+    assert!(message.contains("row id=3") && message.contains("refused by the fake sink"), "{message}");
+    assert!(memory.suspects.is_empty(), "a transient failure makes no suspect");
+    assert_eq!(lock(&log).finished, [(vec![1], 10)], "only the complete prefix is deleted");
+    assert_eq!(sink.ids(), [1, 2, 3], "nothing is read after the failure settled");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_drained_catch_up_ends_once_everything_is_deleted() {
+    let sink = FakeSink::default().into();
+    let session = start(&sink, settings(), StreamMemory::default());
+    session.txn(10, &[1, 2]);
+    session.send(SourceEvent::Drained);
+    until("both are sent", || sink.ids().len() == 2).await;
+    sink.ack(2);
+    let log = session.log.clone();
+    let (result, _) = session.ended().await;
+    result.unwrap();
+    assert_eq!(lock(&log).finished, [(vec![1, 2], 10)]);
+}
