@@ -16,6 +16,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock, RwLock};
 use std::time::{Duration, Instant};
 
+use tokio::sync::Notify;
+
 /// One instance's ZooKeeper session, shared by the tasks of every shard-partition it owns.
 #[derive(Debug)]
 pub(crate) struct SessionLease {
@@ -25,6 +27,8 @@ pub(crate) struct SessionLease {
     valid_until: AtomicU64,
     /// Instance names of the live members, for deciding whether a slot's holder is gone.
     live: RwLock<HashSet<String>>,
+    /// Woken by [`Self::revoke`] (see [`OwnerLease::ended`]).
+    revoked: Notify,
 }
 
 impl SessionLease {
@@ -34,6 +38,7 @@ impl SessionLease {
             session_timeout,
             valid_until: AtomicU64::new(0),
             live: RwLock::new(HashSet::new()),
+            revoked: Notify::new(),
         })
     }
 
@@ -46,10 +51,16 @@ impl SessionLease {
     /// The session is lost (expired or closed): nothing may be produced or written any more.
     pub(crate) fn revoke(&self) {
         self.valid_until.store(0, Ordering::SeqCst);
+        self.revoked.notify_waiters();
     }
 
     pub(crate) fn is_valid(&self) -> bool {
         nanos(Instant::now()) < self.valid_until.load(Ordering::SeqCst)
+    }
+
+    /// When the trust ends unless the server answers again.
+    fn valid_until(&self) -> Instant {
+        base() + Duration::from_nanos(self.valid_until.load(Ordering::SeqCst))
     }
 
     pub(crate) fn set_live_members(&self, instances: impl IntoIterator<Item = String>) {
@@ -70,22 +81,52 @@ pub(crate) struct OwnerLease {
     /// Set when the lease node itself is gone (deleted by an operator, a ZooKeeper restore)
     /// while the session lives: the lease may be granted again, so nothing more is produced.
     lost: Arc<AtomicBool>,
+    /// Woken by [`Self::mark_lost`] (see [`Self::ended`]).
+    lost_notify: Arc<Notify>,
 }
 
 impl OwnerLease {
     /// No coordination: the single instance owns every shard-partition at epoch 0.
     pub(crate) fn embedded() -> Self {
-        Self { held: None, lost: Arc::default() }
+        Self { held: None, lost: Arc::default(), lost_notify: Arc::default() }
     }
 
     /// Held through ZooKeeper at `epoch` (the lease node's creation zxid).
     pub(crate) fn held(epoch: i64, session: Arc<SessionLease>) -> Self {
-        Self { held: Some((epoch, session)), lost: Arc::default() }
+        Self { held: Some((epoch, session)), lost: Arc::default(), lost_notify: Arc::default() }
     }
 
     /// The lease node is gone: from now on [`Self::check`] fails.
     pub(crate) fn mark_lost(&self) {
         self.lost.store(true, Ordering::SeqCst);
+        self.lost_notify.notify_waiters();
+    }
+
+    /// Resolves once [`Self::check`] fails: at once when the session is revoked or the lease
+    /// marked lost, otherwise when the trust deadline passes without a renewal (it sleeps to
+    /// the deadline and again to a renewed one). Never without coordination. A waiting stream
+    /// costs no timer ticks: about one wake per renewal instead of a periodic check.
+    pub(crate) async fn ended(&self) {
+        let Some((_, session)) = &self.held else {
+            return std::future::pending().await;
+        };
+        loop {
+            let revoked = session.revoked.notified();
+            let lost = self.lost_notify.notified();
+            tokio::pin!(revoked, lost);
+            // Registered before the check, so a revocation right after it is not missed.
+            revoked.as_mut().enable();
+            lost.as_mut().enable();
+            if self.check().is_err() {
+                return;
+            }
+            let until = tokio::time::Instant::from_std(session.valid_until());
+            tokio::select! {
+                _ = tokio::time::sleep_until(until) => {}
+                _ = revoked => {}
+                _ = lost => {}
+            }
+        }
     }
 
     /// The epoch stamped as `outbox-owner-epoch`, if coordinated.
@@ -133,10 +174,14 @@ impl OwnerLease {
     }
 }
 
-fn nanos(at: Instant) -> u64 {
+/// The origin of the stored deadlines.
+fn base() -> Instant {
     static BASE: OnceLock<Instant> = OnceLock::new();
-    let base = *BASE.get_or_init(|| Instant::now() - Duration::from_secs(1));
-    at.saturating_duration_since(base).as_nanos() as u64
+    *BASE.get_or_init(|| Instant::now() - Duration::from_secs(1))
+}
+
+fn nanos(at: Instant) -> u64 {
+    at.saturating_duration_since(base()).as_nanos() as u64
 }
 
 #[cfg(test)]
@@ -162,6 +207,43 @@ mod tests {
         let stale = SessionLease::new("b", Duration::from_secs(10));
         stale.renew(Instant::now() - Duration::from_secs(6));
         assert!(!stale.is_valid(), "an answer to a request sent 6 s ago is no proof any more");
+    }
+
+    /// `ended` resolves when the trust runs out, is revoked, or the lease is marked lost — and
+    /// not while renewals keep it trusted.
+    #[tokio::test]
+    async fn ended_resolves_when_the_check_would_fail() {
+        let session = SessionLease::new("a", Duration::from_millis(400));
+        let lease = OwnerLease::held(1, session.clone());
+        session.renew(Instant::now());
+        let started = Instant::now();
+        lease.ended().await;
+        assert!(started.elapsed() >= Duration::from_millis(150), "trusted for half the timeout first");
+        assert!(lease.check().is_err());
+
+        session.renew(Instant::now() + Duration::from_secs(60));
+        let waiting = tokio::spawn({
+            let lease = lease.clone();
+            async move { lease.ended().await }
+        });
+        tokio::task::yield_now().await;
+        assert!(!waiting.is_finished(), "a trusted lease has not ended");
+        session.revoke();
+        tokio::time::timeout(Duration::from_secs(5), waiting).await.expect("revoking ends it at once").unwrap();
+
+        session.renew(Instant::now() + Duration::from_secs(60));
+        let other = OwnerLease::held(2, session.clone());
+        let waiting = tokio::spawn({
+            let other = other.clone();
+            async move { other.ended().await }
+        });
+        tokio::task::yield_now().await;
+        other.mark_lost();
+        tokio::time::timeout(Duration::from_secs(5), waiting).await.expect("a lost lease ends at once").unwrap();
+        assert!(
+            tokio::time::timeout(Duration::from_millis(50), OwnerLease::embedded().ended()).await.is_err(),
+            "an embedded lease never ends"
+        );
     }
 
     #[test]

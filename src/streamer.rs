@@ -42,10 +42,11 @@ pub(crate) const OWNER_EPOCH_HEADER: &str = "outbox-owner-epoch";
 /// How long a stopping session keeps reading to reach the commit of the transaction it is in.
 const FINISH_OPEN_TXN: Duration = Duration::from_secs(2);
 
-/// How often a session with nothing to clean up wakes to check its lease (a lost one ends the
-/// session, which frees the slot for the next owner). With rows to clean up it wakes every
-/// `cleanup_interval_ms`; an idle stream costs no timer ticks beyond this.
-const IDLE_LEASE_CHECK: Duration = Duration::from_millis(250);
+/// The cleanup timer's deadline while nothing waits to be deleted: it is reset as soon as a
+/// prefix is ready, so an idle stream's loop has no timer ticks of its own. A lease that ends
+/// meanwhile ends the session at once ([`OwnerLease::ended`](crate::lease::OwnerLease::ended)),
+/// which frees the slot for the next owner.
+const NOTHING_TO_CLEAN: Duration = Duration::from_secs(3600);
 
 /// Who this loop streams for: labels for logs, metrics and headers.
 #[derive(Debug, Clone)]
@@ -396,10 +397,12 @@ impl<P: Clone + std::fmt::Display + Send + Sync + 'static, K: Sink> Session<'_, 
         shutdown: &mut watch::Receiver<bool>,
     ) -> Result<(), SessionError> {
         let cleanup_every = Duration::from_millis(self.settings.cleanup_interval_ms);
-        let idle_check = IDLE_LEASE_CHECK.max(cleanup_every);
         let mut last_cleanup = tokio::time::Instant::now();
-        let cleanup = tokio::time::sleep_until(last_cleanup + idle_check);
+        let cleanup = tokio::time::sleep_until(last_cleanup + NOTHING_TO_CLEAN);
         tokio::pin!(cleanup);
+        let lease = self.labels.lease.clone();
+        let lease_ended = lease.ended();
+        tokio::pin!(lease_ended);
         let sweep_every = Duration::from_millis(self.settings.sweep_interval_ms);
         let mut sweep = tokio::time::interval_at(tokio::time::Instant::now() + sweep_every, sweep_every);
         sweep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -415,8 +418,8 @@ impl<P: Clone + std::fmt::Display + Send + Sync + 'static, K: Sink> Session<'_, 
                     return Ok(());
                 }
             }
-            // The cleanup timer runs fast only while a prefix waits to be deleted.
-            let due = last_cleanup + if self.tracker.has_ready() { cleanup_every } else { idle_check };
+            // The cleanup timer runs only while a prefix waits to be deleted.
+            let due = last_cleanup + if self.tracker.has_ready() { cleanup_every } else { NOTHING_TO_CLEAN };
             if cleanup.deadline() != due {
                 cleanup.as_mut().reset(due);
             }
@@ -433,6 +436,11 @@ impl<P: Clone + std::fmt::Display + Send + Sync + 'static, K: Sink> Session<'_, 
                     continue;
                 }
                 _ = tokio::time::sleep_until(finish_by.unwrap_or_else(tokio::time::Instant::now)), if finish_by.is_some() => continue,
+                _ = &mut lease_ended => {
+                    self.labels.lease.check().map_err(SessionError::Revoked)?;
+                    // Trusted again (a late answer renewed the session): keep watching.
+                    lease_ended.set(lease.ended());
+                }
                 Some(d) = self.deliveries.next(), if !self.deliveries.is_empty() => {
                     self.settle_one(d).await?;
                 }
