@@ -11,7 +11,8 @@ use outbox_postgres::privileges;
 use outbox_postgres::setup::{self as pg, SetupPlan, StreamObjects};
 
 use crate::config::{Config, SourceConfig, SourceKind};
-use crate::connect::{mysql_admin_opts, mysql_opts, pg_admin_target, pg_target};
+use crate::db::mysql::connect::{mysql_admin_opts, mysql_opts};
+use crate::db::postgres::connect::{pg_admin_target, pg_target};
 use crate::names::{all_streams, checkpoint_table};
 
 /// The login `setup` runs the DDL as, instead of each source's own: a URL, and the password
@@ -216,7 +217,8 @@ async fn setup_mysql(
         Some(login) => mysql_admin_opts(source, login.url, login.password).context("--admin-url")?,
         None => streamer.clone(),
     };
-    let mut conn = crate::connect::mysql_connect(&admin).await.with_context(|| format!("source {:?}", source.name))?;
+    let mut conn =
+        crate::db::mysql::connect::mysql_connect(&admin).await.with_context(|| format!("source {:?}", source.name))?;
     let (settings, mut failures) = my::check_server(&mut conn).await?;
     failures.extend(myprivileges::check_admin(&mut conn, &database).await?);
     if failures.is_empty() {
@@ -226,7 +228,7 @@ async fn setup_mysql(
     // The streamer's own session tells which account it matches and what that account holds;
     // without a default database, since setup has not granted it one yet.
     let streamer_session: Opts = OptsBuilder::from_opts(streamer.clone()).db_name(None::<String>).into();
-    let streamer_account = match crate::connect::mysql_connect(&streamer_session).await {
+    let streamer_account = match crate::db::mysql::connect::mysql_connect(&streamer_session).await {
         Ok(mut own) => {
             failures.extend(myprivileges::check_streamer(&mut own, &database).await?);
             let account = myprivileges::own_privileges(&mut own, &database).await?.account;

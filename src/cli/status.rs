@@ -171,7 +171,7 @@ fn count_sql(quoted_table: &str) -> String {
 }
 
 async fn postgres_rows(source: &SourceConfig, rows: &mut Vec<Row>) -> anyhow::Result<()> {
-    let target = crate::connect::pg_target(source, None)?;
+    let target = crate::db::postgres::connect::pg_target(source, None)?;
     let client = target.connect().await.with_context(|| format!("connecting to {}", target.display()))?;
     let checkpoint = checkpoint_table(&source.table_prefix);
     for id in all_streams(source.shards, source.partitions) {
@@ -234,8 +234,9 @@ fn table_problems(row: &Row, checkpoint_found: bool) -> Vec<Problem> {
 type CheckpointRow = (Option<String>, Option<String>, Option<u64>, bool, Option<String>, Option<i64>);
 
 async fn mysql_rows(source: &SourceConfig, rows: &mut Vec<Row>) -> anyhow::Result<()> {
-    let opts = crate::connect::mysql_opts(source, None)?;
-    let mut conn = crate::connect::mysql_connect(&opts).await.with_context(|| format!("source {:?}", source.name))?;
+    let opts = crate::db::mysql::connect::mysql_opts(source, None)?;
+    let mut conn =
+        crate::db::mysql::connect::mysql_connect(&opts).await.with_context(|| format!("source {:?}", source.name))?;
     let checkpoint = checkpoint_table(&source.table_prefix);
     // MySQL 8 adds an Encrypted column: take name and size by position.
     let logs: Vec<(String, u64)> = conn
@@ -265,7 +266,7 @@ async fn mysql_rows(source: &SourceConfig, rows: &mut Vec<Row>) -> anyhow::Resul
             Some((gtid, file, offset, pending, last_at, last_rows)) => {
                 row.state = "checkpoint".into();
                 if let (Some(file), Some(offset), false) = (&file, offset, logs.is_empty()) {
-                    row.lag_bytes = Some(crate::run::binlog_bytes_after(&logs, file, offset) as i64);
+                    row.lag_bytes = Some(crate::db::mysql::binlog_bytes_after(&logs, file, offset) as i64);
                 }
                 row.position = Some(match gtid {
                     Some(g) => g,

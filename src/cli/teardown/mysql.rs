@@ -11,7 +11,7 @@ use super::zookeeper::Cluster;
 use super::{Line, Options, Section};
 use crate::cli::setup::AdminLogin;
 use crate::config::SourceConfig;
-use crate::connect::{mysql_admin_opts, mysql_connect, mysql_opts};
+use crate::db::mysql::connect::{mysql_admin_opts, mysql_connect, mysql_opts};
 use crate::names::{all_streams, checkpoint_table};
 
 pub(super) async fn tear_down(

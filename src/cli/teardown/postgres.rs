@@ -11,7 +11,7 @@ use super::zookeeper::Cluster;
 use super::{Line, Options, Section};
 use crate::cli::setup::AdminLogin;
 use crate::config::SourceConfig;
-use crate::connect::{pg_admin_target, pg_target};
+use crate::db::postgres::connect::{pg_admin_target, pg_target};
 use crate::names::{all_streams, checkpoint_table};
 
 pub(super) async fn tear_down(
