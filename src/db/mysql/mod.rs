@@ -8,6 +8,9 @@
 //!  poll.rs      the polling table (polling mode and the catch-up drain)
 //!  catchup.rs   catching up when the binlog position is lost, or when a stream returns from polling
 //!  lag.rs       the binlog-lag gauge
+//!  setup.rs     `setup`: the server and account checks, then the tables, checkpoints and grants
+//!  status.rs    `status`: each stream's stored position and binlog lag, each table's pending rows
+//!  teardown.rs  `teardown`: what `setup` created, dropped by the rules in `db/teardown.rs`
 //!  connect.rs   a source's URL, password and TLS turned into mysql_async options
 //! ```
 
@@ -16,6 +19,9 @@ pub(crate) mod cdc;
 pub(crate) mod connect;
 mod lag;
 mod poll;
+mod setup;
+mod status;
+mod teardown;
 mod xa;
 
 use std::sync::Arc;
@@ -26,7 +32,8 @@ use futures::future::BoxFuture;
 use outbox_mysql::mysql_async::{Opts as MyOpts, OptsBuilder};
 use tokio::sync::watch;
 
-use super::{Database, JobContext};
+use super::teardown::Section;
+use super::{Database, JobContext, SetupRequest, StreamStatus, TeardownRequest};
 use crate::catchup::CatchUp;
 use crate::config::{Mode, SourceConfig};
 use crate::dberror::{self, Backend};
@@ -36,8 +43,6 @@ use crate::names::checkpoint_table;
 use crate::poll::PollSource;
 use cdc::MySource;
 use poll::MyPollTable;
-
-pub(crate) use lag::binlog_bytes_after;
 
 /// MariaDB ends a session whose transaction sat idle this long (the executable comment runs
 /// on MariaDB 10.3+ only; MySQL sees `SET @outbox_streamer = 1`). The streamer's own
@@ -63,6 +68,22 @@ impl Database for Mysql {
     ) -> anyhow::Result<Vec<BoxFuture<'static, ()>>> {
         let opts = streamer_opts(source)?;
         Ok(vec![lag::run(source.name.clone(), opts, checkpoint_table(&source.table_prefix), stop).boxed()])
+    }
+
+    fn setup<'a>(&'a self, source: &'a SourceConfig, how: &'a SetupRequest<'a>) -> BoxFuture<'a, anyhow::Result<bool>> {
+        setup::setup(source, how).boxed()
+    }
+
+    fn teardown<'a>(
+        &'a self,
+        source: &'a SourceConfig,
+        how: &'a TeardownRequest<'a>,
+    ) -> BoxFuture<'a, anyhow::Result<Section>> {
+        teardown::tear_down(source, how.admin, how.options, how.members).boxed()
+    }
+
+    fn status<'a>(&'a self, source: &'a SourceConfig) -> BoxFuture<'a, anyhow::Result<Vec<StreamStatus>>> {
+        status::status(source).boxed()
     }
 }
 

@@ -10,6 +10,9 @@
 //!  catchup.rs      catching up when a slot is lost, or when a stream returns from polling
 //!  heartbeat.rs    the WAL heartbeat that keeps idle slots moving
 //!  lag.rs          the slot-lag gauge
+//!  setup.rs        `setup`: the server checks, then the schema, slots and grants
+//!  status.rs       `status`: each slot's state and lag, each table's pending rows
+//!  teardown.rs     `teardown`: what `setup` created, dropped by the rules in `db/teardown.rs`
 //!  connect.rs      a source's URL, password and TLS turned into a `PgTarget`
 //! ```
 
@@ -20,6 +23,9 @@ pub(crate) mod connect;
 mod heartbeat;
 mod lag;
 pub(crate) mod poll;
+mod setup;
+mod status;
+mod teardown;
 mod visibility;
 
 use std::sync::Arc;
@@ -30,7 +36,8 @@ use futures::future::BoxFuture;
 use outbox_postgres::connect::PgTarget;
 use tokio::sync::watch;
 
-use super::{Database, JobContext};
+use super::teardown::Section;
+use super::{Database, JobContext, SetupRequest, StreamStatus, TeardownRequest};
 use crate::catchup::CatchUp;
 use crate::config::{Mode, SourceConfig};
 use crate::dberror::{self, Backend};
@@ -74,6 +81,22 @@ impl Database for Postgres {
         slots.extend(polled_slots);
         tasks.push(lag::run(source.name.clone(), target, slots, stop).boxed());
         Ok(tasks)
+    }
+
+    fn setup<'a>(&'a self, source: &'a SourceConfig, how: &'a SetupRequest<'a>) -> BoxFuture<'a, anyhow::Result<bool>> {
+        setup::setup(source, how).boxed()
+    }
+
+    fn teardown<'a>(
+        &'a self,
+        source: &'a SourceConfig,
+        how: &'a TeardownRequest<'a>,
+    ) -> BoxFuture<'a, anyhow::Result<Section>> {
+        teardown::tear_down(source, how.admin, how.options, how.members).boxed()
+    }
+
+    fn status<'a>(&'a self, source: &'a SourceConfig) -> BoxFuture<'a, anyhow::Result<Vec<StreamStatus>>> {
+        status::status(source).boxed()
     }
 }
 
