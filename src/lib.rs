@@ -6,7 +6,7 @@
 //!
 //! ```text
 //!            ┌──────────── one task per shard-partition ─────────────┐
-//!  database ─┤ Source (postgres.rs) ─▶ streamer.rs ─▶ outbox-kafka    │─▶ Kafka
+//!  database ─┤ Source (db/<name>/) ─▶ streamer.rs ─▶ outbox-kafka     │─▶ Kafka
 //!            │        ▲                    │ ordered acks (ack.rs)    │
 //!            │        └─ delete, then move the slot ◀─┘              │
 //!            └───────────────────────────────────────────────────────┘
