@@ -468,7 +468,7 @@ impl Classify for MyError {
     }
 
     fn text(&self) -> String {
-        crate::connect::mysql_connect_message(self)
+        crate::db::mysql::connect::mysql_connect_message(self)
     }
 }
 

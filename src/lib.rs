@@ -6,7 +6,7 @@
 //!
 //! ```text
 //!            ┌──────────── one task per shard-partition ─────────────┐
-//!  database ─┤ Source (postgres.rs) ─▶ streamer.rs ─▶ outbox-kafka    │─▶ Kafka
+//!  database ─┤ Source (db/<name>/) ─▶ streamer.rs ─▶ outbox-kafka     │─▶ Kafka
 //!            │        ▲                    │ ordered acks (ack.rs)    │
 //!            │        └─ delete, then move the slot ◀─┘              │
 //!            └───────────────────────────────────────────────────────┘
@@ -24,17 +24,16 @@ pub(crate) mod bench;
 pub(crate) mod catchup;
 pub mod cli;
 pub(crate) mod config;
-pub(crate) mod connect;
 pub(crate) mod coordination;
+pub(crate) mod db;
 pub(crate) mod dberror;
 pub(crate) mod halt;
 pub(crate) mod health;
+pub(crate) mod job;
 pub(crate) mod lease;
 pub(crate) mod metrics;
-pub(crate) mod mysql;
 pub(crate) mod names;
 pub mod poll;
-pub(crate) mod postgres;
 pub(crate) mod record;
 pub(crate) mod run;
 pub(crate) mod same_database;

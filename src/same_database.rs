@@ -23,7 +23,8 @@ use outbox_mysql::mysql_async::prelude::Queryable;
 use outbox_mysql::mysql_async::{Conn, OptsBuilder, Row};
 
 use crate::config::{Config, SourceConfig, SourceKind};
-use crate::connect::{mysql_connect, mysql_opts, pg_target};
+use crate::db::mysql::connect::{mysql_connect, mysql_opts};
+use crate::db::postgres::connect::pg_target;
 
 /// How long asking one server who it is may take.
 const IDENTIFY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(15);

@@ -230,7 +230,7 @@ impl<P> StreamMemory<P> {
     /// The session is past the point of the halt it retried: the shard-partition streams again.
     fn past_halt(&mut self, labels: &StreamLabels) {
         if self.halted.take().is_some() {
-            crate::run::set_state(labels, &labels.metric_labels(), m::state::STREAMING, None);
+            crate::job::set_state(labels, &labels.metric_labels(), m::state::STREAMING, None);
             tracing::info!("the cause of the halt is gone; streaming again");
         }
     }

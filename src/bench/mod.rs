@@ -335,7 +335,7 @@ async fn run(
     let config = Config::from_toml_with(&config_text, &|name| {
         if name == PASSWORD_VAR { Some(db.streamer_password.clone()) } else { std::env::var(name).ok() }
     })?;
-    let admin = crate::cli::setup::AdminLogin { url: &db.admin_url, password: None };
+    let admin = crate::db::AdminLogin { url: &db.admin_url, password: None };
     crate::cli::setup::setup(&config, false, Some(admin), &[]).await?;
     let tables: Vec<String> = (0..args.partitions).map(|p| format!("{run_id}_0_{p}")).collect();
     db.separate_id_ranges(&tables).await?;

@@ -3,7 +3,7 @@
 
 use clap::Args;
 
-use super::setup::AdminLogin;
+use crate::db::AdminLogin;
 
 /// `--admin-url` (or `OUTBOX_SETUP_URL`) and `--admin-password-env`.
 ///
@@ -48,7 +48,7 @@ impl AdminArgs {
 
 impl AdminSecret {
     /// The admin login, or `None` to run as each source's own login.
-    pub fn login(&self) -> Option<AdminLogin<'_>> {
+    pub(crate) fn login(&self) -> Option<AdminLogin<'_>> {
         self.url.as_deref().map(|url| AdminLogin { url, password: self.password.as_deref() })
     }
 }

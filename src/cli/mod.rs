@@ -192,7 +192,7 @@ pub async fn execute(cli: Cli) -> anyhow::Result<ExitCode> {
                     None => None,
                 };
             let admin = match (&admin_url, &password) {
-                (Some(url), password) => Some(setup::AdminLogin { url, password: password.as_deref() }),
+                (Some(url), password) => Some(crate::db::AdminLogin { url, password: password.as_deref() }),
                 (None, Some(_)) => {
                     anyhow::bail!("--admin-password-env needs the admin login's URL: --admin-url or OUTBOX_SETUP_URL")
                 }

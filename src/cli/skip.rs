@@ -20,7 +20,8 @@ use outbox_mysql::mysql_async::prelude::Queryable;
 use outbox_mysql::mysql_async::{IsolationLevel, TxOpts};
 
 use crate::config::{Config, SourceConfig, SourceKind};
-use crate::connect::{mysql_opts, pg_target};
+use crate::db::mysql::connect::mysql_opts;
+use crate::db::postgres::connect::pg_target;
 use crate::names::{StreamId, checkpoint_table};
 use crate::skip::SkipList;
 
@@ -152,8 +153,8 @@ async fn mysql(source: &SourceConfig, id: StreamId, what: &What) -> anyhow::Resu
     let checkpoint = checkpoint_table(&source.table_prefix);
     let opts = mysql_opts(source, None)?;
     let database = opts.db_name().unwrap_or_default().to_string();
-    let mut conn = crate::connect::mysql_connect(&opts).await?;
-    let lock = crate::mysql::stream_lock(&database, &names.table);
+    let mut conn = crate::db::mysql::connect::mysql_connect(&opts).await?;
+    let lock = crate::db::mysql::cdc::stream_lock(&database, &names.table);
     let holder: Option<Option<u64>> = conn.exec_first("SELECT IS_USED_LOCK(?)", (&lock,)).await?;
     if let Some(Some(connection)) = holder {
         bail!(

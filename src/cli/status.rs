@@ -1,6 +1,6 @@
 //! `outbox-streamer status`: every shard-partition's streamer state (asked of the running
 //! instances, [`streamer`]), and its mode, position, lag, pending rows and last catch-up (read
-//! from the databases).
+//! from the databases, [`crate::db::Database::status`]).
 //!
 //! The exit code ([`verdict::exit`]) is the worst problem found: 2 when a shard-partition is
 //! halted; 1 when one is not running while rows wait, lags beyond `--max-lag-bytes` or
@@ -14,20 +14,14 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::process::ExitCode;
 
 use anyhow::Context;
-use outbox_mysql::mysql_async::Row as MyRow;
-use outbox_mysql::mysql_async::prelude::Queryable;
-use outbox_postgres::setup::ident;
-use outbox_postgres::slot;
 use serde::Serialize;
 
-use crate::config::{Config, Mode, SourceConfig, SourceKind};
-use crate::names::{StreamId, all_streams, checkpoint_table};
+use crate::config::{Config, Mode, SourceConfig};
+use crate::db::{self, PENDING_COUNT_CAP, SlotProblem, StreamStatus};
+use crate::names::StreamId;
 use streamer::{Observed, Seen};
 use verdict::Problem;
 pub(super) use verdict::{Limits, exit};
-
-/// Pending rows are counted up to this many; more shows as this number and `+`.
-const PENDING_COUNT_CAP: i64 = 1_000_000;
 
 #[derive(Debug, Default, Serialize)]
 struct Row {
@@ -77,6 +71,26 @@ impl Row {
         }
     }
 
+    /// The row of what the database says about one shard-partition, with its problems.
+    fn of(source: &SourceConfig, found: StreamStatus) -> Self {
+        let mut row = Self::new(source, found.id);
+        row.problems.extend(found.slot_problem.map(|p| match p {
+            SlotProblem::OtherDatabase(db) => Problem::SlotOfOtherDatabase(db),
+            SlotProblem::Missing => Problem::SlotMissing,
+            SlotProblem::Lost => Problem::SlotLost,
+        }));
+        row.state = found.state;
+        row.position = found.position;
+        row.slot = found.slot;
+        row.active_pid = found.active_pid;
+        row.lag_bytes = found.lag_bytes;
+        row.rows_pending = found.rows_pending;
+        (row.catchup_pending, row.last_catchup_at, row.last_catchup_rows) =
+            (found.catchup_pending, found.last_catchup_at, found.last_catchup_rows);
+        row.problems.extend(table_problems(&row, found.checkpoint_found));
+        row
+    }
+
     /// `<source>/<shard>/<partition>`, as halts and `skip --stream` name it.
     fn stream(&self) -> String {
         format!("{}/{}/{}", self.source, self.shard, self.partition)
@@ -97,9 +111,8 @@ pub(super) async fn status(
     }
     let mut rows = Vec::new();
     for source in &config.sources {
-        match source.kind {
-            SourceKind::Postgres => postgres_rows(source, &mut rows).await?,
-            SourceKind::Mysql => mysql_rows(source, &mut rows).await?,
+        for found in db::of(source.kind).status(source).await? {
+            rows.push(Row::of(source, found));
         }
     }
     let cluster = match &config.coordination {
@@ -166,54 +179,6 @@ async fn owners(c: &crate::config::CoordinationConfig, rows: &mut [Row]) -> anyh
     Ok(format!("cluster {}: {} live instance(s): {}", paths.base(), members.len(), names.join(", ")))
 }
 
-fn count_sql(quoted_table: &str) -> String {
-    format!("SELECT count(*) FROM (SELECT 1 FROM {quoted_table} LIMIT {PENDING_COUNT_CAP}) t")
-}
-
-async fn postgres_rows(source: &SourceConfig, rows: &mut Vec<Row>) -> anyhow::Result<()> {
-    let target = crate::connect::pg_target(source, None)?;
-    let client = target.connect().await.with_context(|| format!("connecting to {}", target.display()))?;
-    let checkpoint = checkpoint_table(&source.table_prefix);
-    for id in all_streams(source.shards, source.partitions) {
-        let names = source.stream_names(id);
-        let st = slot::state(&client, &names.slot).await?;
-        let mut row = Row::new(source, id);
-        row.rows_pending = client.query_one(&count_sql(&ident(&names.table)), &[]).await.ok().map(|r| r.get(0));
-        let catchup = client
-            .query_opt(
-                &format!(
-                    "SELECT catchup_pending, last_catchup_at::text, last_catchup_rows FROM {} WHERE stream = $1",
-                    ident(&checkpoint)
-                ),
-                &[&names.table],
-            )
-            .await
-            .ok()
-            .flatten();
-        if let Some(c) = &catchup {
-            (row.catchup_pending, row.last_catchup_at, row.last_catchup_rows) = (c.get(0), c.get(1), c.get(2));
-        }
-        row.state = match (&st.other_database, st.exists) {
-            (Some(db), _) => format!("other-db:{db}"),
-            (None, true) => st.wal_status.clone().unwrap_or_else(|| "unknown".into()),
-            (None, false) => "missing".into(),
-        };
-        match (&st.other_database, st.exists) {
-            (Some(db), _) => row.problems.push(Problem::SlotOfOtherDatabase(db.clone())),
-            (None, false) => row.problems.push(Problem::SlotMissing),
-            (None, true) if row.state == "lost" => row.problems.push(Problem::SlotLost),
-            (None, true) => {}
-        }
-        row.problems.extend(table_problems(&row, catchup.is_some()));
-        row.position = st.confirmed_flush.map(|l| l.to_string());
-        row.slot = Some(names.slot);
-        row.active_pid = st.active_pid;
-        row.lag_bytes = st.lag_bytes;
-        rows.push(row);
-    }
-    Ok(())
-}
-
 /// The problems of a row's table and checkpoint: unreadable, no checkpoint row, or a catch-up
 /// owed before CDC can stream (polling mode owes none).
 fn table_problems(row: &Row, checkpoint_found: bool) -> Vec<Problem> {
@@ -228,58 +193,6 @@ fn table_problems(row: &Row, checkpoint_found: bool) -> Vec<Problem> {
         problems.push(Problem::CatchUpPending);
     }
     problems
-}
-
-/// A MySQL checkpoint row: gtid, file, offset, catch-up pending, last catch-up time and rows.
-type CheckpointRow = (Option<String>, Option<String>, Option<u64>, bool, Option<String>, Option<i64>);
-
-async fn mysql_rows(source: &SourceConfig, rows: &mut Vec<Row>) -> anyhow::Result<()> {
-    let opts = crate::connect::mysql_opts(source, None)?;
-    let mut conn = crate::connect::mysql_connect(&opts).await.with_context(|| format!("source {:?}", source.name))?;
-    let checkpoint = checkpoint_table(&source.table_prefix);
-    // MySQL 8 adds an Encrypted column: take name and size by position.
-    let logs: Vec<(String, u64)> = conn
-        .query::<MyRow, _>("SHOW BINARY LOGS")
-        .await
-        .map(|rows| rows.iter().filter_map(|r| Some((r.get::<String, _>(0)?, r.get::<u64, _>(1)?))).collect())
-        .unwrap_or_default();
-    for id in all_streams(source.shards, source.partitions) {
-        let names = source.stream_names(id);
-        let mut row = Row::new(source, id);
-        let quoted = outbox_mysql::setup::ident(&names.table);
-        row.rows_pending = conn.query_first::<i64, _>(count_sql(&quoted)).await.ok().flatten();
-        let stored: Option<CheckpointRow> = conn
-            .exec_first(
-                format!(
-                    "SELECT gtid, binlog_file, binlog_pos, catchup_pending, CAST(last_catchup_at AS CHAR), last_catchup_rows
-                     FROM {} WHERE stream = ?",
-                    outbox_mysql::setup::ident(&checkpoint)
-                ),
-                (&names.table,),
-            )
-            .await
-            .ok()
-            .flatten();
-        let stored_found = stored.is_some();
-        match stored {
-            Some((gtid, file, offset, pending, last_at, last_rows)) => {
-                row.state = "checkpoint".into();
-                if let (Some(file), Some(offset), false) = (&file, offset, logs.is_empty()) {
-                    row.lag_bytes = Some(crate::run::binlog_bytes_after(&logs, file, offset) as i64);
-                }
-                row.position = Some(match gtid {
-                    Some(g) => g,
-                    None => format!("{}:{}", file.unwrap_or_default(), offset.unwrap_or_default()),
-                });
-                (row.catchup_pending, row.last_catchup_at, row.last_catchup_rows) = (Some(pending), last_at, last_rows);
-            }
-            None => row.state = "missing".into(),
-        }
-        row.problems.extend(table_problems(&row, stored_found));
-        rows.push(row);
-    }
-    let _ = conn.disconnect().await;
-    Ok(())
 }
 
 /// The table; with `coordinated`, owner and epoch columns too.

@@ -29,9 +29,9 @@ use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
 use crate::config::CoordinationConfig;
+use crate::job::StreamJob;
 use crate::lease::{OwnerLease, SessionLease};
 use crate::metrics as m;
-use crate::run::StreamJob;
 
 /// How often an instance looks again for free leases and finished tasks even when the
 /// member list did not change (a lease freed by a stopped task notifies nobody).

@@ -41,8 +41,11 @@
 //! take an id commits after a batch was read — later. Within one transaction rows keep their
 //! order. The benchmark counts these out-of-commit-order deliveries.
 
-pub mod mysql;
-pub mod postgres;
+/// The PostgreSQL polling query, public for the test that checks its plan with stale
+/// statistics; the polling table itself is in `db/postgres/poll.rs`.
+pub mod postgres {
+    pub use crate::db::postgres::poll::{PLANNER_SETTINGS, oldest_sql};
+}
 
 use std::collections::VecDeque;
 use std::fmt;

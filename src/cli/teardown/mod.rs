@@ -2,13 +2,11 @@
 //! tables, publications, slots, checkpoint rows and table, the enqueue function, the grants it
 //! gave — and the cluster's ZooKeeper nodes. A dry run unless `--yes`.
 //!
-//! It says, object by object, what it drops and what it leaves and why ([`plan`] holds the
-//! rules). Running it again finds nothing and says so. Exit code 0 when nothing is left (in a
-//! dry run: when nothing would be), 1 otherwise.
+//! It says, object by object, what it drops and what it leaves and why ([`crate::db::teardown`]
+//! holds the rules; each database's folder does the dropping). Running it again finds nothing
+//! and says so. Exit code 0 when nothing is left (in a dry run: when nothing would be), 1
+//! otherwise.
 
-mod mysql;
-mod plan;
-mod postgres;
 mod zookeeper;
 
 use std::process::ExitCode;
@@ -16,8 +14,9 @@ use std::process::ExitCode;
 use clap::Args;
 
 use super::admin::AdminArgs;
-use crate::config::{Config, SourceKind};
-use plan::Object;
+use crate::config::Config;
+use crate::db::teardown::{Line, Object, Options, Section};
+use crate::db::{self, TeardownRequest};
 
 /// `outbox-streamer teardown` flags.
 #[derive(Debug, Clone, Args)]
@@ -33,43 +32,8 @@ pub struct TeardownArgs {
     pub admin: AdminArgs,
 }
 
-/// How teardown runs.
-#[derive(Debug, Clone, Copy)]
-struct Options {
-    /// `--yes`: drop; otherwise only say what would be dropped.
-    act: bool,
-    drop_pending: bool,
-}
-
-/// What teardown did (or, in a dry run, would do) with one group of objects.
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum Line {
-    Drop(Vec<Object>),
-    Leave(Vec<Object>, String),
-    /// Something seen and not touched that the operator should know of.
-    Note(String),
-}
-
-/// The lines of one source, or of the cluster's ZooKeeper nodes.
-#[derive(Debug)]
-struct Section {
-    title: String,
-    lines: Vec<Line>,
-}
-
+/// How a section is shown; what it holds is decided in [`crate::db::teardown`].
 impl Section {
-    fn new(title: String) -> Self {
-        Self { title, lines: Vec::new() }
-    }
-
-    /// Adds a group's verdict as a line.
-    fn verdict(&mut self, objects: Vec<Object>, verdict: plan::Verdict) {
-        self.lines.push(match verdict {
-            plan::Verdict::Drop => Line::Drop(objects),
-            plan::Verdict::Leave(why) => Line::Leave(objects, why),
-        });
-    }
-
     fn print(&self, options: Options) {
         println!("{}:", self.title);
         if self.count(false) + self.count(true) == 0 {
@@ -130,10 +94,12 @@ pub(super) async fn teardown(config: &Config, args: TeardownArgs) -> anyhow::Res
     let members = cluster.as_ref().and_then(|c| c.as_ref().ok());
     let (mut dropped, mut left, mut failed) = (0, 0, false);
     for source in &config.sources {
-        let section = match source.kind {
-            SourceKind::Postgres => postgres::tear_down(source, admin.login(), options, members).await,
-            SourceKind::Mysql => mysql::tear_down(source, admin.login(), options, members).await,
+        let how = TeardownRequest {
+            admin: admin.login(),
+            options,
+            members: members.map(|c| c as &dyn db::teardown::Members),
         };
+        let section = db::of(source.kind).teardown(source, &how).await;
         match section {
             Ok(section) => {
                 section.print(options);
@@ -165,12 +131,4 @@ pub(super) async fn teardown(config: &Config, args: TeardownArgs) -> anyhow::Res
         }
     }
     Ok(if left > 0 || failed { ExitCode::FAILURE } else { ExitCode::SUCCESS })
-}
-
-/// A failed database call in one line, with the server's code, for a "left …" line.
-fn db_reason<E: crate::dberror::Classify + std::fmt::Display>(e: &E) -> String {
-    match e.server_error() {
-        Some(server) => server.describe(),
-        None => e.to_string(),
-    }
 }

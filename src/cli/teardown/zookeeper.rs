@@ -8,9 +8,8 @@ use outbox_zookeeper::paths::ClusterPaths;
 use outbox_zookeeper::teardown as zt;
 use outbox_zookeeper::zk;
 
-use super::plan::Object;
-use super::{Line, Options, Section};
 use crate::config::CoordinationConfig;
+use crate::db::teardown::{Line, Object, Options, Section};
 
 /// A session with the cluster's ensemble and the members registered when teardown started.
 pub(super) struct Cluster {
@@ -27,18 +26,15 @@ impl Cluster {
         let members = members::list(&client, &paths).await.context("reading the cluster's members")?;
         Ok(Self { client, paths, members })
     }
+}
 
+impl crate::db::teardown::Members for Cluster {
     /// The registered instances that serve `key` (`<source>.<table>`); an instance of an older
     /// version, whose node does not list its shard-partitions, serves them all.
-    pub(super) fn serving(&self, key: &str) -> Vec<String> {
+    fn serving(&self, key: &str) -> Vec<String> {
         let serves = |m: &&Member| m.view.streams.as_ref().is_none_or(|streams| streams.iter().any(|s| s == key));
         self.members.iter().filter(serves).map(|m| m.instance.clone()).collect()
     }
-}
-
-/// Why a shard-partition served by `instances` is left.
-pub(super) fn served_reason(instances: &[String]) -> String {
-    format!("instance(s) {} serve it: a streamer is running; stop it first", quoted(instances))
 }
 
 fn quoted(names: &[String]) -> String {

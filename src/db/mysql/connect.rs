@@ -1,39 +1,14 @@
-//! A source's connection settings — URL, password from the environment or a file, TLS — turned
-//! into each driver's target. Every connection the streamer, `setup` and `status` open goes
-//! through here, so none of them can forget the password source or the TLS settings.
+//! A MySQL/MariaDB source's connection settings — URL, password from the environment or a
+//! file, TLS — turned into mysql_async [`Opts`]. Every MySQL/MariaDB connection the streamer,
+//! `setup`, `status`, `teardown` and `skip` open goes through here, so none of them can forget
+//! the password source or the TLS settings.
 
 use anyhow::{Context, bail};
 use outbox_mysql::mysql_async::{Conn, Error as MyError, Opts, OptsBuilder};
-use outbox_postgres::connect::PgTarget;
 
 use crate::config::SourceConfig;
 
-/// The PostgreSQL target of `source`, or of `url` (an admin URL given on the command line,
-/// with its own password) on the same server with the source's TLS settings.
-pub(crate) fn pg_target(source: &SourceConfig, url: Option<&str>) -> anyhow::Result<PgTarget> {
-    match url {
-        Some(url) => pg_admin_target(source, url, None),
-        None => pg_with_tls(
-            source,
-            PgTarget::from_url(source.url.expose(), source.password()?.as_deref())
-                .with_context(|| format!("source {:?}: url", source.name))?,
-        ),
-    }
-}
-
-/// The admin login `url` (with `password` when the URL has none) with `source`'s TLS.
-pub(crate) fn pg_admin_target(source: &SourceConfig, url: &str, password: Option<&str>) -> anyhow::Result<PgTarget> {
-    pg_with_tls(source, PgTarget::from_url(url, password)?)
-}
-
-fn pg_with_tls(source: &SourceConfig, target: PgTarget) -> anyhow::Result<PgTarget> {
-    match source.tls.as_ref().and_then(|t| t.postgres()) {
-        Some(tls) => target.with_tls(tls).with_context(|| format!("source {:?}: tls", source.name)),
-        None => Ok(target),
-    }
-}
-
-/// The MySQL/MariaDB options of `source`, or of `url` as in [`pg_target`].
+/// The MySQL/MariaDB options of `source`, or of `url` as in PostgreSQL's `pg_target`.
 pub(crate) fn mysql_opts(source: &SourceConfig, url: Option<&str>) -> anyhow::Result<Opts> {
     match url {
         Some(url) => mysql_admin_opts(source, url, None),

@@ -20,8 +20,6 @@
 //! Values are matched by column name (`binlog_row_metadata=FULL`), so added columns are
 //! ignored; a missing required column makes each row a bad row naming the column.
 
-mod xa;
-
 use std::collections::VecDeque;
 use std::fmt;
 use std::time::{Duration, Instant};
@@ -31,13 +29,14 @@ use outbox_mysql::mysql_async::prelude::Queryable;
 use outbox_mysql::mysql_async::{Conn, Error as MyError, IsolationLevel, Opts, OptsBuilder, TxOpts};
 use outbox_mysql::setup::ident;
 
+use super::xa::XaHolds;
+use crate::db::fenced;
 use crate::metrics as m;
 use crate::names::StreamNames;
 use crate::poll::PolledRow;
 use crate::record::{InvalidRow, OutboxRecord, RawRow};
 use crate::skip::SkipList;
 use crate::source::{DELETE_CHUNK, Probe, Source, SourceError, SourceEvent, within};
-use xa::XaHolds;
 
 /// An idle stream stores its position at most this often: every store is itself a binlog
 /// transaction, which must not keep the stream busy.
@@ -341,13 +340,6 @@ impl MySource {
     }
 }
 
-/// This instance no longer owns `table`: a newer owner epoch is stored.
-pub(crate) fn fenced(table: &str, epoch: i64) -> SourceError {
-    SourceError::Fenced(format!(
-        "the checkpoint of {table} carries a newer owner epoch than this instance's ({epoch}): another instance owns it"
-    ))
-}
-
 fn binlog_error(e: BinlogError) -> SourceError {
     match e {
         BinlogError::Purged(position) => {
@@ -489,7 +481,7 @@ impl Source for MySource {
     async fn current_rows(&mut self, ids: &[i64]) -> Result<Vec<PolledRow>, SourceError> {
         // A locking read waits for the inserting transaction, which the binlog may show before
         // InnoDB has made it visible.
-        crate::poll::mysql::rows_by_id(&mut self.sql, &self.table, ids, true).await
+        super::poll::rows_by_id(&mut self.sql, &self.table, ids, true).await
     }
 
     async fn existing(&mut self, ids: &[i64]) -> Result<Vec<i64>, SourceError> {

@@ -6,19 +6,17 @@ use anyhow::Context;
 use outbox_mysql::mysql_async::{Conn, Error as MyError};
 use outbox_mysql::teardown::{self as my, Inventory, TableDrop, TableGrant, TeardownPlan};
 
-use super::plan::{self, Object, StreamFound, Verdict};
-use super::zookeeper::Cluster;
-use super::{Line, Options, Section};
-use crate::cli::setup::AdminLogin;
+use super::connect::{mysql_admin_opts, mysql_connect, mysql_opts};
 use crate::config::SourceConfig;
-use crate::connect::{mysql_admin_opts, mysql_connect, mysql_opts};
+use crate::db::AdminLogin;
+use crate::db::teardown::{self as plan, Line, Members, Object, Options, Section, StreamFound, Verdict};
 use crate::names::{all_streams, checkpoint_table};
 
 pub(super) async fn tear_down(
     source: &SourceConfig,
     admin: Option<AdminLogin<'_>>,
     options: Options,
-    cluster: Option<&Cluster>,
+    cluster: Option<&dyn Members>,
 ) -> anyhow::Result<Section> {
     let streamer = mysql_opts(source, None)?;
     let opts = match admin {
@@ -63,8 +61,7 @@ pub(super) async fn tear_down(
             others.push(Object::CheckpointRow(table.table.clone()));
         }
         others.extend(on_table.iter().map(|g| grants_object(g)));
-        let busy =
-            cluster.map(|c| c.serving(&key)).filter(|i| !i.is_empty()).map(|i| super::zookeeper::served_reason(&i));
+        let busy = cluster.map(|c| c.serving(&key)).filter(|i| !i.is_empty()).map(|i| plan::served_reason(&i));
         let candidate = StreamFound { table: table.table.clone(), rows: table.rows, others, busy };
         let Some(verdict) = plan::stream_verdict(&candidate, source_busy.as_deref(), options.drop_pending) else {
             continue;
@@ -199,7 +196,7 @@ async fn shared(
 
 /// A failed statement as a reason to leave an object, with what to do for the usual causes.
 fn reason(e: &MyError) -> String {
-    let text = super::db_reason(e);
+    let text = plan::db_reason(e);
     let code = match e {
         MyError::Server(s) => Some(s.code),
         _ => None,

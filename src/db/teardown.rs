@@ -1,4 +1,6 @@
-//! The decisions of `teardown`, apart from any I/O: which objects go, which stay, and why.
+//! What every database's `teardown` shares: the decisions, apart from any I/O — which objects
+//! go, which stay, and why — and the report it hands back ([`Section`]), which `cli/teardown`
+//! prints.
 //!
 //! The rules:
 //! * a shard-partition's objects (table, publication, slot, checkpoint row, grants) go or stay
@@ -14,9 +16,71 @@
 
 use std::fmt;
 
+/// How teardown runs.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Options {
+    /// `--yes`: drop; otherwise only say what would be dropped.
+    pub act: bool,
+    pub drop_pending: bool,
+}
+
+/// What teardown did (or, in a dry run, would do) with one group of objects.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Line {
+    Drop(Vec<Object>),
+    Leave(Vec<Object>, String),
+    /// Something seen and not touched that the operator should know of.
+    Note(String),
+}
+
+/// The lines of one source, or of the cluster's ZooKeeper nodes.
+#[derive(Debug)]
+pub(crate) struct Section {
+    pub title: String,
+    pub lines: Vec<Line>,
+}
+
+impl Section {
+    pub(crate) fn new(title: String) -> Self {
+        Self { title, lines: Vec::new() }
+    }
+
+    /// Adds a group's verdict as a line.
+    pub(crate) fn verdict(&mut self, objects: Vec<Object>, verdict: Verdict) {
+        self.lines.push(match verdict {
+            Verdict::Drop => Line::Drop(objects),
+            Verdict::Leave(why) => Line::Leave(objects, why),
+        });
+    }
+}
+
+/// Which registered instances serve a shard-partition (ZooKeeper's members, read once when
+/// teardown starts): what they serve is left.
+pub(crate) trait Members: Sync {
+    /// The instances serving `key` (`<source>.<table>`).
+    fn serving(&self, key: &str) -> Vec<String>;
+}
+
+/// Why a shard-partition served by `instances` is left.
+pub(crate) fn served_reason(instances: &[String]) -> String {
+    format!("instance(s) {} serve it: a streamer is running; stop it first", quoted(instances))
+}
+
+fn quoted(names: &[String]) -> String {
+    names.iter().map(|n| format!("{n:?}")).collect::<Vec<_>>().join(", ")
+}
+
+/// A failed database call in one line, with the server's code, for a "left …" line.
+pub(crate) fn db_reason<E: crate::dberror::Classify + fmt::Display>(e: &E) -> String {
+    match e.server_error() {
+        Some(server) => server.describe(),
+        None => e.to_string(),
+    }
+}
+
 /// One object `setup` creates (or something named like one).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) enum Object {
+pub(crate) enum Object {
     /// An outbox table, with the rows it held when counted (`None`: not counted).
     Table {
         name: String,
@@ -68,7 +132,7 @@ impl fmt::Display for Object {
 
 /// What exists of one configured shard-partition.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) struct StreamFound {
+pub(crate) struct StreamFound {
     pub table: String,
     /// Rows in its table; `None` when there is no table.
     pub rows: Option<i64>,
@@ -80,7 +144,7 @@ pub(super) struct StreamFound {
 
 impl StreamFound {
     /// Every object of the shard-partition that exists, its table first.
-    pub(super) fn objects(&self) -> Vec<Object> {
+    pub(crate) fn objects(&self) -> Vec<Object> {
         let table = self.rows.map(|rows| Object::Table { name: self.table.clone(), rows: Some(rows) });
         table.into_iter().chain(self.others.iter().cloned()).collect()
     }
@@ -88,14 +152,14 @@ impl StreamFound {
 
 /// Whether a group of objects goes, or stays and why.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) enum Verdict {
+pub(crate) enum Verdict {
     Drop,
     Leave(String),
 }
 
 /// The verdict on a shard-partition's objects; `None` when nothing of it exists.
 /// `source_busy` says why nothing of the source may be touched (a streamer runs).
-pub(super) fn stream_verdict(stream: &StreamFound, source_busy: Option<&str>, drop_pending: bool) -> Option<Verdict> {
+pub(crate) fn stream_verdict(stream: &StreamFound, source_busy: Option<&str>, drop_pending: bool) -> Option<Verdict> {
     if stream.rows.is_none() && stream.others.is_empty() {
         return None;
     }
@@ -108,7 +172,7 @@ pub(super) fn stream_verdict(stream: &StreamFound, source_busy: Option<&str>, dr
 }
 
 /// `objects` with the table's row count replaced by `rows` (counted again under the lock).
-pub(super) fn recounted(objects: Vec<Object>, rows: i64) -> Vec<Object> {
+pub(crate) fn recounted(objects: Vec<Object>, rows: i64) -> Vec<Object> {
     objects
         .into_iter()
         .map(|o| match o {
@@ -119,12 +183,12 @@ pub(super) fn recounted(objects: Vec<Object>, rows: i64) -> Vec<Object> {
 }
 
 /// Why a table that holds rows stays (the table's line says how many).
-pub(super) const PENDING_REASON: &str = "its rows were never published; run the streamer until they are sent \
+pub(crate) const PENDING_REASON: &str = "its rows were never published; run the streamer until they are sent \
      (`status` shows them pending), or add --drop-pending to discard them";
 
 /// The verdict on the source's shared objects (checkpoint table, enqueue function), given the
 /// tables that remain after this run (left shard-partitions' and strays).
-pub(super) fn shared_verdict(remaining_tables: &[String], source_busy: Option<&str>) -> Verdict {
+pub(crate) fn shared_verdict(remaining_tables: &[String], source_busy: Option<&str>) -> Verdict {
     if let Some(why) = source_busy {
         return Verdict::Leave(why.to_string());
     }
@@ -139,7 +203,7 @@ pub(super) fn shared_verdict(remaining_tables: &[String], source_busy: Option<&s
 }
 
 /// Why an object named like the source's, outside its shard-partitions, stays.
-pub(super) fn stray_reason(shards: u32, partitions: u32) -> String {
+pub(crate) fn stray_reason(shards: u32, partitions: u32) -> String {
     format!(
         "named like this source's objects but outside its {shards} shard(s) × {partitions} partition(s): not touched; \
          raise shards/partitions to cover it and run teardown again, or drop it by hand"

@@ -16,10 +16,12 @@ use outbox_mysql::mysql_async::prelude::Queryable;
 use outbox_mysql::mysql_async::{Conn, Error as MyError, Opts};
 use outbox_mysql::setup::{current_position, ident};
 
-use super::{CatchUpReport, Drain, report};
-use crate::mysql::fenced;
+use futures::future::BoxFuture;
+
+use super::poll::MyPollTable;
+use crate::catchup::{CatchUp, CatchUpReport, Drain, report};
+use crate::db::fenced;
 use crate::names::StreamNames;
-use crate::poll::mysql::MyPollTable;
 use crate::source::SourceError;
 use crate::streamer::SessionError;
 
@@ -76,6 +78,25 @@ pub(crate) async fn mark_pending(
         return Err(fenced(table, epoch));
     }
     Ok(())
+}
+
+/// The catch-up of one shard-partition, handed to its job.
+#[derive(Debug, Clone)]
+pub(super) struct MyCatchUp {
+    pub opts: Opts,
+    pub names: StreamNames,
+    pub checkpoint: String,
+}
+
+impl CatchUp for MyCatchUp {
+    fn run<'a>(
+        &'a self,
+        drain: &'a mut Drain<'_>,
+        reason: &'a str,
+    ) -> BoxFuture<'a, Result<Option<CatchUpReport>, SessionError>> {
+        let epoch = drain.labels.lease.db_epoch();
+        Box::pin(run(&self.opts, &self.names, &self.checkpoint, epoch, drain, reason))
+    }
 }
 
 /// Runs the whole catch-up of one shard-partition. `Ok(None)`: the process is stopping and

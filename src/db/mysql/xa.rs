@@ -9,7 +9,7 @@
 //! To survive a restart without storing rows anywhere, the position a restart resumes from
 //! stays *before* the earliest held prepare, while the position of the last handled
 //! transaction (`done`) moves on. A restart reads from `resume` again: it holds the prepares
-//! it meets again and skips every other transaction up to `done` (see [`crate::mysql`]).
+//! it meets again and skips every other transaction up to `done` (see [`super::cdc`]).
 //! XA transactions that wrote nothing to this table are never held, so an XA transaction on
 //! another table never holds anything back.
 

@@ -6,19 +6,17 @@ use anyhow::Context;
 use outbox_postgres::setup::StreamObjects;
 use outbox_postgres::teardown::{self as pg, Inventory, StreamDrop, TeardownPlan};
 
-use super::plan::{self, Object, StreamFound, Verdict};
-use super::zookeeper::Cluster;
-use super::{Line, Options, Section};
-use crate::cli::setup::AdminLogin;
+use super::connect::{pg_admin_target, pg_target};
 use crate::config::SourceConfig;
-use crate::connect::{pg_admin_target, pg_target};
+use crate::db::AdminLogin;
+use crate::db::teardown::{self as plan, Line, Members, Object, Options, Section, StreamFound, Verdict};
 use crate::names::{all_streams, checkpoint_table};
 
 pub(super) async fn tear_down(
     source: &SourceConfig,
     admin: Option<AdminLogin<'_>>,
     options: Options,
-    cluster: Option<&Cluster>,
+    cluster: Option<&dyn Members>,
 ) -> anyhow::Result<Section> {
     let streamer = pg_target(source, None)?;
     let target = match admin {
@@ -145,7 +143,7 @@ fn stream_found(stream: &pg::StreamFound, serving: Option<Vec<String>>) -> Strea
     }
     let busy = match (&stream.slot, serving) {
         (Some(Some(holder)), _) => Some(slot_in_use(&o.slot, holder)),
-        (_, Some(instances)) if !instances.is_empty() => Some(super::zookeeper::served_reason(&instances)),
+        (_, Some(instances)) if !instances.is_empty() => Some(plan::served_reason(&instances)),
         _ => None,
     };
     StreamFound { table: o.table.clone(), rows: stream.rows, others, busy }
@@ -211,7 +209,7 @@ async fn shared(
 
 /// A failed statement as a reason to leave an object, with what to do for the usual causes.
 fn reason(e: &tokio_postgres::Error) -> String {
-    let text = super::db_reason(e);
+    let text = plan::db_reason(e);
     let fix = match e.code().map(|c| c.code()) {
         Some("55P03") => "; a transaction of the application or a streamer holds the table: try again when it ends",
         Some("55006") => "; a streamer is running: stop it first",

@@ -16,13 +16,16 @@
 //! transactions (c) sends it may arrive out of commit order: the catch-up is an incident
 //! path, and `docs/polling.md` names this window.
 
-pub(crate) mod mysql;
-pub(crate) mod postgres;
+//!
+//! This module holds what every database shares: the [`CatchUp`] contract and the polling
+//! [`Drain`]. Each database's steps (a) and the `catchup_pending` flag are in its folder
+//! (`db/postgres/catchup.rs`, `db/mysql/catchup.rs`).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use futures::future::BoxFuture;
 use outbox_kafka::Producer;
 use tokio::sync::watch;
 
@@ -30,6 +33,20 @@ use crate::config::StreamSettings;
 use crate::metrics as m;
 use crate::poll::{PollPosition, PollSettings, PollSource, PollTable};
 use crate::streamer::{SessionError, StreamLabels, StreamMemory, run_session};
+
+/// How one shard-partition catches up when its position is lost; each database implements it
+/// in its folder and hands it to the shard-partition's job.
+pub(crate) trait CatchUp: Send + Sync + 'static {
+    /// Runs (a), (b) and clears `catchup_pending` (see the module docs), publishing through
+    /// `drain`; the next session then streams from the new position (c). `Ok(None)`: the process
+    /// is stopping and the catch-up did not finish (the next start repeats it). An error leaves
+    /// `catchup_pending` set, so a later attempt starts over.
+    fn run<'a>(
+        &'a self,
+        drain: &'a mut Drain<'_>,
+        reason: &'a str,
+    ) -> BoxFuture<'a, Result<Option<CatchUpReport>, SessionError>>;
+}
 
 /// What a finished catch-up did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -15,8 +15,8 @@ use outbox_mysql::mysql_async::prelude::Queryable;
 use outbox_mysql::mysql_async::{Conn, Error as MyError, IsolationLevel, Opts, Row, TxOpts};
 use outbox_mysql::setup::ident;
 
-use super::{PollTable, PolledRow, Writers};
-use crate::mysql::id_list;
+use super::cdc::id_list;
+use crate::poll::{PollTable, PolledRow, Writers};
 use crate::source::{DELETE_CHUNK, STATEMENT_TIMEOUT, SourceError, within};
 
 /// ER_SPECIFIC_ACCESS_DENIED_ERROR: "you need the PROCESS privilege".
@@ -24,7 +24,7 @@ const ACCESS_DENIED_NEED_PRIVILEGE: u16 = 1227;
 
 /// One connection polling one table.
 #[derive(Debug)]
-pub struct MyPollTable {
+pub(crate) struct MyPollTable {
     conn: Conn,
     table: String,
     select: String,
@@ -33,7 +33,7 @@ pub struct MyPollTable {
 }
 
 impl MyPollTable {
-    pub async fn connect(opts: &Opts, table: &str) -> Result<Self, SourceError> {
+    pub(crate) async fn connect(opts: &Opts, table: &str) -> Result<Self, SourceError> {
         let mut conn =
             Conn::new(opts.clone()).await.map_err(|e| SourceError::from_db("connecting to MySQL/MariaDB", &e))?;
         for setting in ["SET SESSION time_zone = '+00:00'", "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED"] {
@@ -49,23 +49,13 @@ impl MyPollTable {
 
     /// Deletes only while `<checkpoint_table>` holds no newer owner epoch than `epoch` for
     /// this stream (read with a share lock in the delete's transaction).
-    pub fn fenced_by(mut self, checkpoint_table: &str, epoch: i64) -> Self {
+    pub(crate) fn fenced_by(mut self, checkpoint_table: &str, epoch: i64) -> Self {
         self.fence = Some((checkpoint_table.to_string(), epoch));
         self
     }
 
-    /// The highest id in the table now (`None` when it is empty).
-    pub async fn max_id(&mut self) -> Result<Option<i64>, SourceError> {
-        let max: Option<Option<i64>> = self
-            .conn
-            .query_first(format!("SELECT MAX(id) FROM {}", ident(&self.table)))
-            .await
-            .map_err(|e| SourceError::from_db("reading the highest id", &e))?;
-        Ok(max.flatten())
-    }
-
     /// The connection, for the catch-up's position snapshot.
-    pub fn conn(&mut self) -> &mut Conn {
+    pub(crate) fn conn(&mut self) -> &mut Conn {
         &mut self.conn
     }
 }
@@ -74,13 +64,13 @@ fn polled(row: Row) -> Result<PolledRow, SourceError> {
     let names: Vec<String> = row.columns_ref().iter().map(|c| c.name_str().into_owned()).collect();
     let values: Vec<(String, Cell)> =
         names.into_iter().zip(row.unwrap()).map(|(name, value)| (name, cell_of(&value))).collect();
-    Ok(crate::mysql::record(&values))
+    Ok(super::cdc::record(&values))
 }
 
 /// The rows `ids` of `table` as they are now (ids not in the table are left out). With
 /// `locking`, the read waits for a transaction still inserting one of them (READ COMMITTED,
 /// so no gap is locked).
-pub async fn rows_by_id(
+pub(crate) async fn rows_by_id(
     conn: &mut Conn,
     table: &str,
     ids: &[i64],
@@ -177,7 +167,7 @@ impl PollTable for MyPollTable {
             .await?;
             if stored.is_none_or(|stored| stored > *epoch) {
                 let _ = tx.rollback().await;
-                return Err(crate::mysql::fenced(&self.table, *epoch));
+                return Err(crate::db::fenced(&self.table, *epoch));
             }
         }
         let mut deleted = 0;

@@ -14,13 +14,13 @@ use outbox_postgres::connect::PgTarget;
 use outbox_postgres::setup::ident;
 use tokio_postgres::{Client, Row, Statement};
 
-use super::{PollTable, PolledRow, Writers};
+use crate::poll::{PollTable, PolledRow, Writers};
 use crate::record::RawRow;
 use crate::source::{DELETE_CHUNK, SourceError, within};
 
 /// One connection polling one table.
 #[derive(Debug)]
-pub struct PgPollTable {
+pub(crate) struct PgPollTable {
     client: Client,
     table: String,
     /// The stream's slot, unused while polling: moved along (see [`Self::moving_slot`]).
@@ -40,7 +40,7 @@ pub fn oldest_sql(table: &str) -> String {
 }
 
 impl PgPollTable {
-    pub async fn connect(target: &PgTarget, table: &str) -> Result<Self, SourceError> {
+    pub(crate) async fn connect(target: &PgTarget, table: &str) -> Result<Self, SourceError> {
         let client = target
             .connect()
             .await
@@ -67,7 +67,7 @@ impl PgPollTable {
     /// Deletes only while `<checkpoint_table>` holds no newer owner epoch than `epoch` for
     /// this stream (checked in the delete's own statement): an owner that lost its lease
     /// without knowing stops at its next delete instead of publishing on beside the new one.
-    pub fn fenced_by(mut self, checkpoint_table: &str, epoch: i64) -> Self {
+    pub(crate) fn fenced_by(mut self, checkpoint_table: &str, epoch: i64) -> Self {
         let sql = format!(
             "WITH f AS (SELECT owner_epoch <= $3 AS ok FROM {cp} WHERE stream = $2 FOR SHARE),
                   d AS (DELETE FROM {t} WHERE id = ANY($1) AND coalesce((SELECT ok FROM f), false) RETURNING 1)
@@ -83,13 +83,13 @@ impl PgPollTable {
     /// unused slot of a polling stream does not hold WAL. Only the stream's owner polls, so
     /// only the owner ever moves its slot; a catch-up drain (about to stream from the slot)
     /// never does.
-    pub fn moving_slot(mut self, slot: &str) -> Self {
+    pub(crate) fn moving_slot(mut self, slot: &str) -> Self {
         self.slot = Some(slot.to_string());
         self
     }
 
     /// The highest id in the table now (`None` when it is empty).
-    pub async fn max_id(&self) -> Result<Option<i64>, SourceError> {
+    pub(crate) async fn max_id(&self) -> Result<Option<i64>, SourceError> {
         let row = self
             .client
             .query_one(&format!("SELECT max(id) FROM {}", ident(&self.table)), &[])
@@ -128,7 +128,7 @@ const COLUMNS: &str = "id, topic, msg_key, payload, headers::text, kafka_partiti
                        (extract(epoch FROM created_at) * 1000000)::int8";
 
 /// The rows `ids` of `table` as they are now (ids not in the table are left out).
-pub async fn rows_by_id(client: &Client, table: &str, ids: &[i64]) -> Result<Vec<PolledRow>, SourceError> {
+pub(crate) async fn rows_by_id(client: &Client, table: &str, ids: &[i64]) -> Result<Vec<PolledRow>, SourceError> {
     if ids.is_empty() {
         return Ok(Vec::new());
     }
@@ -167,7 +167,7 @@ impl PollTable for PgPollTable {
                 Some((sql, epoch)) => {
                     let row = within(&what, self.client.query_one(sql, &[&chunk, &self.table, epoch])).await?;
                     if !row.get::<_, bool>(0) {
-                        return Err(crate::mysql::fenced(&self.table, *epoch));
+                        return Err(crate::db::fenced(&self.table, *epoch));
                     }
                     deleted += row.get::<_, i64>(1) as u64;
                 }

@@ -12,9 +12,6 @@
 //! running keeps working; a required column dropped or retyped halts this shard-partition
 //! with an error naming the column.
 
-mod checkpoint;
-mod visibility;
-
 use std::time::Duration;
 
 use outbox_postgres::connect::PgTarget;
@@ -23,6 +20,7 @@ use outbox_postgres::stream::{Change, ReplicationStream, StreamError};
 use outbox_postgres::{Lsn, cleanup, slot, values};
 use tokio_postgres::Client;
 
+use super::{checkpoint, visibility};
 use crate::lease::OwnerLease;
 use crate::names::StreamNames;
 use crate::record::{InvalidRow, OutboxRecord, RawRow};
@@ -437,7 +435,7 @@ impl Source for PgSource {
         if let Some(&(xid, _)) = self.xids.back() {
             visibility::wait(&self.sql, &[xid]).await?;
         }
-        crate::poll::postgres::rows_by_id(&self.sql, &self.names.table, ids).await
+        super::poll::rows_by_id(&self.sql, &self.names.table, ids).await
     }
 
     async fn existing(&mut self, ids: &[i64]) -> Result<Vec<i64>, SourceError> {

@@ -18,10 +18,12 @@ use outbox_postgres::setup::ident;
 use outbox_postgres::slot;
 use tokio_postgres::Client;
 
-use super::{CatchUpReport, Drain, report};
+use futures::future::BoxFuture;
+
+use super::poll::PgPollTable;
+use crate::catchup::{CatchUp, CatchUpReport, Drain, report};
 use crate::dberror::{self, Channel};
 use crate::names::StreamNames;
-use crate::poll::postgres::PgPollTable;
 use crate::poll::{PollTable, Writers};
 use crate::source::SourceError;
 use crate::streamer::SessionError;
@@ -72,9 +74,28 @@ pub(crate) async fn mark_pending(
     if n == 0 {
         // Either there is no row, or a newer owner claimed it.
         pending(client, checkpoint_table, table).await?;
-        return Err(crate::mysql::fenced(table, epoch));
+        return Err(crate::db::fenced(table, epoch));
     }
     Ok(())
+}
+
+/// The catch-up of one shard-partition, handed to its job.
+#[derive(Debug, Clone)]
+pub(super) struct PgCatchUp {
+    pub target: PgTarget,
+    pub names: StreamNames,
+    pub checkpoint: String,
+}
+
+impl CatchUp for PgCatchUp {
+    fn run<'a>(
+        &'a self,
+        drain: &'a mut Drain<'_>,
+        reason: &'a str,
+    ) -> BoxFuture<'a, Result<Option<CatchUpReport>, SessionError>> {
+        let epoch = drain.labels.lease.db_epoch();
+        Box::pin(run(&self.target, &self.names, &self.checkpoint, epoch, drain, reason))
+    }
 }
 
 /// Runs the whole catch-up of one shard-partition. `Ok(None)`: the process is stopping and

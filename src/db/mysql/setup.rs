@@ -1,0 +1,130 @@
+//! `setup` of a MySQL/MariaDB source: checks the server and the accounts, then creates each
+//! shard-partition's table, the checkpoint table and its rows, and the enqueue procedure, and
+//! grants what the streamer and the application accounts need.
+
+use anyhow::Context;
+use outbox_mysql::mysql_async::{Opts, OptsBuilder};
+use outbox_mysql::privileges as myprivileges;
+use outbox_mysql::setup as my;
+
+use super::connect::{mysql_admin_opts, mysql_opts};
+use crate::config::SourceConfig;
+use crate::db::SetupRequest;
+use crate::names::{all_streams, checkpoint_table};
+
+/// Checks the server and the accounts, then creates the tables and checkpoint rows (see
+/// [`crate::db::Database::setup`]).
+pub(super) async fn setup(source: &SourceConfig, how: &SetupRequest<'_>) -> anyhow::Result<bool> {
+    let SetupRequest { dry_run, admin, app_roles } = *how;
+    let streamer = mysql_opts(source, None)?;
+    let database = streamer.db_name().unwrap_or_default().to_string();
+    let streamer_user = streamer.user().unwrap_or_default().to_string();
+    let mut plan = my::SetupPlan {
+        database: database.clone(),
+        tables: all_streams(source.shards, source.partitions).map(|id| source.stream_names(id).table).collect(),
+        checkpoint_table: checkpoint_table(&source.table_prefix),
+        prefix: source.table_prefix.clone(),
+        shards: source.shards,
+        partitions: source.partitions,
+        streamer_accounts: vec![format!("{}@'<host>'", my::literal(&streamer_user))],
+        app_grantees: app_roles.iter().map(|r| myprivileges::app_grantee(r)).collect(),
+    };
+    if dry_run {
+        println!(
+            "-- source {:?}: run in database {database:?} (<host>: each host of the streamer's account)",
+            source.name
+        );
+        for stmt in my::statements(&plan, true) {
+            println!("{stmt};\n");
+        }
+        println!("-- then, per table, a checkpoint row at the server's current binlog position:");
+        println!(
+            "INSERT IGNORE INTO {} (stream, gtid, binlog_file, binlog_pos) VALUES (…);",
+            my::ident(&plan.checkpoint_table)
+        );
+        return Ok(true);
+    }
+    let admin = match admin {
+        Some(login) => mysql_admin_opts(source, login.url, login.password).context("--admin-url")?,
+        None => streamer.clone(),
+    };
+    let mut conn = super::connect::mysql_connect(&admin).await.with_context(|| format!("source {:?}", source.name))?;
+    let (settings, mut failures) = my::check_server(&mut conn).await?;
+    failures.extend(myprivileges::check_admin(&mut conn, &database).await?);
+    if failures.is_empty() {
+        // Probing needs the grant option that check_admin just confirmed.
+        failures.extend(myprivileges::check_app_accounts(&mut conn, &database, &plan.app_grantees).await?);
+    }
+    // The streamer's own session tells which account it matches and what that account holds;
+    // without a default database, since setup has not granted it one yet.
+    let streamer_session: Opts = OptsBuilder::from_opts(streamer.clone()).db_name(None::<String>).into();
+    let streamer_account = match super::connect::mysql_connect(&streamer_session).await {
+        Ok(mut own) => {
+            failures.extend(myprivileges::check_streamer(&mut own, &database).await?);
+            let account = myprivileges::own_privileges(&mut own, &database).await?.account;
+            own.disconnect().await.ok();
+            Some(account)
+        }
+        Err(e) => {
+            failures.push(my::CheckFailure {
+                what: format!("the streamer's login (the source url) cannot connect: {e}"),
+                fix: format!(
+                    "CREATE USER {}@'%' IDENTIFIED BY '…'; GRANT REPLICATION SLAVE, BINLOG MONITOR ON *.* TO {}@'%'; or correct the url/password (see docs/configure-mysql.md)",
+                    my::literal(&streamer_user),
+                    my::literal(&streamer_user)
+                ),
+            });
+            None
+        }
+    };
+    if !failures.is_empty() {
+        eprintln!(
+            "source {:?}: the server ({}) is not ready for outbox-streamer (nothing was created):",
+            source.name, settings.version
+        );
+        for f in &failures {
+            eprintln!("  - {f}");
+        }
+        return Ok(false);
+    }
+    // Grant to every host of the streamer's user when setup may read them, else to the account
+    // its session matched from here.
+    plan.streamer_accounts = match myprivileges::account_hosts(&mut conn, &streamer_user).await? {
+        Some(hosts) if !hosts.is_empty() => {
+            hosts.iter().map(|h| format!("{}@{}", my::literal(&streamer_user), my::literal(h))).collect()
+        }
+        _ => streamer_account.into_iter().collect(),
+    };
+    let mut known = vec![streamer_user.clone()];
+    known.extend(app_roles.iter().map(|r| r.split('@').next().unwrap_or(r).trim_matches('\'').to_string()));
+    match myprivileges::insert_grantees(&mut conn, &database, &plan.tables[0], &known).await? {
+        Some(earlier) if !earlier.is_empty() => {
+            println!(
+                "source {:?}: application account(s) {} can enqueue into existing tables; granting them the same on every table",
+                source.name,
+                earlier.join(", ")
+            );
+            plan.app_grantees.extend(earlier);
+        }
+        Some(_) => {}
+        None if plan.app_grantees.is_empty() => {}
+        None => println!(
+            "source {:?}: setup may not read mysql.tables_priv, so pass --app-role again when you add shards or partitions",
+            source.name
+        ),
+    }
+    my::apply(&mut conn, &plan, settings.is_mariadb()).await.with_context(|| {
+        format!("source {:?}: creating tables and checkpoints (re-running setup completes it)", source.name)
+    })?;
+    conn.disconnect().await.ok();
+    println!(
+        "source {:?}: {} shard-partition(s) ready in {database} on {} ({}_<shard>_<partition>, {}, {}_enqueue())",
+        source.name,
+        plan.tables.len(),
+        settings.version,
+        source.table_prefix,
+        plan.checkpoint_table,
+        source.table_prefix
+    );
+    Ok(true)
+}

@@ -1,0 +1,34 @@
+//! A PostgreSQL source's connection settings — URL, password from the environment or a file,
+//! TLS — turned into a [`PgTarget`]. Every PostgreSQL connection the streamer, `setup`,
+//! `status`, `teardown` and `skip` open goes through here, so none of them can forget the
+//! password source or the TLS settings.
+
+use anyhow::Context;
+use outbox_postgres::connect::PgTarget;
+
+use crate::config::SourceConfig;
+
+/// The PostgreSQL target of `source`, or of `url` (an admin URL given on the command line,
+/// with its own password) on the same server with the source's TLS settings.
+pub(crate) fn pg_target(source: &SourceConfig, url: Option<&str>) -> anyhow::Result<PgTarget> {
+    match url {
+        Some(url) => pg_admin_target(source, url, None),
+        None => pg_with_tls(
+            source,
+            PgTarget::from_url(source.url.expose(), source.password()?.as_deref())
+                .with_context(|| format!("source {:?}: url", source.name))?,
+        ),
+    }
+}
+
+/// The admin login `url` (with `password` when the URL has none) with `source`'s TLS.
+pub(crate) fn pg_admin_target(source: &SourceConfig, url: &str, password: Option<&str>) -> anyhow::Result<PgTarget> {
+    pg_with_tls(source, PgTarget::from_url(url, password)?)
+}
+
+fn pg_with_tls(source: &SourceConfig, target: PgTarget) -> anyhow::Result<PgTarget> {
+    match source.tls.as_ref().and_then(|t| t.postgres()) {
+        Some(tls) => target.with_tls(tls).with_context(|| format!("source {:?}: tls", source.name)),
+        None => Ok(target),
+    }
+}

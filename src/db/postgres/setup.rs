@@ -1,0 +1,145 @@
+//! `setup` of a PostgreSQL source: checks the server (settings, slots, privileges), then creates
+//! each shard-partition's table, publication and slot, the checkpoint table and the enqueue
+//! function, and grants what the streamer and the application roles need.
+
+use anyhow::Context;
+use outbox_postgres::connect::PgTarget;
+use outbox_postgres::privileges;
+use outbox_postgres::setup::{self as pg, SetupPlan, StreamObjects};
+
+use super::connect::{pg_admin_target, pg_target};
+use crate::config::SourceConfig;
+use crate::db::SetupRequest;
+use crate::names::all_streams;
+
+/// The setup plan of a PostgreSQL source; the streamer role is the source URL's user.
+fn postgres_plan(source: &SourceConfig, streamer: &PgTarget, app_roles: &[String]) -> SetupPlan {
+    SetupPlan {
+        prefix: source.table_prefix.clone(),
+        shards: source.shards,
+        partitions: source.partitions,
+        streams: all_streams(source.shards, source.partitions)
+            .map(|id| {
+                let n = source.stream_names(id);
+                StreamObjects { table: n.table, publication: n.publication, slot: n.slot }
+            })
+            .collect(),
+        streamer_role: Some(streamer.user().to_string()),
+        app_roles: app_roles.to_vec(),
+    }
+}
+
+/// Checks the server, then creates the schema and the slots (see [`crate::db::Database::setup`]).
+pub(super) async fn setup(source: &SourceConfig, how: &SetupRequest<'_>) -> anyhow::Result<bool> {
+    let SetupRequest { dry_run, admin, app_roles } = *how;
+    let streamer = pg_target(source, None)?;
+    let mut plan = postgres_plan(source, &streamer, app_roles);
+    if dry_run {
+        println!("-- source {:?}: run in database {:?}", source.name, streamer.database());
+        for stmt in pg::schema_statements(&plan) {
+            println!("{stmt};\n");
+        }
+        println!("-- outside a transaction block:");
+        for stmt in pg::slot_statements(&plan) {
+            println!("{stmt};\n");
+        }
+        println!("-- after creating a slot whose table already holds rows, so `run` sends them first:");
+        for stream in &plan.streams {
+            println!("{};\n", pg::catch_up_statement(&plan, stream));
+        }
+        return Ok(true);
+    }
+    let admin = match admin {
+        Some(login) => pg_admin_target(source, login.url, login.password).context("--admin-url")?,
+        None => streamer.clone(),
+    };
+    let mut client = admin
+        .connect()
+        .await
+        .with_context(|| format!("source {:?}: connecting to {}", source.name, admin.display()))?;
+    let mut failures = pg::check_server(&client, &plan).await?;
+    failures.extend(
+        pg::taken_slots(&client, &plan).await?.iter().map(|t| taken_slot_failure(source, streamer.database(), t)),
+    );
+    failures.extend(privileges::check_admin(&client, &plan).await?);
+    if !failures.is_empty() {
+        eprintln!(
+            "source {:?}: the server is not ready for outbox-streamer (nothing was created; setup runs as {}):",
+            source.name,
+            admin.display()
+        );
+        for f in &failures {
+            eprintln!("  - {f}");
+        }
+        return Ok(false);
+    }
+    let earlier = privileges::existing_app_roles(&client, &plan).await?;
+    let again: Vec<String> = earlier.into_iter().filter(|r| !plan.app_roles.contains(r)).collect();
+    if !again.is_empty() {
+        println!(
+            "source {:?}: application role(s) {} can enqueue into existing tables; granting them the same on every table",
+            source.name,
+            again.join(", ")
+        );
+        plan.app_roles.extend(again);
+    }
+    let waiting = privileges::open_transactions(&client, OLD_TRANSACTION_S).await?;
+    if !waiting.is_empty() {
+        eprintln!(
+            "source {:?}: a new replication slot waits until these open transactions end: {}",
+            source.name,
+            waiting.join("; ")
+        );
+    }
+    let failed = |e: pg::ApplyError| anyhow::anyhow!("source {:?}: {e}", source.name);
+    pg::apply_schema(&mut client, &plan).await.map_err(failed)?;
+    if privileges::can_replicate(&client).await? {
+        pg::create_slots(&client, &plan).await.map_err(failed)?;
+    } else {
+        // A table owner rarely has REPLICATION; the streamer has, and slots need nothing else.
+        let own = streamer.connect().await.with_context(|| {
+            format!(
+                "source {:?}: the schema is created; connecting as the streamer {} to create the slots (re-running setup completes it)",
+                source.name,
+                streamer.display()
+            )
+        })?;
+        pg::create_slots(&own, &plan).await.map_err(failed)?;
+    }
+    let failures = pg::check_privileges(&client, &plan).await?;
+    for f in &failures {
+        eprintln!("source {:?}: {f}", source.name);
+    }
+    println!(
+        "source {:?}: {} shard-partition(s) ready in {} ({}_<shard>_<partition>: table, publication{}; {}_enqueue())",
+        source.name,
+        plan.streams.len(),
+        streamer.database(),
+        plan.prefix,
+        match &source.slot_prefix {
+            Some(slot_prefix) => format!("; slot {slot_prefix}_<shard>_<partition>"),
+            None => ", slot".into(),
+        },
+        plan.prefix
+    );
+    Ok(failures.is_empty())
+}
+
+/// Why a slot name of the plan cannot be used, and the setting that gives this database its
+/// own slots.
+fn taken_slot_failure(source: &SourceConfig, database: &str, taken: &pg::TakenSlot) -> pg::CheckFailure {
+    let what = if taken.database.is_empty() {
+        format!("replication slot {:?} exists as a physical slot", taken.slot)
+    } else if !taken.in_this_database {
+        format!(
+            "replication slot {:?} belongs to database {:?}, not {database:?} (slot names are cluster-wide)",
+            taken.slot, taken.database
+        )
+    } else {
+        format!("replication slot {:?} exists with output plugin {:?}, not pgoutput", taken.slot, taken.plugin)
+    };
+    pg::CheckFailure { what, fix: crate::dberror::slot_prefix_fix(&source.name, &source.table_prefix, database) }
+}
+
+/// Transactions open longer than this are named while a new slot may wait on them.
+const OLD_TRANSACTION_S: f64 = 5.0;
