@@ -30,9 +30,10 @@ use outbox_kafka::Producer;
 use tokio::sync::watch;
 
 use crate::config::StreamSettings;
+use crate::error::Error;
 use crate::metrics as m;
 use crate::poll::{PollPosition, PollSettings, PollSource, PollTable};
-use crate::streamer::{SessionError, StreamLabels, StreamMemory, run_session};
+use crate::streamer::{StreamLabels, StreamMemory, run_session};
 
 /// How one shard-partition catches up when its position is lost; each database implements it
 /// in its folder and hands it to the shard-partition's job.
@@ -45,7 +46,7 @@ pub(crate) trait CatchUp: Send + Sync + 'static {
         &'a self,
         drain: &'a mut Drain<'_>,
         reason: &'a str,
-    ) -> BoxFuture<'a, Result<Option<CatchUpReport>, SessionError>>;
+    ) -> BoxFuture<'a, Result<Option<CatchUpReport>, Error>>;
 }
 
 /// What a finished catch-up did.
@@ -72,12 +73,7 @@ pub(crate) struct Drain<'a> {
 impl Drain<'_> {
     /// Publishes and deletes every row with `id <= upto` by polling; returns how many.
     /// `Ok(None)` means the process is stopping and the drain did not finish.
-    pub(crate) async fn run<T: PollTable>(
-        &mut self,
-        reader: T,
-        cleaner: T,
-        upto: i64,
-    ) -> Result<Option<u64>, SessionError> {
+    pub(crate) async fn run<T: PollTable>(&mut self, reader: T, cleaner: T, upto: i64) -> Result<Option<u64>, Error> {
         let rows_sent = Arc::new(AtomicU64::new(0));
         let settings = PollSettings {
             batch: self.settings.poll_batch,

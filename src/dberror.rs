@@ -1,7 +1,7 @@
 //! Database errors, classified once: retry, wait for the slot, or halt with the fix.
 //!
 //! Every failed call to PostgreSQL or MySQL/MariaDB ends here through [`Classify`] — the SQL
-//! sessions ([`crate::source::within`], [`SourceError::from_db`]) and the replication stream
+//! sessions ([`crate::source::within`], [`Error::from_db`]) and the replication stream
 //! alike — and the server's code decides, in the two tables [`POSTGRES`] and [`MYSQL`]:
 //!
 //! * **transient**: the connection or the server's state (refused, reset, timed out, server
@@ -24,11 +24,11 @@ use std::future::Future;
 
 use outbox_mysql::mysql_async::Error as MyError;
 
-use crate::source::SourceError;
+use crate::error::Error;
 
 /// A server's error code.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Code {
+pub(crate) enum Code {
     /// PostgreSQL's five-character SQLSTATE.
     SqlState(String),
     /// MySQL/MariaDB's server error number.
@@ -46,7 +46,7 @@ impl fmt::Display for Code {
 
 /// What the server answered.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ServerError {
+pub(crate) struct ServerError {
     pub code: Code,
     pub message: String,
     pub detail: Option<String>,
@@ -69,7 +69,7 @@ impl ServerError {
 }
 
 /// A failed database call, as the classifier sees it.
-pub trait Classify {
+pub(crate) trait Classify {
     /// The server this error type comes from (for generic fixes outside a stream's task).
     const BACKEND: Backend;
 
@@ -216,7 +216,7 @@ pub(crate) struct Scope {
 
 /// Which server a [`Scope`] is about.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Backend {
+pub(crate) enum Backend {
     Postgres,
     MySql,
 }
@@ -294,7 +294,7 @@ pub(crate) fn slot_prefix_fix(source: &str, table_prefix: &str, database: &str) 
 
 /// A slot of the stream's name exists, but in `database` (empty: a physical slot): it is not
 /// this database's and is never read, dropped or taken over.
-pub(crate) fn slot_elsewhere(slot: &str, database: &str) -> SourceError {
+pub(crate) fn slot_elsewhere(slot: &str, database: &str) -> Error {
     let message = if database.is_empty() {
         format!("replication slot {slot:?} is a physical slot, not this database's logical slot")
     } else {
@@ -302,7 +302,7 @@ pub(crate) fn slot_elsewhere(slot: &str, database: &str) -> SourceError {
             "replication slot {slot:?} belongs to database {database:?}, not to this one (slot names are cluster-wide)"
         )
     };
-    SourceError::Definite { message, fix: Remedy::SlotElsewhere.fix(&current_scope(Backend::Postgres)) }
+    Error::definite(message, Remedy::SlotElsewhere.fix(&current_scope(Backend::Postgres)))
 }
 
 impl Remedy {
@@ -371,21 +371,26 @@ impl Remedy {
     }
 }
 
-/// The source error for a failed call `what` on `channel`, with the current task's scope.
-pub(crate) fn source_error<E: Classify>(what: &str, e: &E, channel: Channel) -> SourceError {
-    match e.server_error() {
+/// The error for a failed call `what` on `channel`, with the current task's scope; `e` is
+/// kept as its source.
+pub(crate) fn classify<E>(what: &str, e: E, channel: Channel) -> Error
+where
+    E: Classify + std::error::Error + Send + Sync + 'static,
+{
+    let error = match e.server_error() {
         Some(server) => decide(what, &server, channel, &current_scope(E::BACKEND)),
-        None => SourceError::Transient(format!("{what}: {}", e.text())),
-    }
+        None => Error::transient(format!("{what}: {}", e.text())),
+    };
+    error.with_source(e)
 }
 
 /// The pure decision: a server error of call `what`, for the stream `scope`.
-pub(crate) fn decide(what: &str, server: &ServerError, channel: Channel, scope: &Scope) -> SourceError {
+pub(crate) fn decide(what: &str, server: &ServerError, channel: Channel, scope: &Scope) -> Error {
     let text = format!("{what}: {}", server.describe());
     match class_of(server, channel) {
-        Transient => SourceError::Transient(text),
-        Busy => SourceError::Busy(format!("{text}: the slot is in use by another session")),
-        Definite(remedy) => SourceError::Definite { message: text, fix: remedy.fix(scope) },
+        Transient => Error::transient(text),
+        Busy => Error::busy(format!("{text}: the slot is in use by another session")),
+        Definite(remedy) => Error::definite(text, remedy.fix(scope)),
     }
 }
 
@@ -490,6 +495,7 @@ impl Classify for outbox_mysql::binlog::BinlogError {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::error::Kind;
 
     fn pg(code: &str, message: &str) -> ServerError {
         ServerError { code: Code::SqlState(code.into()), message: message.into(), detail: None, hint: None }
@@ -571,7 +577,8 @@ mod tests {
             Channel::Sql,
             &scope(Backend::Postgres),
         );
-        let SourceError::Definite { message, fix } = e else { panic!("definite: {e:?}") };
+        assert_eq!(e.kind(), Kind::Definite, "{e:?}");
+        let (message, fix) = (e.context(), e.fix().unwrap());
         assert_eq!(
             message,
             "deleting published rows from outbox_0_1: permission denied for table outbox_0_1 (SQLSTATE 42501)"
@@ -583,7 +590,8 @@ mod tests {
             Channel::Sql,
             &scope(Backend::MySql),
         );
-        let SourceError::Definite { message, fix } = e else { panic!("definite: {e:?}") };
+        assert_eq!(e.kind(), Kind::Definite, "{e:?}");
+        let (message, fix) = (e.context(), e.fix().unwrap());
         assert!(message.ends_with("(error 1142)"), "{message}");
         assert!(
             fix.starts_with("GRANT SELECT, DELETE ON `billing`.`outbox_0_1` TO 'outbox_streamer'@'<host>'"),
@@ -604,7 +612,7 @@ mod tests {
             Channel::Replication,
             &s,
         );
-        assert!(matches!(busy, SourceError::Busy(m) if m.contains("in use by another session")));
+        assert!(busy.kind() == Kind::Busy && busy.to_string().contains("in use by another session"));
     }
 
     #[test]

@@ -21,13 +21,15 @@ use tracing::Instrument;
 use crate::catchup::{CatchUp, Drain};
 use crate::config::{KafkaConfig, SourceConfig, StreamSettings};
 use crate::dberror;
+use crate::error::Error;
 use crate::halt::{HALT_RETRY_MAX, HaltPoint, HaltRetry};
 use crate::lease::OwnerLease;
 use crate::metrics::{self as m, state};
 use crate::names::{StreamNames, all_streams};
+use crate::policy::{Action, Phase, policy};
 use crate::poll::PollSettings;
-use crate::source::{Source, SourceError};
-use crate::streamer::{SessionError, StreamLabels, StreamMemory, run_session};
+use crate::source::Source;
+use crate::streamer::{StreamLabels, StreamMemory, run_session};
 
 const BACKOFF_START: Duration = Duration::from_millis(250);
 const BACKOFF_MAX: Duration = Duration::from_secs(30);
@@ -88,7 +90,7 @@ impl<S, F, Fut> JobParts<F>
 where
     S: Source + 'static,
     F: Fn(OwnerLease) -> Fut + Send + Sync + 'static,
-    Fut: Future<Output = Result<S, SourceError>> + Send + 'static,
+    Fut: Future<Output = Result<S, Error>> + Send + 'static,
 {
     pub(crate) fn into_job(self) -> StreamJob {
         let key = self.labels.key();
@@ -181,7 +183,7 @@ async fn stream_task<S, F, Fut>(
 ) where
     S: Source,
     F: Fn() -> Fut,
-    Fut: Future<Output = Result<S, SourceError>>,
+    Fut: Future<Output = Result<S, Error>>,
 {
     let metric_labels = [
         ("source", labels.source.clone()),
@@ -193,9 +195,11 @@ async fn stream_task<S, F, Fut>(
     let producer = match Producer::new(&producer) {
         Ok(p) => p,
         Err(e) => {
-            let reason = format!(
-                "cannot create the Kafka producer: {e}; fix: correct the [kafka] settings, then restart (this halt does not clear by itself)"
-            );
+            let reason = Error::definite(
+                format!("cannot create the Kafka producer: {e}"),
+                "correct the [kafka] settings, then restart (this halt does not clear by itself)",
+            )
+            .to_string();
             set_state(&labels, &metric_labels, state::HALTED, Some(&reason));
             tracing::error!("{reason}; this shard-partition is halted");
             return;
@@ -216,7 +220,7 @@ async fn stream_task<S, F, Fut>(
         }
         let connected = match tokio::time::timeout(CONNECT_TIMEOUT, connect()).await {
             Ok(result) => result,
-            Err(_) => Err(SourceError::Transient(format!(
+            Err(_) => Err(Error::transient(format!(
                 "connecting took longer than {CONNECT_TIMEOUT:?}; the database link is presumed dead"
             ))),
         };
@@ -241,26 +245,29 @@ async fn stream_task<S, F, Fut>(
                 }
                 run_session(&labels, &settings, source, &producer, message_timeout, &mut stop, &mut memory).await
             }
-            Err(e) => Err(SessionError::from(e)),
+            Err(e) => Err(e),
         };
         // A halt cleared for good: the next one waits the first interval again. A session
         // that cleared it and halted again soon after keeps the grown interval, so a halt that
         // only seemed to clear cannot retry at the first interval for ever.
-        if memory.halted.is_none()
-            && (!matches!(result, Err(SessionError::Halt(_))) || started.elapsed() > BACKOFF_RESET_AFTER)
-        {
+        let error = match result {
+            Ok(()) => None,
+            Err(e) => Some((policy(e.kind(), Phase::Streaming), e.to_string())),
+        };
+        let action = error.as_ref().map(|(action, _)| *action);
+        if memory.halted.is_none() && (action != Some(Action::Halt) || started.elapsed() > BACKOFF_RESET_AFTER) {
             halts.cleared();
         }
-        if !matches!(result, Err(SessionError::Busy(_))) {
+        if action != Some(Action::RetryBusy) {
             busy = None;
         }
-        match result {
-            Ok(()) => break,
-            Err(SessionError::Revoked(msg)) => {
+        let Some((action, msg)) = error else { break };
+        match action {
+            Action::Stop => {
                 revoked(&labels, &metric_labels, &msg, &mut stop).await;
                 return;
             }
-            Err(SessionError::Busy(msg)) => {
+            Action::RetryBusy => {
                 // Another session holds the slot: the previous owner still closing (soon free),
                 // or a second instance without coordination (held for good). Retry soon, then
                 // less and less often; say so at most every BUSY_WARN_EVERY.
@@ -285,7 +292,7 @@ async fn stream_task<S, F, Fut>(
                 }
                 back_off(&mut wait, &mut stop).await;
             }
-            Err(SessionError::Transient(msg)) => {
+            Action::BackOff => {
                 if started.elapsed() > BACKOFF_RESET_AFTER {
                     backoff = BACKOFF_START;
                 }
@@ -294,7 +301,8 @@ async fn stream_task<S, F, Fut>(
                 tracing::warn!(error = %msg, retry_in_ms = backoff.as_millis() as u64, "stream interrupted; resuming from the last confirmed position");
                 back_off(&mut backoff, &mut stop).await;
             }
-            Err(SessionError::PositionLost(reason)) => {
+            Action::CatchUp => {
+                let reason = msg;
                 // Retrying a halted catch-up: still halted until it gets through.
                 if memory.halted.is_none() {
                     set_state(&labels, &metric_labels, state::CATCHING_UP, Some(&reason));
@@ -318,24 +326,28 @@ async fn stream_task<S, F, Fut>(
                         backoff = BACKOFF_START;
                     }
                     Ok(None) => break,
-                    Err(SessionError::Halt(msg)) => {
-                        memory.halted = Some(memory.take_halt_point());
-                        if !halted(&labels, &metric_labels, &msg, &mut halts, None, &producer, &mut stop).await {
-                            break;
+                    Err(e) => match policy(e.kind(), Phase::CatchingUp) {
+                        Action::Halt => {
+                            memory.halted = Some(memory.take_halt_point());
+                            if !halted(&labels, &metric_labels, &e.to_string(), &mut halts, None, &producer, &mut stop)
+                                .await
+                            {
+                                break;
+                            }
                         }
-                    }
-                    Err(SessionError::Revoked(msg)) => {
-                        revoked(&labels, &metric_labels, &msg, &mut stop).await;
-                        return;
-                    }
-                    Err(e) => {
-                        set_state(&labels, &metric_labels, state::RETRYING, Some(&e.to_string()));
-                        tracing::warn!(error = %e, retry_in_ms = backoff.as_millis() as u64, "catch-up interrupted; it starts over");
-                        back_off(&mut backoff, &mut stop).await;
-                    }
+                        Action::Stop => {
+                            revoked(&labels, &metric_labels, &e.to_string(), &mut stop).await;
+                            return;
+                        }
+                        Action::BackOff | Action::RetryBusy | Action::CatchUp => {
+                            set_state(&labels, &metric_labels, state::RETRYING, Some(&e.to_string()));
+                            tracing::warn!(error = %e, retry_in_ms = backoff.as_millis() as u64, "catch-up interrupted; it starts over");
+                            back_off(&mut backoff, &mut stop).await;
+                        }
+                    },
                 }
             }
-            Err(SessionError::Halt(msg)) => {
+            Action::Halt => {
                 let point = HaltPoint { at_connect, ..memory.take_halt_point() };
                 let probe = point.missing_topic.clone();
                 memory.halted = Some(point);
@@ -408,10 +420,11 @@ async fn revoked(
     stop: &mut watch::Receiver<bool>,
 ) {
     if labels.lease.epoch().is_none() {
-        let msg = format!(
-            "{msg}; fix: this instance runs without [coordination] but instances with ZooKeeper ownership wrote the checkpoint; stop them or add the same [coordination] here, or, if none runs any more, reset the epoch: UPDATE <prefix>_checkpoint SET owner_epoch = 0 WHERE stream = '{}'; then restart (this halt does not clear by itself)",
+        let fix = format!(
+            "this instance runs without [coordination] but instances with ZooKeeper ownership wrote the checkpoint; stop them or add the same [coordination] here, or, if none runs any more, reset the epoch: UPDATE <prefix>_checkpoint SET owner_epoch = 0 WHERE stream = '{}'; then restart (this halt does not clear by itself)",
             labels.table
         );
+        let msg = Error::definite(msg, fix).to_string();
         halt_for_good(labels, metric_labels, &msg, stop).await;
         return;
     }
@@ -421,11 +434,15 @@ async fn revoked(
         // granted in zxid order and this one is held), so the stored one comes from another
         // ensemble — ZooKeeper replaced, or restored from an older backup — or from a hand.
         // Retrying would be fenced for ever.
-        let msg = format!(
-            "{msg}, although this instance holds the lease (epoch {}) in ZooKeeper now: the stored epoch was written under another ZooKeeper ensemble (replaced, or restored from an older backup) or by hand; fix: make sure no instance still runs against the old ensemble, then reset the epoch: UPDATE <prefix>_checkpoint SET owner_epoch = 0 WHERE stream = '{}', and restart (see docs/ownership.md; this halt does not clear by itself)",
-            labels.lease.db_epoch(),
+        let what = format!(
+            "{msg}, although this instance holds the lease (epoch {}) in ZooKeeper now: the stored epoch was written under another ZooKeeper ensemble (replaced, or restored from an older backup) or by hand",
+            labels.lease.db_epoch()
+        );
+        let fix = format!(
+            "make sure no instance still runs against the old ensemble, then reset the epoch: UPDATE <prefix>_checkpoint SET owner_epoch = 0 WHERE stream = '{}', and restart (see docs/ownership.md; this halt does not clear by itself)",
             labels.table
         );
+        let msg = Error::definite(what, fix).to_string();
         halt_for_good(labels, metric_labels, &msg, stop).await;
         return;
     }

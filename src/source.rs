@@ -26,7 +26,8 @@ use std::fmt;
 use std::future::Future;
 use std::time::Duration;
 
-use crate::dberror::{self, Channel, Classify};
+use crate::dberror::Classify;
+use crate::error::Error;
 use crate::poll::PolledRow;
 
 /// What a source reports, in commit order.
@@ -55,36 +56,6 @@ pub(crate) struct Probe<P> {
     pub mark: P,
 }
 
-/// Why a source stopped.
-#[derive(Debug, thiserror::Error)]
-pub enum SourceError {
-    /// Connection lost, server restarting: reconnect with backoff.
-    #[error("{0}")]
-    Transient(String),
-    /// The stream cannot go on without an operator: the message says what and how to fix it.
-    #[error("{message}; fix: {fix}")]
-    Definite { message: String, fix: String },
-    /// The stored position is gone (slot dropped or invalidated, binlog purged): the rows still
-    /// in the table are sent by a polling catch-up, then streaming resumes from a new position.
-    #[error("{0}")]
-    PositionLost(String),
-    /// A newer owner epoch is stored with the position: another instance owns the stream.
-    #[error("{0}")]
-    Fenced(String),
-    /// Another session holds the stream's slot (the previous owner closing, a dead one being
-    /// removed, or a second instance without coordination): retry with a growing interval.
-    #[error("{0}")]
-    Busy(String),
-}
-
-impl SourceError {
-    /// A failed database call `what` (on an SQL session), classified by the server's code in
-    /// [`crate::dberror`]: transient, busy, or definite with the server's message and the fix.
-    pub fn from_db<E: Classify>(what: &str, error: &E) -> Self {
-        dberror::source_error(what, error, Channel::Sql)
-    }
-}
-
 /// One shard-partition's change source. See the module docs for the contract.
 pub(crate) trait Source: Send {
     /// The resume position: only commit positions are stored, so it is totally ordered.
@@ -97,13 +68,13 @@ pub(crate) trait Source: Send {
     /// the table itself (polling) has none to find.
     const SWEEPS: bool = true;
 
-    fn next(&mut self) -> impl Future<Output = Result<Option<SourceEvent<Self::Position>>, SourceError>> + Send;
+    fn next(&mut self) -> impl Future<Output = Result<Option<SourceEvent<Self::Position>>, Error>> + Send;
 
     /// Deletes `ids`, then stores `upto`. Returns the number of rows deleted. Called again
     /// with the same prefix in the next session when it failed (see
     /// [`crate::streamer::StreamMemory`]), before anything is read: later reads must then skip
     /// what `upto` covers.
-    fn finish(&mut self, ids: &[i64], upto: Self::Position) -> impl Future<Output = Result<u64, SourceError>> + Send;
+    fn finish(&mut self, ids: &[i64], upto: Self::Position) -> impl Future<Output = Result<u64, Error>> + Send;
 
     /// Stores an idle position (see [`SourceEvent::Idle`]); nothing is in flight.
     fn confirm_idle(&mut self, position: Self::Position);
@@ -113,10 +84,10 @@ pub(crate) trait Source: Send {
 
     /// The rows `ids` as the table holds them now, read once the transaction being read is
     /// visible to queries; an id missing from the answer is not in the table.
-    fn current_rows(&mut self, ids: &[i64]) -> impl Future<Output = Result<Vec<PolledRow>, SourceError>> + Send;
+    fn current_rows(&mut self, ids: &[i64]) -> impl Future<Output = Result<Vec<PolledRow>, Error>> + Send;
 
     /// Which of `ids` are still in the table, ascending.
-    fn existing(&mut self, ids: &[i64]) -> impl Future<Output = Result<Vec<i64>, SourceError>> + Send;
+    fn existing(&mut self, ids: &[i64]) -> impl Future<Output = Result<Vec<i64>, Error>> + Send;
 
     /// The sweep's probe (see [`Probe`]): up to `limit` ids at or below `below` (none when
     /// `below` is `None`), then the highest id, then the log's end.
@@ -124,7 +95,7 @@ pub(crate) trait Source: Send {
         &mut self,
         below: Option<i64>,
         limit: usize,
-    ) -> impl Future<Output = Result<Probe<Self::Position>, SourceError>> + Send;
+    ) -> impl Future<Output = Result<Probe<Self::Position>, Error>> + Send;
 
     /// Whether a session that handled everything up to `done` has passed `mark` (both taken
     /// in this session).
@@ -145,16 +116,16 @@ pub(crate) const STATEMENT_TIMEOUT: Duration = Duration::from_secs(30);
 pub(crate) const DELETE_CHUNK: usize = 10_000;
 
 /// Runs one database call under [`STATEMENT_TIMEOUT`]. A timeout is transient (the session
-/// restarts from the last stored position); an error is classified ([`SourceError::from_db`]):
+/// restarts from the last stored position); an error is classified ([`Error::from_db`]):
 /// a missing grant, say, halts once instead of resending rows with every retry.
-pub(crate) async fn within<T, E: Classify>(
+pub(crate) async fn within<T, E: Classify + std::error::Error + Send + Sync + 'static>(
     what: &str,
     call: impl Future<Output = Result<T, E>>,
-) -> Result<T, SourceError> {
+) -> Result<T, Error> {
     match tokio::time::timeout(STATEMENT_TIMEOUT, call).await {
         Ok(Ok(v)) => Ok(v),
-        Ok(Err(e)) => Err(SourceError::from_db(what, &e)),
-        Err(_) => Err(SourceError::Transient(format!(
+        Ok(Err(e)) => Err(Error::from_db(what, e)),
+        Err(_) => Err(Error::transient(format!(
             "{what}: no answer within {STATEMENT_TIMEOUT:?}; the connection is presumed dead"
         ))),
     }

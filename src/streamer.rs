@@ -27,13 +27,14 @@ use tokio::sync::watch;
 
 use crate::ack::{AckTracker, TxnSeq};
 use crate::config::{BadRowPolicy, StreamSettings};
+use crate::error::Error;
 use crate::halt::HaltPoint;
 use crate::lease::OwnerLease;
 use crate::metrics as m;
 use crate::names::StreamId;
 use crate::record::{InvalidRow, OutboxRecord};
 use crate::sink::{Failure, Offer, Outgoing, Sink, Verdict};
-use crate::source::{Source, SourceError, SourceEvent};
+use crate::source::{Source, SourceEvent};
 use crate::sweep::{Step, Sweep};
 
 /// The header naming the owner epoch under ZooKeeper coordination.
@@ -70,39 +71,6 @@ impl StreamLabels {
             ("shard", self.id.shard.to_string()),
             ("partition", self.id.partition.to_string()),
         ]
-    }
-}
-
-/// How a session ended other than by shutdown.
-#[derive(Debug, thiserror::Error)]
-pub(crate) enum SessionError {
-    #[error("{0}")]
-    Transient(String),
-    /// Operator action needed; the message names the row or setting and the fix. The runner
-    /// prefixes it with the shard-partition.
-    #[error("{0}")]
-    Halt(String),
-    /// See [`SourceError::PositionLost`].
-    #[error("{0}")]
-    PositionLost(String),
-    /// This instance may no longer own the shard-partition; nothing more is produced or
-    /// written, and the task ends (ownership decides whether it starts again).
-    #[error("{0}")]
-    Revoked(String),
-    /// See [`SourceError::Busy`].
-    #[error("{0}")]
-    Busy(String),
-}
-
-impl From<SourceError> for SessionError {
-    fn from(e: SourceError) -> Self {
-        match e {
-            SourceError::Transient(m) => SessionError::Transient(m),
-            d @ SourceError::Definite { .. } => SessionError::Halt(d.to_string()),
-            SourceError::PositionLost(m) => SessionError::PositionLost(m),
-            SourceError::Fenced(m) => SessionError::Revoked(m),
-            SourceError::Busy(m) => SessionError::Busy(m),
-        }
     }
 }
 
@@ -258,7 +226,7 @@ pub(crate) async fn run_session<S: Source, K: Sink>(
     message_timeout: Duration,
     shutdown: &mut watch::Receiver<bool>,
     memory: &mut StreamMemory<S::Position>,
-) -> Result<(), SessionError> {
+) -> Result<(), Error> {
     memory.last_halt = None;
     tracing::debug!(sink = K::NAME, transactional = K::TRANSACTIONAL, "session starts");
     if let Some((ids, upto)) = memory.unfinished.take() {
@@ -277,7 +245,7 @@ pub(crate) async fn run_session<S: Source, K: Sink>(
                 if tokio::time::timeout(Duration::from_secs(5), source.close()).await.is_err() {
                     tracing::warn!("closing the database sessions timed out; dropped them");
                 }
-                return Err(e.into());
+                return Err(e);
             }
         }
     }
@@ -395,7 +363,7 @@ impl<P: Clone + std::fmt::Display + Send + Sync + 'static, K: Sink> Session<'_, 
         &mut self,
         source: &mut S,
         shutdown: &mut watch::Receiver<bool>,
-    ) -> Result<(), SessionError> {
+    ) -> Result<(), Error> {
         let cleanup_every = Duration::from_millis(self.settings.cleanup_interval_ms);
         let mut last_cleanup = tokio::time::Instant::now();
         let cleanup = tokio::time::sleep_until(last_cleanup + NOTHING_TO_CLEAN);
@@ -437,7 +405,7 @@ impl<P: Clone + std::fmt::Display + Send + Sync + 'static, K: Sink> Session<'_, 
                 }
                 _ = tokio::time::sleep_until(finish_by.unwrap_or_else(tokio::time::Instant::now)), if finish_by.is_some() => continue,
                 _ = &mut lease_ended => {
-                    self.labels.lease.check().map_err(SessionError::Revoked)?;
+                    self.labels.lease.check().map_err(Error::fenced)?;
                     // Trusted again (a late answer renewed the session): keep watching.
                     lease_ended.set(lease.ended());
                 }
@@ -458,7 +426,7 @@ impl<P: Clone + std::fmt::Display + Send + Sync + 'static, K: Sink> Session<'_, 
                     match event? {
                         Some(SourceEvent::Drained) => return Ok(()),
                         Some(event) => self.on_event(source, event).await?,
-                        None => return Err(SessionError::Transient("the server ended the stream".into())),
+                        None => return Err(Error::transient("the server ended the stream")),
                     }
                 }
             }
@@ -468,19 +436,14 @@ impl<P: Clone + std::fmt::Display + Send + Sync + 'static, K: Sink> Session<'_, 
         }
     }
 
-    async fn on_event<S: Source<Position = P>>(
-        &mut self,
-        source: &mut S,
-        event: SourceEvent<P>,
-    ) -> Result<(), SessionError> {
+    async fn on_event<S: Source<Position = P>>(&mut self, source: &mut S, event: SourceEvent<P>) -> Result<(), Error> {
         match event {
             SourceEvent::Begin { label } => {
                 self.open = Some(self.tracker.begin());
                 self.label = label;
             }
             SourceEvent::Row(row) => {
-                let seq =
-                    self.open.ok_or_else(|| SessionError::Transient("a row arrived outside a transaction".into()))?;
+                let seq = self.open.ok_or_else(|| Error::transient("a row arrived outside a transaction"))?;
                 let id = match &row {
                     Ok(record) => Some(record.id),
                     Err(invalid) => invalid.id,
@@ -502,7 +465,7 @@ impl<P: Clone + std::fmt::Display + Send + Sync + 'static, K: Sink> Session<'_, 
                 }
             }
             SourceEvent::Commit(position) => {
-                let seq = self.open.take().ok_or_else(|| SessionError::Transient("a commit without a begin".into()))?;
+                let seq = self.open.take().ok_or_else(|| Error::transient("a commit without a begin"))?;
                 self.last_position = Some(position.clone());
                 self.tracker.commit(seq, position);
             }
@@ -526,8 +489,8 @@ impl<P: Clone + std::fmt::Display + Send + Sync + 'static, K: Sink> Session<'_, 
     /// refused earlier while it travelled with others (a suspect), the row a halt being retried
     /// named, and the first record to a topic the broker does not show ready (a missing topic
     /// then halts the stream with nothing after the row sent).
-    async fn publish(&mut self, seq: TxnSeq, record: OutboxRecord) -> Result<(), SessionError> {
-        self.labels.lease.check().map_err(SessionError::Revoked)?;
+    async fn publish(&mut self, seq: TxnSeq, record: OutboxRecord) -> Result<(), Error> {
+        self.labels.lease.check().map_err(Error::fenced)?;
         let suspect = self.memory.suspects.contains(&record.id);
         let unconfirmed_topic = self.topic_unconfirmed(&record.topic).await;
         let alone = suspect || self.memory.is_halted_row(record.id) || unconfirmed_topic;
@@ -561,7 +524,7 @@ impl<P: Clone + std::fmt::Display + Send + Sync + 'static, K: Sink> Session<'_, 
 
     /// Offers a record to the sink behind those already waiting for room. `Some` is a row the
     /// sink refused before sending it (its verdict, for the caller to settle).
-    fn offer(&mut self, pending: Pending) -> Result<Option<Delivered>, SessionError> {
+    fn offer(&mut self, pending: Pending) -> Result<Option<Delivered>, Error> {
         if !self.waiting.is_empty() {
             self.waiting.push_back(pending);
             return Ok(None);
@@ -577,7 +540,7 @@ impl<P: Clone + std::fmt::Display + Send + Sync + 'static, K: Sink> Session<'_, 
     }
 
     /// The sink has room again: offers the waiting records in order until it is full again.
-    async fn flush_waiting(&mut self) -> Result<(), SessionError> {
+    async fn flush_waiting(&mut self) -> Result<(), Error> {
         while let Some(pending) = self.waiting.pop_front() {
             match self.try_offer(pending)? {
                 Offered::Sent => {}
@@ -594,8 +557,8 @@ impl<P: Clone + std::fmt::Display + Send + Sync + 'static, K: Sink> Session<'_, 
 
     /// One attempt to hand a record over, right after checking the lease (a wait for room can
     /// outlast the right to publish).
-    fn try_offer(&mut self, mut pending: Pending) -> Result<Offered, SessionError> {
-        self.labels.lease.check().map_err(SessionError::Revoked)?;
+    fn try_offer(&mut self, mut pending: Pending) -> Result<Offered, Error> {
+        self.labels.lease.check().map_err(Error::fenced)?;
         let sent = {
             let id_text = pending.meta.id.to_string();
             let label = pending.label.as_deref().unwrap_or(&self.label);
@@ -674,7 +637,7 @@ impl<P: Clone + std::fmt::Display + Send + Sync + 'static, K: Sink> Session<'_, 
     }
 
     /// Handles one settled delivery, and the dead-letter copy it may call for.
-    async fn settle_one(&mut self, d: Delivered) -> Result<(), SessionError> {
+    async fn settle_one(&mut self, d: Delivered) -> Result<(), Error> {
         if let Some(copy) = self.on_delivery(d).await? {
             self.dead_letter(copy).await?;
         }
@@ -682,7 +645,7 @@ impl<P: Clone + std::fmt::Display + Send + Sync + 'static, K: Sink> Session<'_, 
     }
 
     /// Waits until nothing is in flight or waiting for room (dead-letter copies included).
-    async fn settle_all(&mut self) -> Result<(), SessionError> {
+    async fn settle_all(&mut self) -> Result<(), Error> {
         while !self.deliveries.is_empty() || !self.waiting.is_empty() {
             let sink = self.sink;
             tokio::select! {
@@ -694,7 +657,7 @@ impl<P: Clone + std::fmt::Display + Send + Sync + 'static, K: Sink> Session<'_, 
         Ok(())
     }
 
-    async fn on_delivery(&mut self, d: Delivered) -> Result<Option<DeadLetter>, SessionError> {
+    async fn on_delivery(&mut self, d: Delivered) -> Result<Option<DeadLetter>, Error> {
         let Delivered { meta: d, result } = d;
         self.in_flight_bytes -= d.weight;
         self.update_gauges();
@@ -728,7 +691,7 @@ impl<P: Clone + std::fmt::Display + Send + Sync + 'static, K: Sink> Session<'_, 
         };
         if !failure.verdict.is_definite() {
             counter!(m::ERRORS, &kind_labels(&self.metric_labels, "kafka_transient")).increment(1);
-            return Err(SessionError::Transient(format!(
+            return Err(Error::transient(format!(
                 "delivery of row id={} failed: {failure}; resending from the last confirmed position",
                 d.id
             )));
@@ -743,7 +706,7 @@ impl<P: Clone + std::fmt::Display + Send + Sync + 'static, K: Sink> Session<'_, 
         // A refusal of the record's own (too large, invalid) may be its batch's.
         if !d.alone && failure.verdict == Verdict::Record {
             self.memory.suspects.insert(d.id);
-            return Err(SessionError::Transient(format!(
+            return Err(Error::transient(format!(
                 "{} refused row id={} ({failure}) in a batch; it is sent again on its own to tell a bad record from a refused batch",
                 K::NAME,
                 d.id
@@ -786,7 +749,7 @@ impl<P: Clone + std::fmt::Display + Send + Sync + 'static, K: Sink> Session<'_, 
         source: &mut S,
         seq: TxnSeq,
         invalid: InvalidRow,
-    ) -> Result<(), SessionError> {
+    ) -> Result<(), Error> {
         counter!(m::ERRORS, &kind_labels(&self.metric_labels, "bad_row")).increment(1);
         let Some(id) = invalid.id else {
             return Err(self.halt(
@@ -851,7 +814,7 @@ impl<P: Clone + std::fmt::Display + Send + Sync + 'static, K: Sink> Session<'_, 
     /// Sends a bad row to the dead-letter topic with its raw key and payload, its original
     /// topic and the reason; the copy's acknowledgement completes the row. A copy the sink
     /// refuses halts the stream with the row left in the table.
-    async fn dead_letter(&mut self, copy: DeadLetter) -> Result<(), SessionError> {
+    async fn dead_letter(&mut self, copy: DeadLetter) -> Result<(), Error> {
         let topic = self.settings.dead_letter_topic.clone().expect("validated: dead-letter policy names a topic");
         tracing::warn!(row_id = copy.id, dead_letter_topic = %topic, "bad row sent to the dead-letter topic");
         let mut headers = copy.headers;
@@ -883,10 +846,10 @@ impl<P: Clone + std::fmt::Display + Send + Sync + 'static, K: Sink> Session<'_, 
 
     /// A halt at row `id` (if the halt is about one): the message, and where the next
     /// session picks up (see [`StreamMemory::take_halt_point`]).
-    fn halt(&mut self, id: Option<i64>, reason: &str, fix: &str) -> SessionError {
+    fn halt(&mut self, id: Option<i64>, reason: &str, fix: &str) -> Error {
         self.memory.last_halt = Some(HaltPoint { row: id, ..HaltPoint::default() });
         let row = id.map_or_else(String::new, |id| format!("at row id={id} of {}: ", self.labels.table));
-        SessionError::Halt(format!("{row}{reason}; fix: {fix}"))
+        Error::definite(format!("{row}{reason}"), fix)
     }
 
     /// Whether the cluster has not shown `topic` ready yet: looked up once per session until
@@ -913,8 +876,8 @@ impl<P: Clone + std::fmt::Display + Send + Sync + 'static, K: Sink> Session<'_, 
         self.memory.topics_ok.insert(topic);
     }
 
-    async fn cleanup<S: Source<Position = P>>(&mut self, source: &mut S) -> Result<(), SessionError> {
-        self.labels.lease.check().map_err(SessionError::Revoked)?;
+    async fn cleanup<S: Source<Position = P>>(&mut self, source: &mut S) -> Result<(), Error> {
+        self.labels.lease.check().map_err(Error::fenced)?;
         let Some((ids, position)) = self.tracker.take_ready() else { return Ok(()) };
         // After a failed finish (the drain tries again), the earlier prefix goes first.
         let ids = match self.memory.unfinished.take() {
@@ -928,7 +891,7 @@ impl<P: Clone + std::fmt::Display + Send + Sync + 'static, K: Sink> Session<'_, 
             Ok(deleted) => deleted,
             Err(e) => {
                 self.memory.unfinished = Some((ids, position));
-                return Err(e.into());
+                return Err(e);
             }
         };
         // A suspect is sent alone until its row is deleted (a replay sends it again).
@@ -948,7 +911,7 @@ impl<P: Clone + std::fmt::Display + Send + Sync + 'static, K: Sink> Session<'_, 
     }
 
     /// One step of the sweep (see [`crate::sweep`]); runs between transactions.
-    async fn sweep<S: Source<Position = P>>(&mut self, source: &mut S) -> Result<(), SessionError> {
+    async fn sweep<S: Source<Position = P>>(&mut self, source: &mut S) -> Result<(), Error> {
         match self.sweep.step(self.done.as_ref(), S::reached) {
             Step::Wait => Ok(()),
             Step::Probe { below } => {
@@ -969,11 +932,7 @@ impl<P: Clone + std::fmt::Display + Send + Sync + 'static, K: Sink> Session<'_, 
 
     /// Publishes rows the log never carried as one more transaction at the stream's current
     /// position, so their delete is stored like any other.
-    async fn publish_stranded<S: Source<Position = P>>(
-        &mut self,
-        source: &mut S,
-        ids: Vec<i64>,
-    ) -> Result<(), SessionError> {
+    async fn publish_stranded<S: Source<Position = P>>(&mut self, source: &mut S, ids: Vec<i64>) -> Result<(), Error> {
         let Some(position) = self.last_position.clone() else { return Ok(()) };
         let rows = source.current_rows(&ids).await?;
         if rows.is_empty() {
@@ -1002,11 +961,7 @@ impl<P: Clone + std::fmt::Display + Send + Sync + 'static, K: Sink> Session<'_, 
 
     /// After the main loop: wait for records already handed to Kafka (bounded by the message
     /// timeout), then delete and checkpoint the acknowledged prefix.
-    async fn drain<S: Source<Position = P>>(
-        &mut self,
-        source: &mut S,
-        message_timeout: Duration,
-    ) -> Result<(), SessionError> {
+    async fn drain<S: Source<Position = P>>(&mut self, source: &mut S, message_timeout: Duration) -> Result<(), Error> {
         let deadline = Instant::now() + message_timeout + Duration::from_secs(5);
         let mut first_error = None;
         while !self.deliveries.is_empty() {
@@ -1034,7 +989,7 @@ impl<P: Clone + std::fmt::Display + Send + Sync + 'static, K: Sink> Session<'_, 
         }
     }
 
-    async fn on_delivery_draining(&mut self, d: Delivered) -> Result<(), SessionError> {
+    async fn on_delivery_draining(&mut self, d: Delivered) -> Result<(), Error> {
         let Err(failure) = &d.result else {
             return self.on_delivery(d).await.map(|_| ());
         };
@@ -1045,7 +1000,7 @@ impl<P: Clone + std::fmt::Display + Send + Sync + 'static, K: Sink> Session<'_, 
         if meta.kind == Kind::Row && failure.verdict.is_definite() && !meta.alone {
             self.memory.suspects.insert(meta.id);
         }
-        Err(SessionError::Transient(format!("delivery of row id={} failed while draining", meta.id)))
+        Err(Error::transient(format!("delivery of row id={} failed while draining", meta.id)))
     }
 
     fn update_gauges(&self) {

@@ -26,9 +26,9 @@ use futures::future::BoxFuture;
 use tokio::sync::watch;
 
 use crate::config::{KafkaConfig, SourceConfig, SourceKind};
+use crate::error::Error;
 use crate::job::StreamJob;
 use crate::names::StreamId;
-use crate::source::SourceError;
 use teardown::{Members, Options, Section};
 
 /// How often the background lag pollers publish a source's lag.
@@ -198,8 +198,8 @@ pub(crate) fn of(kind: SourceKind) -> &'static dyn Database {
 }
 
 /// This instance no longer owns `table`: a newer owner epoch is stored in its checkpoint row.
-pub(crate) fn fenced(table: &str, epoch: i64) -> SourceError {
-    SourceError::Fenced(format!(
+pub(crate) fn fenced(table: &str, epoch: i64) -> Error {
+    Error::fenced(format!(
         "the checkpoint of {table} carries a newer owner epoch than this instance's ({epoch}): another instance owns it"
     ))
 }

@@ -56,8 +56,9 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc;
 
+use crate::error::Error;
 use crate::record::{InvalidRow, OutboxRecord};
-use crate::source::{self, Source, SourceError, SourceEvent};
+use crate::source::{self, Source, SourceEvent};
 
 /// The longest a run of pipelined reads may go on before a rescan from the low-water mark.
 pub const RESCAN_EVERY: Duration = Duration::from_secs(1);
@@ -87,22 +88,22 @@ pub trait PollTable: Send + 'static {
         after: i64,
         upto: i64,
         limit: u32,
-    ) -> impl Future<Output = Result<Vec<PolledRow>, SourceError>> + Send;
+    ) -> impl Future<Output = Result<Vec<PolledRow>, Error>> + Send;
 
     /// Deletes `ids`; returns how many rows were deleted.
-    fn delete(&mut self, ids: &[i64]) -> impl Future<Output = Result<u64, SourceError>> + Send;
+    fn delete(&mut self, ids: &[i64]) -> impl Future<Output = Result<u64, Error>> + Send;
 
     /// Which of `ids` are still in the table, ascending.
-    fn existing(&mut self, ids: &[i64]) -> impl Future<Output = Result<Vec<i64>, SourceError>> + Send;
+    fn existing(&mut self, ids: &[i64]) -> impl Future<Output = Result<Vec<i64>, Error>> + Send;
 
     /// The rows `ids` as they are now (ids not in the table are left out), ascending.
-    fn rows(&mut self, ids: &[i64]) -> impl Future<Output = Result<Vec<PolledRow>, SourceError>> + Send;
+    fn rows(&mut self, ids: &[i64]) -> impl Future<Output = Result<Vec<PolledRow>, Error>> + Send;
 
     /// Opaque ids of the transactions that may still commit rows into the table.
-    fn writers(&mut self) -> impl Future<Output = Result<Writers, SourceError>> + Send;
+    fn writers(&mut self) -> impl Future<Output = Result<Writers, Error>> + Send;
 
     /// Whether any of `writers` is still running.
-    fn any_running(&mut self, writers: &[String]) -> impl Future<Output = Result<bool, SourceError>> + Send;
+    fn any_running(&mut self, writers: &[String]) -> impl Future<Output = Result<bool, Error>> + Send;
 
     /// Housekeeping of the stream's log position while polling, called every
     /// [`MAINTAIN_EVERY`] by the session that owns the stream (PostgreSQL: its unused slot is
@@ -195,7 +196,7 @@ struct Probe {
 pub struct PollSource<T: PollTable> {
     cleaner: T,
     requests: mpsc::Sender<Request>,
-    responses: mpsc::Receiver<Result<Response, SourceError>>,
+    responses: mpsc::Receiver<Result<Response, Error>>,
     worker: tokio::task::JoinHandle<()>,
     settings: PollSettings,
     request_out: bool,
@@ -272,7 +273,7 @@ impl<T: PollTable> PollSource<T> {
     }
 
     /// Sends the next read if one is due; `false` means wait for deletes first.
-    async fn send_read(&mut self) -> Result<bool, SourceError> {
+    async fn send_read(&mut self) -> Result<bool, Error> {
         let upto = self.settings.drain_upto.unwrap_or(i64::MAX);
         let limit = self.limit();
         let req = if self.outstanding() > 0 {
@@ -300,7 +301,7 @@ impl<T: PollTable> PollSource<T> {
                 probe: self.probe.is_none() && self.sees_writers,
             }
         };
-        self.requests.send(req).await.map_err(|_| SourceError::Transient("the polling reader stopped".into()))?;
+        self.requests.send(req).await.map_err(|_| Error::transient("the polling reader stopped"))?;
         self.request_out = true;
         Ok(true)
     }
@@ -405,7 +406,7 @@ async fn serve<T: PollTable>(
     table: &mut T,
     req: Request,
     labels: &[(&'static str, String); 3],
-) -> Result<Response, SourceError> {
+) -> Result<Response, Error> {
     let settled = match &req.settle {
         Some(writers) => !table.any_running(writers).await?,
         None => false,
@@ -423,7 +424,7 @@ impl<T: PollTable> Source for PollSource<T> {
     /// Polling reads the table itself: nothing can be in it that polling does not see.
     const SWEEPS: bool = false;
 
-    async fn next(&mut self) -> Result<Option<SourceEvent<PollPosition>>, SourceError> {
+    async fn next(&mut self) -> Result<Option<SourceEvent<PollPosition>>, Error> {
         loop {
             if let Some(event) = self.queued.pop_front() {
                 return Ok(Some(event));
@@ -432,11 +433,7 @@ impl<T: PollTable> Source for PollSource<T> {
                 // Wait for the session to delete what is in flight; it calls `next` again.
                 std::future::pending::<()>().await;
             }
-            let resp = self
-                .responses
-                .recv()
-                .await
-                .ok_or_else(|| SourceError::Transient("the polling reader stopped".into()))?;
+            let resp = self.responses.recv().await.ok_or_else(|| Error::transient("the polling reader stopped"))?;
             self.request_out = false;
             if let Some(event) = self.on_response(resp?) {
                 return Ok(Some(event));
@@ -444,7 +441,7 @@ impl<T: PollTable> Source for PollSource<T> {
         }
     }
 
-    async fn finish(&mut self, ids: &[i64], upto: PollPosition) -> Result<u64, SourceError> {
+    async fn finish(&mut self, ids: &[i64], upto: PollPosition) -> Result<u64, Error> {
         let deleted = if ids.is_empty() { 0 } else { self.cleaner.delete(ids).await? };
         // A prefix an earlier session left carries that session's count: never past ours.
         self.finished = self.finished.max(upto.rows_through.min(self.emitted));
@@ -458,18 +455,18 @@ impl<T: PollTable> Source for PollSource<T> {
         self.worker.abort();
     }
 
-    async fn current_rows(&mut self, ids: &[i64]) -> Result<Vec<PolledRow>, SourceError> {
+    async fn current_rows(&mut self, ids: &[i64]) -> Result<Vec<PolledRow>, Error> {
         self.cleaner.rows(ids).await
     }
 
-    async fn existing(&mut self, ids: &[i64]) -> Result<Vec<i64>, SourceError> {
+    async fn existing(&mut self, ids: &[i64]) -> Result<Vec<i64>, Error> {
         if ids.is_empty() {
             return Ok(Vec::new());
         }
         self.cleaner.existing(ids).await
     }
 
-    async fn probe(&mut self, _below: Option<i64>, _limit: usize) -> Result<source::Probe<PollPosition>, SourceError> {
+    async fn probe(&mut self, _below: Option<i64>, _limit: usize) -> Result<source::Probe<PollPosition>, Error> {
         Ok(source::Probe { candidates: Vec::new(), max_id: None, mark: PollPosition { batch: 0, rows_through: 0 } })
     }
 

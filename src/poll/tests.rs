@@ -52,7 +52,7 @@ fn record(id: i64) -> OutboxRecord {
 }
 
 impl PollTable for Fake {
-    async fn oldest(&mut self, after: i64, upto: i64, limit: u32) -> Result<Vec<PolledRow>, SourceError> {
+    async fn oldest(&mut self, after: i64, upto: i64, limit: u32) -> Result<Vec<PolledRow>, Error> {
         let mut db = self.0.lock().unwrap();
         db.reads.push(after);
         Ok(db
@@ -64,25 +64,25 @@ impl PollTable for Fake {
             .collect())
     }
 
-    async fn delete(&mut self, ids: &[i64]) -> Result<u64, SourceError> {
+    async fn delete(&mut self, ids: &[i64]) -> Result<u64, Error> {
         let mut db = self.0.lock().unwrap();
         Ok(ids.iter().filter(|id| db.rows.remove(id).is_some()).count() as u64)
     }
 
-    async fn existing(&mut self, ids: &[i64]) -> Result<Vec<i64>, SourceError> {
+    async fn existing(&mut self, ids: &[i64]) -> Result<Vec<i64>, Error> {
         let db = self.0.lock().unwrap();
         Ok(ids.iter().copied().filter(|id| db.rows.contains_key(id)).collect())
     }
 
-    async fn rows(&mut self, ids: &[i64]) -> Result<Vec<PolledRow>, SourceError> {
+    async fn rows(&mut self, ids: &[i64]) -> Result<Vec<PolledRow>, Error> {
         Ok(self.existing(ids).await?.into_iter().map(|id| Ok(record(id))).collect())
     }
 
-    async fn writers(&mut self) -> Result<Writers, SourceError> {
+    async fn writers(&mut self) -> Result<Writers, Error> {
         Ok(Writers::Known(self.0.lock().unwrap().running.iter().map(|t| t.to_string()).collect()))
     }
 
-    async fn any_running(&mut self, writers: &[String]) -> Result<bool, SourceError> {
+    async fn any_running(&mut self, writers: &[String]) -> Result<bool, Error> {
         let db = self.0.lock().unwrap();
         Ok(writers.iter().any(|w| db.running.contains(w.as_str())))
     }

@@ -14,6 +14,8 @@ use tokio::sync::{Notify, mpsc, oneshot, watch};
 
 use super::*;
 use crate::config::BadRowPolicy;
+use crate::error::Error;
+use crate::error::Kind;
 use crate::lease::OwnerLease;
 use crate::names::StreamId;
 use crate::poll::PolledRow;
@@ -178,17 +180,17 @@ impl Source for FakeSource {
     const POSITION_HEADER: &'static str = "outbox-lsn";
     const SWEEPS: bool = false;
 
-    async fn next(&mut self) -> Result<Option<SourceEvent<u64>>, SourceError> {
+    async fn next(&mut self) -> Result<Option<SourceEvent<u64>>, Error> {
         let event = self.events.recv().await;
         lock(&self.log).read += 1;
         Ok(event)
     }
 
-    async fn finish(&mut self, ids: &[i64], upto: u64) -> Result<u64, SourceError> {
+    async fn finish(&mut self, ids: &[i64], upto: u64) -> Result<u64, Error> {
         let mut log = lock(&self.log);
         if log.fail_finish > 0 {
             log.fail_finish -= 1;
-            return Err(SourceError::Transient("the fake database is away".into()));
+            return Err(Error::transient("the fake database is away"));
         }
         log.finished.push((ids.to_vec(), upto));
         Ok(ids.len() as u64)
@@ -198,15 +200,15 @@ impl Source for FakeSource {
 
     async fn close(self) {}
 
-    async fn current_rows(&mut self, _ids: &[i64]) -> Result<Vec<PolledRow>, SourceError> {
+    async fn current_rows(&mut self, _ids: &[i64]) -> Result<Vec<PolledRow>, Error> {
         Ok(Vec::new())
     }
 
-    async fn existing(&mut self, _ids: &[i64]) -> Result<Vec<i64>, SourceError> {
+    async fn existing(&mut self, _ids: &[i64]) -> Result<Vec<i64>, Error> {
         Ok(Vec::new())
     }
 
-    async fn probe(&mut self, _below: Option<i64>, _limit: usize) -> Result<Probe<u64>, SourceError> {
+    async fn probe(&mut self, _below: Option<i64>, _limit: usize) -> Result<Probe<u64>, Error> {
         Ok(Probe { candidates: Vec::new(), max_id: None, mark: 0 })
     }
 
@@ -221,7 +223,7 @@ impl Source for FakeSource {
 
 // ---- a session under test ---------------------------------------------------------------
 
-type Ended = (Result<(), SessionError>, StreamMemory<u64>);
+type Ended = (Result<(), Error>, StreamMemory<u64>);
 
 struct Session {
     events: mpsc::UnboundedSender<SourceEvent<u64>>,
@@ -446,7 +448,9 @@ async fn a_row_the_sink_refuses_halts_at_that_row_after_deleting_what_came_befor
     session.txn(20, &[2, 3]);
     let log = session.log.clone();
     let (result, mut memory) = session.ended().await;
-    let Err(SessionError::Halt(message)) = result else { panic!("a halt, not {result:?}") };
+    let Some(message) = result.as_ref().err().filter(|e| e.kind() == Kind::Definite).map(Error::to_string) else {
+        panic!("a halt, not {result:?}")
+    };
     assert!(message.starts_with("at row id=2 of outbox: Fake refused it: refused by the fake sink"), "{message}");
     assert!(message.ends_with("fix: the fake's fix"), "{message}");
     assert_eq!(memory.take_halt_point().row, Some(2));
@@ -467,7 +471,7 @@ async fn a_missing_topic_halts_with_the_topic_to_wait_for() {
     session.send(SourceEvent::Row(Ok(record(2, "nowhere"))));
     session.send(SourceEvent::Commit(20));
     let (result, mut memory) = session.ended().await;
-    assert!(matches!(result, Err(SessionError::Halt(_))), "{result:?}");
+    assert!(matches!(&result, Err(e) if e.kind() == Kind::Definite), "{result:?}");
     let point = memory.take_halt_point();
     assert_eq!((point.row, point.missing_topic.as_deref()), (Some(2), Some("nowhere")));
 }
@@ -509,7 +513,10 @@ async fn a_refusal_in_a_batch_is_retried_alone_by_the_next_session() {
     let first = start(&sink, settings(), StreamMemory::default());
     first.txn(10, &[1, 2, 3]);
     let (result, memory) = first.ended().await;
-    assert!(matches!(result, Err(SessionError::Transient(ref m)) if m.contains("row id=2")), "{result:?}");
+    assert!(
+        matches!(&result, Err(e) if e.kind() == Kind::Transient && e.to_string().contains("row id=2")),
+        "{result:?}"
+    );
     assert!(memory.suspects.contains(&2));
     lock(&sink.state).received.clear();
     lock(&sink.state).auto_ack = false;
@@ -538,7 +545,7 @@ async fn an_acknowledged_prefix_whose_delete_failed_is_finished_first_by_the_nex
     let first = start_with(&sink, settings(), StreamMemory::default(), log);
     first.txn(10, &[1, 2]);
     let (result, memory) = first.ended().await;
-    assert!(matches!(result, Err(SessionError::Transient(_))), "{result:?}");
+    assert!(matches!(&result, Err(e) if e.kind() == Kind::Transient), "{result:?}");
     assert_eq!(sink.ids(), [1, 2]);
     let second = start(&sink, settings(), memory);
     until("the prefix is finished", || second.deleted() == [1, 2]).await;
@@ -562,7 +569,9 @@ async fn a_transient_delivery_failure_mid_batch_ends_the_session_after_settling_
     sink.ack(2);
     let log = session.log.clone();
     let (result, memory) = session.ended().await;
-    let Err(SessionError::Transient(message)) = result else { panic!("transient, not {result:?}") };
+    let Some(message) = result.as_ref().err().filter(|e| e.kind() == Kind::Transient).map(Error::to_string) else {
+        panic!("transient, not {result:?}")
+    };
     assert!(message.contains("row id=3") && message.contains("refused by the fake sink"), "{message}");
     assert!(memory.suspects.is_empty(), "a transient failure makes no suspect");
     assert_eq!(lock(&log).finished, [(vec![1], 10)], "only the complete prefix is deleted");

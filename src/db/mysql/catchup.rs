@@ -21,9 +21,8 @@ use futures::future::BoxFuture;
 use super::poll::MyPollTable;
 use crate::catchup::{CatchUp, CatchUpReport, Drain, report};
 use crate::db::fenced;
+use crate::error::Error;
 use crate::names::StreamNames;
-use crate::source::SourceError;
-use crate::streamer::SessionError;
 
 /// A position to resume from and the highest id that could have committed before it.
 struct Snapshot {
@@ -64,7 +63,7 @@ pub(crate) async fn mark_pending(
     checkpoint_table: &str,
     table: &str,
     epoch: i64,
-) -> Result<(), SourceError> {
+) -> Result<(), Error> {
     conn.exec_drop(
         format!(
             "UPDATE {} SET catchup_pending = 1, catchup_started_at = NOW(6) WHERE stream = ? AND owner_epoch <= ?",
@@ -73,7 +72,7 @@ pub(crate) async fn mark_pending(
         (table, epoch),
     )
     .await
-    .map_err(|e| SourceError::from_db(&format!("updating {checkpoint_table}"), &e))?;
+    .map_err(|e| Error::from_db(&format!("updating {checkpoint_table}"), e))?;
     if conn.affected_rows() == 0 {
         return Err(fenced(table, epoch));
     }
@@ -93,7 +92,7 @@ impl CatchUp for MyCatchUp {
         &'a self,
         drain: &'a mut Drain<'_>,
         reason: &'a str,
-    ) -> BoxFuture<'a, Result<Option<CatchUpReport>, SessionError>> {
+    ) -> BoxFuture<'a, Result<Option<CatchUpReport>, Error>> {
         let epoch = drain.labels.lease.db_epoch();
         Box::pin(run(&self.opts, &self.names, &self.checkpoint, epoch, drain, reason))
     }
@@ -108,13 +107,12 @@ pub(crate) async fn run(
     epoch: i64,
     drain: &mut Drain<'_>,
     reason: &str,
-) -> Result<Option<CatchUpReport>, SessionError> {
+) -> Result<Option<CatchUpReport>, Error> {
     let started = Instant::now();
     tracing::warn!(reason, table = %names.table, "catching up by polling before streaming resumes");
     let mut reader = MyPollTable::connect(opts, &names.table).await?;
     let cleaner = MyPollTable::connect(opts, &names.table).await?;
-    let snap =
-        snapshot(reader.conn(), &names.table).await.map_err(|e| SourceError::from_db("taking the new position", &e))?;
+    let snap = snapshot(reader.conn(), &names.table).await.map_err(|e| Error::from_db("taking the new position", e))?;
     let conn = reader.conn();
     conn.exec_drop(
         format!(
@@ -126,9 +124,9 @@ pub(crate) async fn run(
         (&snap.gtid, &snap.file, snap.offset, &names.table, epoch),
     )
     .await
-    .map_err(|e| SourceError::from_db(&format!("storing the new position in {checkpoint_table}"), &e))?;
+    .map_err(|e| Error::from_db(&format!("storing the new position in {checkpoint_table}"), e))?;
     if conn.affected_rows() == 0 {
-        return Err(fenced(&names.table, epoch).into());
+        return Err(fenced(&names.table, epoch));
     }
     tracing::warn!(
         gtid = snap.gtid.as_deref().unwrap_or("(none: file and offset)"),
@@ -143,8 +141,7 @@ pub(crate) async fn run(
             None => return Ok(None),
         },
     };
-    let mut conn =
-        Conn::new(opts.clone()).await.map_err(|e| SourceError::from_db("connecting to MySQL/MariaDB", &e))?;
+    let mut conn = Conn::new(opts.clone()).await.map_err(|e| Error::from_db("connecting to MySQL/MariaDB", e))?;
     conn.exec_drop(
         format!(
             "UPDATE {} SET catchup_pending = 0, last_catchup_at = NOW(6), last_catchup_rows = ?
@@ -154,7 +151,7 @@ pub(crate) async fn run(
         (rows, &names.table, epoch),
     )
     .await
-    .map_err(|e| SourceError::from_db(&format!("updating {checkpoint_table}"), &e))?;
+    .map_err(|e| Error::from_db(&format!("updating {checkpoint_table}"), e))?;
     let _ = conn.disconnect().await;
     Ok(Some(report(drain.labels, started, rows)))
 }

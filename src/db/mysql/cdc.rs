@@ -31,12 +31,13 @@ use outbox_mysql::setup::ident;
 
 use super::xa::XaHolds;
 use crate::db::fenced;
+use crate::error::Error;
 use crate::metrics as m;
 use crate::names::StreamNames;
 use crate::poll::PolledRow;
 use crate::record::{InvalidRow, OutboxRecord, RawRow};
 use crate::skip::SkipList;
-use crate::source::{DELETE_CHUNK, Probe, Source, SourceError, SourceEvent, within};
+use crate::source::{DELETE_CHUNK, Probe, Source, SourceEvent, within};
 
 /// An idle stream stores its position at most this often: every store is itself a binlog
 /// transaction, which must not keep the stream busy.
@@ -127,25 +128,23 @@ impl MySource {
         checkpoint_table: &str,
         epoch: i64,
         heartbeat: Duration,
-    ) -> Result<Self, SourceError> {
+    ) -> Result<Self, Error> {
         let sql_opts: Opts = OptsBuilder::from_opts(opts.clone()).client_found_rows(true).into();
-        let mut sql = Conn::new(sql_opts).await.map_err(|e| SourceError::from_db("connecting to MySQL/MariaDB", &e))?;
+        let mut sql = Conn::new(sql_opts).await.map_err(|e| Error::from_db("connecting to MySQL/MariaDB", e))?;
         // Rows read back from the table (a bad row fixed since, a row the sweep finds) carry
         // `created_at` as this session shows a TIMESTAMP: in UTC, as the binlog logs it, so the
         // latency metric does not depend on the server's time zone.
         sql.query_drop("SET SESSION time_zone = '+00:00'")
             .await
-            .map_err(|e| SourceError::from_db("setting up the session", &e))?;
-        let version: Option<String> = sql
-            .query_first("SELECT @@version")
-            .await
-            .map_err(|e| SourceError::from_db("reading the server version", &e))?;
+            .map_err(|e| Error::from_db("setting up the session", e))?;
+        let version: Option<String> =
+            sql.query_first("SELECT @@version").await.map_err(|e| Error::from_db("reading the server version", e))?;
         let flavor = Flavor::from_version(&version.unwrap_or_default());
         let database = opts.db_name().unwrap_or_default().to_string();
         let _: Option<Option<i64>> = sql
             .exec_first("SELECT GET_LOCK(?, 0)", (stream_lock(&database, &names.table),))
             .await
-            .map_err(|e| SourceError::from_db("taking the stream's lock", &e))?;
+            .map_err(|e| Error::from_db("taking the stream's lock", e))?;
         let row: Option<StoredCheckpoint> = sql
             .exec_first(
                 format!(
@@ -157,17 +156,14 @@ impl MySource {
             )
             .await
             .map_err(|e| match e {
-                MyError::Server(ref s) if s.code == 1054 || s.code == 1146 => SourceError::Definite {
-                    message: format!("cannot read {checkpoint_table}: {}", s.message),
-                    fix: "run `outbox-streamer setup`: it creates or updates the checkpoint table".into(),
-                },
-                e => SourceError::from_db(&format!("reading {checkpoint_table}"), &e),
+                MyError::Server(ref s) if s.code == 1054 || s.code == 1146 => Error::definite(format!("cannot read {checkpoint_table}: {}", s.message), "run `outbox-streamer setup`: it creates or updates the checkpoint table"),
+                e => Error::from_db(&format!("reading {checkpoint_table}"), e),
             })?;
         let Some((gtid, file, offset, stored_epoch, pending, done_gtid, skip_ids, skip_transactions)) = row else {
-            return Err(SourceError::Definite {
-                message: format!("no checkpoint for {} in {checkpoint_table}", names.table),
-                fix: "run `outbox-streamer setup`".into(),
-            });
+            return Err(Error::definite(
+                format!("no checkpoint for {} in {checkpoint_table}", names.table),
+                "run `outbox-streamer setup`",
+            ));
         };
         if stored_epoch > epoch {
             return Err(fenced(&names.table, epoch));
@@ -178,27 +174,29 @@ impl MySource {
                 format!("UPDATE {} SET owner_epoch = ? WHERE stream = ? AND owner_epoch <= ?", ident(checkpoint_table));
             sql.exec_drop(claim, (epoch, &names.table, epoch))
                 .await
-                .map_err(|e| SourceError::from_db("claiming the checkpoint", &e))?;
+                .map_err(|e| Error::from_db("claiming the checkpoint", e))?;
             if sql.affected_rows() == 0 {
                 return Err(fenced(&names.table, epoch));
             }
         }
         if pending {
-            return Err(SourceError::PositionLost(format!(
+            return Err(Error::position_lost(format!(
                 "a catch-up of {} is pending (interrupted, or the stream ran in polling mode)",
                 names.table
             )));
         }
-        let unusable = |e: String| SourceError::Definite {
-            message: format!("the checkpoint of {} in {checkpoint_table} is unusable: {e}", names.table),
-            fix: match flavor {
-                Flavor::MariaDb => format!(
-                    "set {checkpoint_table}.gtid to a MariaDB GTID position such as 0-1-42 (SELECT BINLOG_GTID_POS(file, offset) converts a file offset), or set gtid to NULL with binlog_file and binlog_pos"
-                ),
-                Flavor::MySql => format!(
-                    "set {checkpoint_table}.gtid to a MySQL GTID set such as <server_uuid>:1-42, or set gtid to NULL with binlog_file and binlog_pos"
-                ),
-            },
+        let unusable = |e: String| {
+            Error::definite(
+                format!("the checkpoint of {} in {checkpoint_table} is unusable: {e}", names.table),
+                match flavor {
+                    Flavor::MariaDb => format!(
+                        "set {checkpoint_table}.gtid to a MariaDB GTID position such as 0-1-42 (SELECT BINLOG_GTID_POS(file, offset) converts a file offset), or set gtid to NULL with binlog_file and binlog_pos"
+                    ),
+                    Flavor::MySql => format!(
+                        "set {checkpoint_table}.gtid to a MySQL GTID set such as <server_uuid>:1-42, or set gtid to NULL with binlog_file and binlog_pos"
+                    ),
+                },
+            )
         };
         let position = Position::from_stored(
             flavor,
@@ -212,14 +210,15 @@ impl MySource {
             .map(|text| Position::from_stored(flavor, Some(text), position.file(), position.offset()))
             .transpose()
             .map_err(|e| unusable(format!("done_gtid: {e}")))?;
-        let skips =
-            SkipList::parse(skip_ids.as_deref(), skip_transactions.as_deref()).map_err(|e| SourceError::Definite {
-                message: format!("{checkpoint_table} row {}: {e}", names.table),
-                fix: format!(
+        let skips = SkipList::parse(skip_ids.as_deref(), skip_transactions.as_deref()).map_err(|e| {
+            Error::definite(
+                format!("{checkpoint_table} row {}: {e}", names.table),
+                format!(
                     "correct or clear the column: UPDATE {checkpoint_table} SET skip_ids = NULL WHERE stream = '{}'",
                     names.table
                 ),
-            })?;
+            )
+        })?;
         let target = BinlogTarget {
             opts: opts.clone(),
             flavor,
@@ -253,7 +252,7 @@ impl MySource {
     }
 
     /// Turns one change of the binlog into what the session sees (queued in `out`).
-    fn on_change(&mut self, change: BinlogChange) -> Result<(), SourceError> {
+    fn on_change(&mut self, change: BinlogChange) -> Result<(), Error> {
         match change {
             BinlogChange::Begin { txn } => {
                 let replayed = self.replay_until.as_ref().is_some_and(|done| done.contains(&txn));
@@ -340,16 +339,16 @@ impl MySource {
     }
 }
 
-fn binlog_error(e: BinlogError) -> SourceError {
+fn binlog_error(e: BinlogError) -> Error {
     match e {
         BinlogError::Purged(position) => {
-            SourceError::PositionLost(format!("the stored binlog position {position} was purged from the server"))
+            Error::position_lost(format!("the stored binlog position {position} was purged from the server"))
         }
-        BinlogError::Malformed(m) => SourceError::Definite {
-            message: format!("malformed binlog event: {m}"),
-            fix: "check binlog_format=ROW and log_bin_compress=OFF; report it with the server version".into(),
-        },
-        other => crate::dberror::source_error("reading the binlog", &other, crate::dberror::Channel::Replication),
+        BinlogError::Malformed(m) => Error::definite(
+            format!("malformed binlog event: {m}"),
+            "check binlog_format=ROW and log_bin_compress=OFF; report it with the server version",
+        ),
+        other => crate::dberror::classify("reading the binlog", other, crate::dberror::Channel::Replication),
     }
 }
 
@@ -417,7 +416,7 @@ impl Source for MySource {
     type Position = MyPosition;
     const POSITION_HEADER: &'static str = "outbox-gtid";
 
-    async fn next(&mut self) -> Result<Option<SourceEvent<MyPosition>>, SourceError> {
+    async fn next(&mut self) -> Result<Option<SourceEvent<MyPosition>>, Error> {
         loop {
             if let Some(event) = self.out.pop_front() {
                 return Ok(Some(event));
@@ -429,7 +428,7 @@ impl Source for MySource {
         }
     }
 
-    async fn finish(&mut self, ids: &[i64], upto: MyPosition) -> Result<u64, SourceError> {
+    async fn finish(&mut self, ids: &[i64], upto: MyPosition) -> Result<u64, Error> {
         if ids.is_empty() && self.last_stored.elapsed() < IDLE_STORE_INTERVAL {
             return Ok(0);
         }
@@ -478,13 +477,13 @@ impl Source for MySource {
         let _ = self.sql.disconnect().await;
     }
 
-    async fn current_rows(&mut self, ids: &[i64]) -> Result<Vec<PolledRow>, SourceError> {
+    async fn current_rows(&mut self, ids: &[i64]) -> Result<Vec<PolledRow>, Error> {
         // A locking read waits for the inserting transaction, which the binlog may show before
         // InnoDB has made it visible.
         super::poll::rows_by_id(&mut self.sql, &self.table, ids, true).await
     }
 
-    async fn existing(&mut self, ids: &[i64]) -> Result<Vec<i64>, SourceError> {
+    async fn existing(&mut self, ids: &[i64]) -> Result<Vec<i64>, Error> {
         if ids.is_empty() {
             return Ok(Vec::new());
         }
@@ -492,7 +491,7 @@ impl Source for MySource {
         within("checking rows", self.sql.query(sql)).await
     }
 
-    async fn probe(&mut self, below: Option<i64>, limit: usize) -> Result<Probe<MyPosition>, SourceError> {
+    async fn probe(&mut self, below: Option<i64>, limit: usize) -> Result<Probe<MyPosition>, Error> {
         let candidates: Vec<i64> = match below {
             Some(below) => {
                 let sql = format!(

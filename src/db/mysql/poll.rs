@@ -16,8 +16,9 @@ use outbox_mysql::mysql_async::{Conn, Error as MyError, IsolationLevel, Opts, Ro
 use outbox_mysql::setup::ident;
 
 use super::cdc::id_list;
+use crate::error::Error;
 use crate::poll::{PollTable, PolledRow, Writers};
-use crate::source::{DELETE_CHUNK, STATEMENT_TIMEOUT, SourceError, within};
+use crate::source::{DELETE_CHUNK, STATEMENT_TIMEOUT, within};
 
 /// ER_SPECIFIC_ACCESS_DENIED_ERROR: "you need the PROCESS privilege".
 const ACCESS_DENIED_NEED_PRIVILEGE: u16 = 1227;
@@ -33,11 +34,10 @@ pub(crate) struct MyPollTable {
 }
 
 impl MyPollTable {
-    pub(crate) async fn connect(opts: &Opts, table: &str) -> Result<Self, SourceError> {
-        let mut conn =
-            Conn::new(opts.clone()).await.map_err(|e| SourceError::from_db("connecting to MySQL/MariaDB", &e))?;
+    pub(crate) async fn connect(opts: &Opts, table: &str) -> Result<Self, Error> {
+        let mut conn = Conn::new(opts.clone()).await.map_err(|e| Error::from_db("connecting to MySQL/MariaDB", e))?;
         for setting in ["SET SESSION time_zone = '+00:00'", "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED"] {
-            conn.query_drop(setting).await.map_err(|e| SourceError::from_db("setting up the polling session", &e))?;
+            conn.query_drop(setting).await.map_err(|e| Error::from_db("setting up the polling session", e))?;
         }
         let select = format!(
             "SELECT id, topic, msg_key, payload, headers, kafka_partition, created_at
@@ -60,7 +60,7 @@ impl MyPollTable {
     }
 }
 
-fn polled(row: Row) -> Result<PolledRow, SourceError> {
+fn polled(row: Row) -> Result<PolledRow, Error> {
     let names: Vec<String> = row.columns_ref().iter().map(|c| c.name_str().into_owned()).collect();
     let values: Vec<(String, Cell)> =
         names.into_iter().zip(row.unwrap()).map(|(name, value)| (name, cell_of(&value))).collect();
@@ -75,7 +75,7 @@ pub(crate) async fn rows_by_id(
     table: &str,
     ids: &[i64],
     locking: bool,
-) -> Result<Vec<PolledRow>, SourceError> {
+) -> Result<Vec<PolledRow>, Error> {
     if ids.is_empty() {
         return Ok(Vec::new());
     }
@@ -108,7 +108,7 @@ const STALE_RETRY: Duration = Duration::from_millis(150);
 impl MyPollTable {
     /// One read of the writers inside a canary transaction: `None` when the answer is older
     /// than the canary (stale).
-    async fn read_writers(&mut self) -> Result<Option<Writers>, SourceError> {
+    async fn read_writers(&mut self) -> Result<Option<Writers>, Error> {
         let what = "reading the table's writers";
         within(what, self.conn.query_drop("START TRANSACTION WITH CONSISTENT SNAPSHOT")).await?;
         let read = self.conn.query::<(String, u64, bool), _>(
@@ -120,10 +120,10 @@ impl MyPollTable {
         let me: Option<u64> = within(what, self.conn.query_first("SELECT CONNECTION_ID()")).await?;
         within(what, self.conn.query_drop("COMMIT")).await?;
         let rows = match result {
-            Err(_) => return Err(SourceError::Transient(format!("{what}: no answer; presumed dead"))),
+            Err(_) => return Err(Error::transient(format!("{what}: no answer; presumed dead"))),
             Ok(Ok(rows)) => rows,
             Ok(Err(MyError::Server(s))) if s.code == ACCESS_DENIED_NEED_PRIVILEGE => return Ok(Some(Writers::Hidden)),
-            Ok(Err(e)) => return Err(SourceError::from_db(what, &e)),
+            Ok(Err(e)) => return Err(Error::from_db(what, e)),
         };
         if !rows.iter().any(|(_, thread, _)| Some(*thread) == me) {
             return Ok(None);
@@ -138,20 +138,20 @@ impl MyPollTable {
 }
 
 impl PollTable for MyPollTable {
-    async fn oldest(&mut self, after: i64, upto: i64, limit: u32) -> Result<Vec<PolledRow>, SourceError> {
+    async fn oldest(&mut self, after: i64, upto: i64, limit: u32) -> Result<Vec<PolledRow>, Error> {
         let read = tokio::time::timeout(STATEMENT_TIMEOUT, self.conn.exec(&self.select, (after, upto, limit)));
         let Ok(result) = read.await else {
-            return Err(SourceError::Transient(format!(
+            return Err(Error::transient(format!(
                 "reading the oldest rows of {}: no answer within {STATEMENT_TIMEOUT:?}; the connection is presumed dead",
                 self.table
             )));
         };
         let rows: Vec<Row> =
-            result.map_err(|e| SourceError::from_db(&format!("reading the oldest rows of {}", self.table), &e))?;
+            result.map_err(|e| Error::from_db(&format!("reading the oldest rows of {}", self.table), e))?;
         rows.into_iter().map(polled).collect()
     }
 
-    async fn delete(&mut self, ids: &[i64]) -> Result<u64, SourceError> {
+    async fn delete(&mut self, ids: &[i64]) -> Result<u64, Error> {
         let what = format!("deleting published rows from {}", self.table);
         let mut opts = TxOpts::default();
         opts.with_isolation_level(IsolationLevel::ReadCommitted);
@@ -179,16 +179,16 @@ impl PollTable for MyPollTable {
         Ok(deleted)
     }
 
-    async fn existing(&mut self, ids: &[i64]) -> Result<Vec<i64>, SourceError> {
+    async fn existing(&mut self, ids: &[i64]) -> Result<Vec<i64>, Error> {
         let sql = format!("SELECT id FROM {} WHERE id IN ({}) ORDER BY id", ident(&self.table), id_list(ids));
         within("checking rows", self.conn.query(sql)).await
     }
 
-    async fn rows(&mut self, ids: &[i64]) -> Result<Vec<PolledRow>, SourceError> {
+    async fn rows(&mut self, ids: &[i64]) -> Result<Vec<PolledRow>, Error> {
         rows_by_id(&mut self.conn, &self.table, ids, false).await
     }
 
-    async fn writers(&mut self) -> Result<Writers, SourceError> {
+    async fn writers(&mut self) -> Result<Writers, Error> {
         // INNODB_TRX is a cache that InnoDB refreshes only once nobody read it for 100 ms, so
         // frequent readers (this poller among them) can be shown an old list that lacks a
         // writer. A transaction of this session's own, started before the read, must be in
@@ -205,7 +205,7 @@ impl PollTable for MyPollTable {
         Ok(Writers::Unknown)
     }
 
-    async fn any_running(&mut self, writers: &[String]) -> Result<bool, SourceError> {
+    async fn any_running(&mut self, writers: &[String]) -> Result<bool, Error> {
         if writers.is_empty() {
             return Ok(false);
         }

@@ -15,8 +15,8 @@
 
 use outbox_mysql::binlog::{Position, Xid};
 
+use crate::error::Error;
 use crate::poll::PolledRow;
-use crate::source::SourceError;
 
 /// Rows a prepared XA transaction may hold in memory; beyond this the stream stops with the
 /// XID, rather than let one transaction exhaust the process.
@@ -47,20 +47,18 @@ fn weight(row: &PolledRow) -> usize {
 impl XaHolds {
     /// Holds the rows of XA transaction `xid`, prepared after `before`. Nothing is held for an
     /// XA transaction without rows of this table.
-    pub(super) fn hold(&mut self, xid: Xid, before: Position, rows: Vec<PolledRow>) -> Result<(), SourceError> {
+    pub(super) fn hold(&mut self, xid: Xid, before: Position, rows: Vec<PolledRow>) -> Result<(), Error> {
         if rows.is_empty() {
             return Ok(());
         }
         let bytes: usize = rows.iter().map(weight).sum();
         if self.bytes + bytes > MAX_HELD_BYTES {
-            return Err(SourceError::Definite {
-                message: format!(
+            return Err(Error::definite(
+                format!(
                     "prepared XA transactions hold more than {MAX_HELD_BYTES} bytes of outbox rows (XA {xid} adds {bytes})"
                 ),
-                fix: format!(
-                    "commit or roll back the prepared XA transactions (XA RECOVER lists them; XA COMMIT {xid})"
-                ),
-            });
+                format!("commit or roll back the prepared XA transactions (XA RECOVER lists them; XA COMMIT {xid})"),
+            ));
         }
         self.bytes += bytes;
         // The same prepare read twice (a session that resumed before it) replaces itself.

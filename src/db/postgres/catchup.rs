@@ -23,25 +23,24 @@ use futures::future::BoxFuture;
 use super::poll::PgPollTable;
 use crate::catchup::{CatchUp, CatchUpReport, Drain, report};
 use crate::dberror::{self, Channel};
+use crate::error::Error;
 use crate::names::StreamNames;
 use crate::poll::{PollTable, Writers};
-use crate::source::SourceError;
-use crate::streamer::SessionError;
 
 const WRITERS_CHECK: Duration = Duration::from_millis(50);
 const WRITERS_LOG_EVERY: Duration = Duration::from_secs(10);
 
-fn missing_checkpoint(checkpoint_table: &str, what: String) -> SourceError {
-    SourceError::Definite {
-        message: what,
-        fix: format!(
+fn missing_checkpoint(checkpoint_table: &str, what: String) -> Error {
+    Error::definite(
+        what,
+        format!(
             "run `outbox-streamer setup`: it creates {checkpoint_table}, where each shard-partition keeps its catch-up state"
         ),
-    }
+    )
 }
 
 /// Whether a catch-up of `table` is pending (interrupted, or polling mode ran).
-pub(crate) async fn pending(client: &Client, checkpoint_table: &str, table: &str) -> Result<bool, SourceError> {
+pub(crate) async fn pending(client: &Client, checkpoint_table: &str, table: &str) -> Result<bool, Error> {
     let sql = format!("SELECT catchup_pending FROM {} WHERE stream = $1", ident(checkpoint_table));
     match client.query_opt(&sql, &[&table]).await {
         Ok(Some(row)) => Ok(row.get(0)),
@@ -49,7 +48,7 @@ pub(crate) async fn pending(client: &Client, checkpoint_table: &str, table: &str
         Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::UNDEFINED_TABLE) => {
             Err(missing_checkpoint(checkpoint_table, format!("table {checkpoint_table} does not exist")))
         }
-        Err(e) => Err(SourceError::from_db(&format!("reading {checkpoint_table}"), &e)),
+        Err(e) => Err(Error::from_db(&format!("reading {checkpoint_table}"), e)),
     }
 }
 
@@ -61,7 +60,7 @@ pub(crate) async fn mark_pending(
     checkpoint_table: &str,
     table: &str,
     epoch: i64,
-) -> Result<(), SourceError> {
+) -> Result<(), Error> {
     let sql = format!(
         "UPDATE {} SET catchup_pending = true, catchup_started_at = now(), owner_epoch = $2, updated_at = now()
          WHERE stream = $1 AND owner_epoch <= $2",
@@ -70,7 +69,7 @@ pub(crate) async fn mark_pending(
     let n = client
         .execute(&sql, &[&table, &epoch])
         .await
-        .map_err(|e| SourceError::from_db(&format!("updating {checkpoint_table}"), &e))?;
+        .map_err(|e| Error::from_db(&format!("updating {checkpoint_table}"), e))?;
     if n == 0 {
         // Either there is no row, or a newer owner claimed it.
         pending(client, checkpoint_table, table).await?;
@@ -92,7 +91,7 @@ impl CatchUp for PgCatchUp {
         &'a self,
         drain: &'a mut Drain<'_>,
         reason: &'a str,
-    ) -> BoxFuture<'a, Result<Option<CatchUpReport>, SessionError>> {
+    ) -> BoxFuture<'a, Result<Option<CatchUpReport>, Error>> {
         let epoch = drain.labels.lease.db_epoch();
         Box::pin(run(&self.target, &self.names, &self.checkpoint, epoch, drain, reason))
     }
@@ -107,11 +106,11 @@ pub(crate) async fn run(
     epoch: i64,
     drain: &mut Drain<'_>,
     reason: &str,
-) -> Result<Option<CatchUpReport>, SessionError> {
+) -> Result<Option<CatchUpReport>, Error> {
     let started = Instant::now();
     tracing::warn!(reason, table = %names.table, "catching up by polling before streaming resumes");
     let client =
-        target.connect().await.map_err(|e| SourceError::from_db(&format!("connecting to {}", target.display()), &e))?;
+        target.connect().await.map_err(|e| Error::from_db(&format!("connecting to {}", target.display()), e))?;
     mark_pending(&client, checkpoint_table, &names.table, epoch).await?;
     ensure_slot(&client, &names.slot).await?;
     let mut reader = PgPollTable::connect(target, &names.table).await?;
@@ -119,10 +118,10 @@ pub(crate) async fn run(
     let bound: String = client
         .query_one("SELECT pg_current_wal_insert_lsn()::text", &[])
         .await
-        .map_err(|e| SourceError::from_db("reading the WAL position", &e))?
+        .map_err(|e| Error::from_db("reading the WAL position", e))?
         .get(0);
-    let bound = outbox_postgres::Lsn::parse(&bound)
-        .map_err(|e| SourceError::Transient(format!("reading the WAL position: {e}")))?;
+    let bound =
+        outbox_postgres::Lsn::parse(&bound).map_err(|e| Error::transient(format!("reading the WAL position: {e}")))?;
     let writers = match reader.writers().await? {
         Writers::Known(writers) => writers,
         Writers::Hidden | Writers::Unknown => Vec::new(),
@@ -154,7 +153,7 @@ pub(crate) async fn run(
     // else before it could be, which in a catch-up only the table can tell).
     slot::advance(&client, &names.slot, bound)
         .await
-        .map_err(|e| SourceError::from_db(&format!("moving slot {} to {bound}", names.slot), &e))?;
+        .map_err(|e| Error::from_db(&format!("moving slot {} to {bound}", names.slot), e))?;
     let sql = format!(
         "UPDATE {} SET catchup_pending = false, last_catchup_at = now(), last_catchup_rows = $2,
                 published_lsn = greatest(published_lsn, $3::text::pg_lsn), updated_at = now()
@@ -164,16 +163,15 @@ pub(crate) async fn run(
     client
         .execute(&sql, &[&names.table, &(rows as i64), &bound.to_pg_string()])
         .await
-        .map_err(|e| SourceError::from_db(&format!("updating {checkpoint_table}"), &e))?;
+        .map_err(|e| Error::from_db(&format!("updating {checkpoint_table}"), e))?;
     Ok(Some(report(drain.labels, started, rows)))
 }
 
 /// Makes sure a usable slot exists: creates a missing one, replaces an invalidated one. Slot
 /// names are cluster-wide: only this database's slot is ever dropped, and a slot of the name
 /// that belongs to another database halts the shard-partition with the fix instead.
-async fn ensure_slot(client: &Client, name: &str) -> Result<(), SourceError> {
-    let state =
-        slot::state(client, name).await.map_err(|e| SourceError::from_db(&format!("reading slot {name}"), &e))?;
+async fn ensure_slot(client: &Client, name: &str) -> Result<(), Error> {
+    let state = slot::state(client, name).await.map_err(|e| Error::from_db(&format!("reading slot {name}"), e))?;
     if let Some(database) = &state.other_database {
         return Err(dberror::slot_elsewhere(name, database));
     }
@@ -182,17 +180,17 @@ async fn ensure_slot(client: &Client, name: &str) -> Result<(), SourceError> {
     }
     if state.exists {
         if state.active_pid.is_some() {
-            return Err(SourceError::Transient(format!(
+            return Err(Error::transient(format!(
                 "slot {name:?} is invalidated but still held by PID {:?}; waiting for it to let go",
                 state.active_pid
             )));
         }
         // The statement itself checks database, holder and wal_status again.
         let dropped = slot::drop_lost(client, name).await.map_err(|e| {
-            dberror::source_error(&format!("dropping the invalidated slot {name}"), &e, Channel::Replication)
+            dberror::classify(&format!("dropping the invalidated slot {name}"), e, Channel::Replication)
         })?;
         if !dropped {
-            return Err(SourceError::Transient(format!("slot {name:?} changed while being replaced; checking again")));
+            return Err(Error::transient(format!("slot {name:?} changed while being replaced; checking again")));
         }
         tracing::warn!(slot = name, "dropped the invalidated slot");
     }
@@ -203,14 +201,13 @@ async fn ensure_slot(client: &Client, name: &str) -> Result<(), SourceError> {
         }
         Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::DUPLICATE_OBJECT) => {
             // Created meanwhile: by this database's streamer, or by another database's.
-            let state = slot::state(client, name)
-                .await
-                .map_err(|e| SourceError::from_db(&format!("reading slot {name}"), &e))?;
+            let state =
+                slot::state(client, name).await.map_err(|e| Error::from_db(&format!("reading slot {name}"), e))?;
             match &state.other_database {
                 Some(database) => Err(dberror::slot_elsewhere(name, database)),
                 None => Ok(()),
             }
         }
-        Err(e) => Err(dberror::source_error(&format!("creating slot {name}"), &e, Channel::Replication)),
+        Err(e) => Err(dberror::classify(&format!("creating slot {name}"), e, Channel::Replication)),
     }
 }

@@ -21,11 +21,12 @@ use outbox_postgres::{Lsn, cleanup, slot, values};
 use tokio_postgres::Client;
 
 use super::{checkpoint, visibility};
+use crate::error::Error;
 use crate::lease::OwnerLease;
 use crate::names::StreamNames;
 use crate::record::{InvalidRow, OutboxRecord, RawRow};
 use crate::skip::SkipList;
-use crate::source::{DELETE_CHUNK, Probe, Source, SourceError, SourceEvent, within};
+use crate::source::{DELETE_CHUNK, Probe, Source, SourceEvent, within};
 
 /// The columns a record is built from and the types each may have. `created_at` only feeds
 /// the latency metric: without it (or with another type) a row is still published.
@@ -158,33 +159,31 @@ impl PgSource {
         silence_limit: Option<Duration>,
         lease: &OwnerLease,
         metric_labels: [(&'static str, String); 3],
-    ) -> Result<Self, SourceError> {
-        let sql = target
-            .connect()
-            .await
-            .map_err(|e| SourceError::from_db(&format!("connecting to {}", target.display()), &e))?;
+    ) -> Result<Self, Error> {
+        let sql =
+            target.connect().await.map_err(|e| Error::from_db(&format!("connecting to {}", target.display()), e))?;
         let stored = checkpoint::read(&sql, checkpoint_table, &names.table).await?;
         if stored.catchup_pending {
-            return Err(SourceError::PositionLost(format!(
+            return Err(Error::position_lost(format!(
                 "a catch-up of {} is pending (interrupted, or the stream ran in polling mode)",
                 names.table
             )));
         }
         let state = slot::state(&sql, &names.slot)
             .await
-            .map_err(|e| SourceError::from_db(&format!("reading slot {}", names.slot), &e))?;
+            .map_err(|e| Error::from_db(&format!("reading slot {}", names.slot), e))?;
         if let Some(database) = &state.other_database {
             return Err(crate::dberror::slot_elsewhere(&names.slot, database));
         }
         if !state.exists {
-            return Err(SourceError::PositionLost(format!(
+            return Err(Error::position_lost(format!(
                 "replication slot {:?} does not exist in {} (dropped?)",
                 names.slot,
                 target.display()
             )));
         }
         if state.wal_status.as_deref() == Some("lost") {
-            return Err(SourceError::PositionLost(format!(
+            return Err(Error::position_lost(format!(
                 "replication slot {:?} was invalidated (wal_status=lost): the WAL it needed is gone",
                 names.slot
             )));
@@ -196,7 +195,7 @@ impl PgSource {
         let binary = sql
             .query_one("SELECT current_setting('server_version_num')::int >= 140000", &[])
             .await
-            .map_err(|e| SourceError::from_db("reading the server version", &e))?
+            .map_err(|e| Error::from_db("reading the server version", e))?
             .get::<_, bool>(0);
         let cfg = target.replication(&names.slot, &names.publication, status_interval, binary);
         let stream = ReplicationStream::start(cfg).await.map_err(|e| stream_error(&names.slot, e))?;
@@ -220,7 +219,7 @@ impl PgSource {
 
     /// Deletes `ids` in chunks; the last one also stores `upto` as the published-up-to mark —
     /// with `require_all`, only if every row was deleted. Returns (deleted, mark stored).
-    async fn delete(&mut self, ids: &[i64], upto: Lsn, require_all: bool) -> Result<(u64, bool), SourceError> {
+    async fn delete(&mut self, ids: &[i64], upto: Lsn, require_all: bool) -> Result<(u64, bool), Error> {
         let what = format!("deleting published rows from {}", self.names.table);
         let (earlier, last) = ids.split_at(ids.len() - ids.len().min(DELETE_CHUNK));
         let mut deleted = 0;
@@ -232,10 +231,10 @@ impl PgSource {
         let (n, stored) =
             within(&what, self.deleter.delete_and_record(&self.sql, last, &lsn, record, require_all)).await?;
         if record && !stored && (!require_all || n as usize == last.len()) {
-            return Err(SourceError::Definite {
-                message: format!("{} has no row for {}", self.checkpoint_table, self.names.table),
-                fix: "run `outbox-streamer setup`".into(),
-            });
+            return Err(Error::definite(
+                format!("{} has no row for {}", self.checkpoint_table, self.names.table),
+                "run `outbox-streamer setup`",
+            ));
         }
         Ok((deleted + n, stored))
     }
@@ -246,45 +245,41 @@ impl PgSource {
 /// its session, cut off), its backend would keep the slot until `wal_sender_timeout`, so it
 /// is terminated. A live member's session (a previous owner still closing) or a session that
 /// is not a coordinated streamer's is never touched: the caller retries.
-async fn take_slot_from_dead_owner(sql: &Client, slot_name: &str, lease: &OwnerLease) -> Result<(), SourceError> {
+async fn take_slot_from_dead_owner(sql: &Client, slot_name: &str, lease: &OwnerLease) -> Result<(), Error> {
     let Some(me) = lease.instance() else { return Ok(()) };
-    let holder = slot::holder(sql, slot_name).await.map_err(|e| SourceError::from_db("reading the slot holder", &e))?;
+    let holder = slot::holder(sql, slot_name).await.map_err(|e| Error::from_db("reading the slot holder", e))?;
     let Some(holder) = holder else { return Ok(()) };
     let Some(owner) = outbox_postgres::connect::instance_of(&holder.application_name) else {
-        return Err(SourceError::Busy(format!(
+        return Err(Error::busy(format!(
             "slot {slot_name:?} is held by backend {} ({:?}), which is not a coordinated outbox-streamer; it is left alone",
             holder.pid, holder.application_name
         )));
     };
     if owner == me || lease.is_live_member(owner) {
-        return Err(SourceError::Busy(format!(
+        return Err(Error::busy(format!(
             "slot {slot_name:?} is still held by live instance {owner:?} (backend {})",
             holder.pid
         )));
     }
     tracing::warn!(slot = %slot_name, pid = holder.pid, previous_owner = %owner, "the slot is held by an instance that is no longer a member; terminating its backend");
-    slot::terminate(sql, holder.pid)
-        .await
-        .map_err(|e| SourceError::from_db("terminating the stale slot holder", &e))?;
-    Err(SourceError::Busy(format!("slot {slot_name:?}: terminated the backend of departed instance {owner:?}")))
+    slot::terminate(sql, holder.pid).await.map_err(|e| Error::from_db("terminating the stale slot holder", e))?;
+    Err(Error::busy(format!("slot {slot_name:?}: terminated the backend of departed instance {owner:?}")))
 }
 
-fn stream_error(slot: &str, e: StreamError) -> SourceError {
+fn stream_error(slot: &str, e: StreamError) -> Error {
     if e.slot_in_use() {
-        SourceError::Busy(format!("slot {slot:?} is in use by another session (another streamer owns it?): {e}"))
+        Error::busy(format!("slot {slot:?} is in use by another session (another streamer owns it?): {e}"))
     } else if e.slot_missing() {
-        SourceError::PositionLost(format!("replication slot {slot:?} does not exist (dropped?)"))
+        Error::position_lost(format!("replication slot {slot:?} does not exist (dropped?)"))
     } else if e.slot_invalidated() {
-        SourceError::PositionLost(format!("replication slot {slot:?} can no longer stream: {e}"))
+        Error::position_lost(format!("replication slot {slot:?} can no longer stream: {e}"))
     } else {
         match e {
-            StreamError::Decode(_) | StreamError::UnknownRelation(_) => SourceError::Definite {
-                message: format!("slot {slot:?}: {e}"),
-                fix: "report this as a bug with the PostgreSQL version; restarting replays from the slot".into(),
-            },
-            other => {
-                crate::dberror::source_error(&format!("slot {slot:?}"), &other, crate::dberror::Channel::Replication)
-            }
+            StreamError::Decode(_) | StreamError::UnknownRelation(_) => Error::definite(
+                format!("slot {slot:?}: {e}"),
+                "report this as a bug with the PostgreSQL version; restarting replays from the slot",
+            ),
+            other => crate::dberror::classify(&format!("slot {slot:?}"), other, crate::dberror::Channel::Replication),
         }
     }
 }
@@ -293,14 +288,14 @@ impl Source for PgSource {
     type Position = Lsn;
     const POSITION_HEADER: &'static str = "outbox-lsn";
 
-    async fn next(&mut self) -> Result<Option<SourceEvent<Lsn>>, SourceError> {
+    async fn next(&mut self) -> Result<Option<SourceEvent<Lsn>>, Error> {
         loop {
             let next = self.stream.next();
             let received = match self.silence_limit {
                 Some(limit) => match tokio::time::timeout_at(self.last_heard + limit, next).await {
                     Ok(r) => r,
                     Err(_) => {
-                        return Err(SourceError::Transient(format!(
+                        return Err(Error::transient(format!(
                             "slot {:?}: nothing heard for {limit:?} although a heartbeat is configured; the connection is presumed dead",
                             self.names.slot
                         )));
@@ -373,7 +368,7 @@ impl Source for PgSource {
         }
     }
 
-    async fn finish(&mut self, ids: &[i64], upto: Lsn) -> Result<u64, SourceError> {
+    async fn finish(&mut self, ids: &[i64], upto: Lsn) -> Result<u64, Error> {
         let covered: Vec<u32> = self.xids.iter().take_while(|(_, lsn)| *lsn < upto).map(|(x, _)| *x).collect();
         let mut deleted = 0;
         if !ids.is_empty() {
@@ -430,7 +425,7 @@ impl Source for PgSource {
         }
     }
 
-    async fn current_rows(&mut self, ids: &[i64]) -> Result<Vec<crate::poll::PolledRow>, SourceError> {
+    async fn current_rows(&mut self, ids: &[i64]) -> Result<Vec<crate::poll::PolledRow>, Error> {
         // A row of the transaction being read may not be visible yet (see `visibility`).
         if let Some(&(xid, _)) = self.xids.back() {
             visibility::wait(&self.sql, &[xid]).await?;
@@ -438,11 +433,11 @@ impl Source for PgSource {
         super::poll::rows_by_id(&self.sql, &self.names.table, ids).await
     }
 
-    async fn existing(&mut self, ids: &[i64]) -> Result<Vec<i64>, SourceError> {
+    async fn existing(&mut self, ids: &[i64]) -> Result<Vec<i64>, Error> {
         within("checking rows", cleanup::existing_ids(&self.sql, &self.names.table, ids)).await
     }
 
-    async fn probe(&mut self, below: Option<i64>, limit: usize) -> Result<Probe<Lsn>, SourceError> {
+    async fn probe(&mut self, below: Option<i64>, limit: usize) -> Result<Probe<Lsn>, Error> {
         // One statement, one snapshot: the WAL insert position is read after the snapshot was
         // taken, so every commit the reads saw is before it.
         let sql = format!(
@@ -453,7 +448,7 @@ impl Source for PgSource {
         let below = below.unwrap_or(i64::MIN);
         let row = within("sweeping the table", self.sql.query_one(&sql, &[&below, &(limit as i64)])).await?;
         let mark: String = row.get(2);
-        let mark = Lsn::parse(&mark).map_err(|e| SourceError::Transient(format!("reading the WAL position: {e}")))?;
+        let mark = Lsn::parse(&mark).map_err(|e| Error::transient(format!("reading the WAL position: {e}")))?;
         Ok(Probe { candidates: row.get(0), max_id: row.get(1), mark })
     }
 

@@ -12,8 +12,8 @@ use outbox_postgres::setup::ident;
 use tokio_postgres::Client;
 use tokio_postgres::error::SqlState;
 
+use crate::error::Error;
 use crate::skip::SkipList;
-use crate::source::SourceError;
 
 /// What a session needs from the checkpoint row.
 #[derive(Debug)]
@@ -23,16 +23,15 @@ pub(super) struct Stored {
     pub skips: SkipList,
 }
 
-fn run_setup(message: String) -> SourceError {
-    SourceError::Definite {
+fn run_setup(message: String) -> Error {
+    Error::definite(
         message,
-        fix: "run `outbox-streamer setup`: it creates the checkpoint table and adds the columns this version needs"
-            .into(),
-    }
+        "run `outbox-streamer setup`: it creates the checkpoint table and adds the columns this version needs",
+    )
 }
 
 /// Reads the row of `table`.
-pub(super) async fn read(client: &Client, checkpoint_table: &str, table: &str) -> Result<Stored, SourceError> {
+pub(super) async fn read(client: &Client, checkpoint_table: &str, table: &str) -> Result<Stored, Error> {
     let sql = format!(
         "SELECT catchup_pending, published_lsn::text, skip_ids, skip_transactions FROM {} WHERE stream = $1",
         ident(checkpoint_table)
@@ -46,18 +45,20 @@ pub(super) async fn read(client: &Client, checkpoint_table: &str, table: &str) -
                 e.as_db_error().map_or_else(|| e.to_string(), |d| d.message().to_string())
             )));
         }
-        Err(e) => return Err(SourceError::from_db(&format!("reading {checkpoint_table}"), &e)),
+        Err(e) => return Err(Error::from_db(&format!("reading {checkpoint_table}"), e)),
     };
     let published = row
         .get::<_, Option<String>>(1)
         .map(|text| Lsn::parse(&text))
         .transpose()
-        .map_err(|e| SourceError::Transient(format!("reading {checkpoint_table}.published_lsn: {e}")))?;
-    let skips = SkipList::parse(row.get(2), row.get(3)).map_err(|e| SourceError::Definite {
-        message: format!("{checkpoint_table} row {table}: {e}"),
-        fix: format!(
-            "correct or clear the column: UPDATE {checkpoint_table} SET skip_ids = NULL WHERE stream = '{table}'"
-        ),
+        .map_err(|e| Error::transient(format!("reading {checkpoint_table}.published_lsn: {e}")))?;
+    let skips = SkipList::parse(row.get(2), row.get(3)).map_err(|e| {
+        Error::definite(
+            format!("{checkpoint_table} row {table}: {e}"),
+            format!(
+                "correct or clear the column: UPDATE {checkpoint_table} SET skip_ids = NULL WHERE stream = '{table}'"
+            ),
+        )
     })?;
     Ok(Stored { catchup_pending: row.get(0), published, skips })
 }

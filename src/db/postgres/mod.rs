@@ -41,11 +41,11 @@ use super::{Database, JobContext, SetupRequest, StreamStatus, TeardownRequest};
 use crate::catchup::CatchUp;
 use crate::config::{Mode, SourceConfig};
 use crate::dberror::{self, Backend};
+use crate::error::Error;
 use crate::job::{JobParts, StreamJob, poll_settings, producer_settings, stream_plans};
 use crate::lease::OwnerLease;
 use crate::names::checkpoint_table;
 use crate::poll::PollSource;
-use crate::source::SourceError;
 use cdc::PgSource;
 use poll::PgPollTable;
 
@@ -135,7 +135,7 @@ fn jobs(source: &SourceConfig, ctx: &JobContext<'_>) -> anyhow::Result<Vec<Strea
                     let client = target
                         .connect()
                         .await
-                        .map_err(|e| SourceError::from_db(&format!("connecting to {}", target.display()), &e))?;
+                        .map_err(|e| Error::from_db(&format!("connecting to {}", target.display()), e))?;
                     let epoch = lease.db_epoch();
                     catchup::mark_pending(&client, &checkpoint, &table, epoch).await?;
                     let reader = PgPollTable::connect(&target, &table).await?.moving_slot(&slot);

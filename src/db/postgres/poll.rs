@@ -14,9 +14,10 @@ use outbox_postgres::connect::PgTarget;
 use outbox_postgres::setup::ident;
 use tokio_postgres::{Client, Row, Statement};
 
+use crate::error::Error;
 use crate::poll::{PollTable, PolledRow, Writers};
 use crate::record::RawRow;
-use crate::source::{DELETE_CHUNK, SourceError, within};
+use crate::source::{DELETE_CHUNK, within};
 
 /// One connection polling one table.
 #[derive(Debug)]
@@ -40,20 +41,18 @@ pub fn oldest_sql(table: &str) -> String {
 }
 
 impl PgPollTable {
-    pub(crate) async fn connect(target: &PgTarget, table: &str) -> Result<Self, SourceError> {
-        let client = target
-            .connect()
-            .await
-            .map_err(|e| SourceError::from_db(&format!("connecting to {}", target.display()), &e))?;
+    pub(crate) async fn connect(target: &PgTarget, table: &str) -> Result<Self, Error> {
+        let client =
+            target.connect().await.map_err(|e| Error::from_db(&format!("connecting to {}", target.display()), e))?;
         client
             .batch_execute(PLANNER_SETTINGS)
             .await
-            .map_err(|e| SourceError::from_db("setting the polling session's planner options", &e))?;
+            .map_err(|e| Error::from_db("setting the polling session's planner options", e))?;
         let sql = oldest_sql(table);
         let select = client
             .prepare(&sql)
             .await
-            .map_err(|e| SourceError::from_db(&format!("preparing the polling query on {table}"), &e))?;
+            .map_err(|e| Error::from_db(&format!("preparing the polling query on {table}"), e))?;
         Ok(Self {
             client,
             table: table.to_string(),
@@ -89,21 +88,23 @@ impl PgPollTable {
     }
 
     /// The highest id in the table now (`None` when it is empty).
-    pub(crate) async fn max_id(&self) -> Result<Option<i64>, SourceError> {
+    pub(crate) async fn max_id(&self) -> Result<Option<i64>, Error> {
         let row = self
             .client
             .query_one(&format!("SELECT max(id) FROM {}", ident(&self.table)), &[])
             .await
-            .map_err(|e| SourceError::from_db("reading the highest id", &e))?;
+            .map_err(|e| Error::from_db("reading the highest id", e))?;
         Ok(row.get(0))
     }
 }
 
 /// Builds a record from a typed row; a value that cannot be read names its column.
-fn polled(row: &Row) -> Result<PolledRow, SourceError> {
-    let column_error = |column: &str, e: tokio_postgres::Error| SourceError::Definite {
-        message: format!("column {column} cannot be read: {e}"),
-        fix: format!("change {column} back to the type `outbox-streamer setup --dry-run` shows, then restart"),
+fn polled(row: &Row) -> Result<PolledRow, Error> {
+    let column_error = |column: &str, e: tokio_postgres::Error| {
+        Error::definite(
+            format!("column {column} cannot be read: {e}"),
+            format!("change {column} back to the type `outbox-streamer setup --dry-run` shows, then restart"),
+        )
     };
     let id: i64 = row.try_get(0).map_err(|e| column_error("id", e))?;
     let topic: Option<String> = row.try_get(1).map_err(|e| column_error("topic", e))?;
@@ -128,7 +129,7 @@ const COLUMNS: &str = "id, topic, msg_key, payload, headers::text, kafka_partiti
                        (extract(epoch FROM created_at) * 1000000)::int8";
 
 /// The rows `ids` of `table` as they are now (ids not in the table are left out).
-pub(crate) async fn rows_by_id(client: &Client, table: &str, ids: &[i64]) -> Result<Vec<PolledRow>, SourceError> {
+pub(crate) async fn rows_by_id(client: &Client, table: &str, ids: &[i64]) -> Result<Vec<PolledRow>, Error> {
     if ids.is_empty() {
         return Ok(Vec::new());
     }
@@ -136,29 +137,29 @@ pub(crate) async fn rows_by_id(client: &Client, table: &str, ids: &[i64]) -> Res
     let rows = match client.query(&sql, &[&ids]).await {
         Ok(rows) => rows,
         Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::UNDEFINED_COLUMN) => {
-            return Err(SourceError::Definite {
-                message: format!(
+            return Err(Error::definite(
+                format!(
                     "cannot read {table}: {}",
                     e.as_db_error().map_or_else(|| e.to_string(), |d| d.message().to_string())
                 ),
-                fix: format!(
+                format!(
                     "restore the column as `outbox-streamer setup --dry-run` shows (ALTER TABLE {table} ADD COLUMN …), then restart"
                 ),
-            });
+            ));
         }
-        Err(e) => return Err(SourceError::from_db(&format!("reading rows of {table}"), &e)),
+        Err(e) => return Err(Error::from_db(&format!("reading rows of {table}"), e)),
     };
     rows.iter().map(polled).collect()
 }
 
 impl PollTable for PgPollTable {
-    async fn oldest(&mut self, after: i64, upto: i64, limit: u32) -> Result<Vec<PolledRow>, SourceError> {
+    async fn oldest(&mut self, after: i64, upto: i64, limit: u32) -> Result<Vec<PolledRow>, Error> {
         let what = format!("reading the oldest rows of {}", self.table);
         let rows = within(&what, self.client.query(&self.select, &[&after, &upto, &i64::from(limit)])).await?;
         rows.iter().map(polled).collect()
     }
 
-    async fn delete(&mut self, ids: &[i64]) -> Result<u64, SourceError> {
+    async fn delete(&mut self, ids: &[i64]) -> Result<u64, Error> {
         let mut deleted = 0;
         for chunk in ids.chunks(DELETE_CHUNK) {
             let what = format!("deleting published rows from {}", self.table);
@@ -176,15 +177,15 @@ impl PollTable for PgPollTable {
         Ok(deleted)
     }
 
-    async fn existing(&mut self, ids: &[i64]) -> Result<Vec<i64>, SourceError> {
+    async fn existing(&mut self, ids: &[i64]) -> Result<Vec<i64>, Error> {
         within("checking rows", cleanup::existing_ids(&self.client, &self.table, ids)).await
     }
 
-    async fn rows(&mut self, ids: &[i64]) -> Result<Vec<PolledRow>, SourceError> {
+    async fn rows(&mut self, ids: &[i64]) -> Result<Vec<PolledRow>, Error> {
         rows_by_id(&self.client, &self.table, ids).await
     }
 
-    async fn writers(&mut self) -> Result<Writers, SourceError> {
+    async fn writers(&mut self) -> Result<Writers, Error> {
         let table = ident(&self.table);
         let params: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&table];
         let query = self.client.query_one(
@@ -205,7 +206,7 @@ impl PollTable for PgPollTable {
         }
     }
 
-    async fn any_running(&mut self, writers: &[String]) -> Result<bool, SourceError> {
+    async fn any_running(&mut self, writers: &[String]) -> Result<bool, Error> {
         if writers.is_empty() {
             return Ok(false);
         }

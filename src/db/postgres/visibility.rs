@@ -10,7 +10,8 @@ use std::time::Duration;
 
 use tokio_postgres::Client;
 
-use crate::source::{SourceError, within};
+use crate::error::Error;
+use crate::source::within;
 
 /// How long one wait lasts. A transaction can stay invisible for longer (its session waits
 /// for a synchronous standby): then the session restarts and reads it again later, rather
@@ -20,7 +21,7 @@ const POLL: Duration = Duration::from_millis(2);
 
 /// Returns once none of `xids` still holds its transaction lock; a transient error after
 /// [`LIMIT`].
-pub(super) async fn wait(sql: &Client, xids: &[u32]) -> Result<(), SourceError> {
+pub(super) async fn wait(sql: &Client, xids: &[u32]) -> Result<(), Error> {
     if xids.is_empty() {
         return Ok(());
     }
@@ -40,7 +41,7 @@ pub(super) async fn wait(sql: &Client, xids: &[u32]) -> Result<(), SourceError> 
             return Ok(());
         }
         if tokio::time::Instant::now() >= deadline {
-            return Err(SourceError::Transient(format!(
+            return Err(Error::transient(format!(
                 "transactions {xids:?} are committed in the WAL but still not visible after {LIMIT:?} (waiting for a synchronous standby?); reading them again later"
             )));
         }
