@@ -430,9 +430,8 @@ impl Classify for outbox_postgres::connect::ConnectError {
 
 /// pgwire-replication reports a server error as text: `message (SQLSTATE xxxxx)`.
 fn parse_wire_server_error(text: &str) -> ServerError {
-    let parsed = text.strip_suffix(')').and_then(|t| t.rsplit_once(" (SQLSTATE ")).filter(|(_, code)| code.len() == 5);
-    match parsed {
-        Some((message, code)) => {
+    match outbox_postgres::stream::split_sqlstate(text) {
+        Some((code, message)) => {
             ServerError { code: Code::SqlState(code.into()), message: message.into(), detail: None, hint: None }
         }
         None => ServerError { code: Code::SqlState("XX000".into()), message: text.into(), detail: None, hint: None },

@@ -147,12 +147,12 @@ impl BinlogReader {
 }
 
 fn classify(e: mysql_async::Error, start: &Position) -> BinlogError {
-    let text = e.to_string();
-    // ER_MASTER_FATAL_ERROR_READING_BINLOG (1236): "purged required binary logs", "could not
-    // find GTID state", "Could not find first log file name in binary log index file".
-    if text.contains("1236") && (text.contains("GTID") || text.contains("purged") || text.contains("not find")) {
-        BinlogError::Purged(start.to_string())
-    } else {
-        BinlogError::Connection(e)
+    // ER_MASTER_FATAL_ERROR_READING_BINLOG (1236) covers every fatal binlog read; only its
+    // message tells a purged position ("purged required binary logs", "could not find GTID
+    // state", "Could not find first log file name in binary log index file") from the others.
+    let purged = |m: &str| m.contains("GTID") || m.contains("purged") || m.contains("not find");
+    match &e {
+        mysql_async::Error::Server(s) if s.code == 1236 && purged(&s.message) => BinlogError::Purged(start.to_string()),
+        _ => BinlogError::Connection(e),
     }
 }

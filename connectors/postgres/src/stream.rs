@@ -57,14 +57,18 @@ pub enum StreamError {
 impl StreamError {
     /// True when another session holds the slot (SQLSTATE 55006): another owner is alive.
     pub fn slot_in_use(&self) -> bool {
-        matches!(self, StreamError::Wire(PgWireError::Server(m)) if m.contains("55006") || m.contains("is active for PID"))
+        self.server_code().is_some_and(|(code, _)| code == "55006")
     }
 
     /// True when the slot does not exist (SQLSTATE 42704, which a dropped publication also
-    /// raises: that one is not a lost position).
+    /// raises: that one is not a lost position, and only the message tells them apart).
     pub fn slot_missing(&self) -> bool {
-        matches!(self, StreamError::Wire(PgWireError::Server(m)) if (m.contains("42704") && !m.contains("publication"))
-            || (m.contains("replication slot") && m.contains("does not exist")))
+        self.server_code().is_some_and(|(code, message)| code == "42704" && !message.contains("publication"))
+    }
+
+    /// The server's SQLSTATE and message, when the server answered (see [`split_sqlstate`]).
+    pub fn server_code(&self) -> Option<(&str, &str)> {
+        self.server_text().and_then(split_sqlstate)
     }
 
     /// The server's error as pgwire-replication reports it (`message (SQLSTATE xxxxx)`).
@@ -90,6 +94,13 @@ impl StreamError {
             || m.contains("has already been removed")
             || m.contains("can no longer get changes"))
     }
+}
+
+/// Splits pgwire-replication's text of a server error, `message (SQLSTATE xxxxx)`, into the
+/// SQLSTATE and the message.
+pub fn split_sqlstate(text: &str) -> Option<(&str, &str)> {
+    let (message, code) = text.strip_suffix(')')?.rsplit_once(" (SQLSTATE ")?;
+    (code.len() == 5).then_some((code, message))
 }
 
 /// A started replication session on one slot.
@@ -162,5 +173,24 @@ impl ReplicationStream {
         if let Err(e) = self.client.shutdown().await {
             tracing::debug!(error = %e, "replication session ended with an error during shutdown");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn server(text: &str) -> StreamError {
+        StreamError::Wire(PgWireError::Server(text.into()))
+    }
+
+    #[test]
+    fn the_slot_states_are_read_from_the_sqlstate() {
+        assert!(server("replication slot \"s\" is active for PID 7 (SQLSTATE 55006)").slot_in_use());
+        assert!(!server("replication slot \"s\" is active for PID 7").slot_in_use(), "no code, no verdict");
+        assert!(server("replication slot \"s\" does not exist (SQLSTATE 42704)").slot_missing());
+        assert!(!server("publication \"p\" does not exist (SQLSTATE 42704)").slot_missing());
+        assert_eq!(split_sqlstate("x (y) (SQLSTATE 08006)"), Some(("08006", "x (y)")));
+        assert_eq!(split_sqlstate("unknown server error"), None);
     }
 }

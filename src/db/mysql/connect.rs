@@ -68,9 +68,11 @@ pub(crate) fn mysql_connect_message(e: &MyError) -> String {
         innermost = cause;
     }
     let text = innermost.to_string();
+    // The server's "Access denied" errors: ER_DBACCESS_DENIED_ERROR, ER_ACCESS_DENIED_ERROR,
+    // ER_SPECIFIC_ACCESS_DENIED_ERROR, ER_ACCESS_DENIED_NO_PASSWORD_ERROR.
+    let denied = matches!(e, MyError::Server(s) if matches!(s.code, 1044 | 1045 | 1227 | 1698));
     let hint = outbox_postgres::tls::certificate_hint(&text).or_else(|| {
-        text.contains("Access denied")
-            .then_some("check the user and password; a user created REQUIRE SSL also needs a [source.tls] table")
+        denied.then_some("check the user and password; a user created REQUIRE SSL also needs a [source.tls] table")
     });
     match hint {
         Some(hint) => format!("{text} ({hint})"),

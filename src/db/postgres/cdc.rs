@@ -19,6 +19,7 @@ use outbox_postgres::pgoutput::{Relation, Value, oid};
 use outbox_postgres::stream::{Change, ReplicationStream, StreamError};
 use outbox_postgres::{Lsn, cleanup, slot, values};
 use tokio_postgres::Client;
+use tokio_postgres::error::SqlState;
 
 use super::{checkpoint, visibility};
 use crate::error::Error;
@@ -414,7 +415,8 @@ impl Source for PgSource {
         for _ in 0..50 {
             match slot::advance(&self.sql, &self.names.slot, confirmed).await {
                 Ok(()) => return,
-                Err(e) if e.to_string().contains("is active for PID") => {
+                // The walsender still holds the slot (55006, "is active for PID").
+                Err(e) if e.code() == Some(&SqlState::OBJECT_IN_USE) => {
                     tokio::time::sleep(Duration::from_millis(20)).await;
                 }
                 Err(e) => {
