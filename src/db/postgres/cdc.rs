@@ -268,21 +268,21 @@ async fn take_slot_from_dead_owner(sql: &Client, slot_name: &str, lease: &OwnerL
 }
 
 fn stream_error(slot: &str, e: StreamError) -> Error {
-    if e.slot_in_use() {
+    let error = if e.slot_in_use() {
         Error::busy(format!("slot {slot:?} is in use by another session (another streamer owns it?): {e}"))
     } else if e.slot_missing() {
         Error::position_lost(format!("replication slot {slot:?} does not exist (dropped?)"))
     } else if e.slot_invalidated() {
         Error::position_lost(format!("replication slot {slot:?} can no longer stream: {e}"))
+    } else if let StreamError::Decode(_) | StreamError::UnknownRelation(_) = e {
+        Error::definite(
+            format!("slot {slot:?}: {e}"),
+            "report this as a bug with the PostgreSQL version; restarting replays from the slot",
+        )
     } else {
-        match e {
-            StreamError::Decode(_) | StreamError::UnknownRelation(_) => Error::definite(
-                format!("slot {slot:?}: {e}"),
-                "report this as a bug with the PostgreSQL version; restarting replays from the slot",
-            ),
-            other => crate::dberror::classify(&format!("slot {slot:?}"), other, crate::dberror::Channel::Replication),
-        }
-    }
+        return crate::dberror::classify(&format!("slot {slot:?}"), e, crate::dberror::Channel::Replication);
+    };
+    error.with_source(e)
 }
 
 impl Source for PgSource {

@@ -105,6 +105,7 @@ fn polled(row: &Row) -> Result<PolledRow, Error> {
             format!("column {column} cannot be read: {e}"),
             format!("change {column} back to the type `outbox-streamer setup --dry-run` shows, then restart"),
         )
+        .with_source(e)
     };
     let id: i64 = row.try_get(0).map_err(|e| column_error("id", e))?;
     let topic: Option<String> = row.try_get(1).map_err(|e| column_error("topic", e))?;
