@@ -1,11 +1,12 @@
 //! One shard-partition's job ([`StreamJob`]) and the task that runs it, whatever the database.
 //!
 //! A database builds a job from [`JobParts`]: how to connect its source (CDC or polling) under
-//! an owner lease, and how it catches up ([`CatchUp`]). The task retries transient errors with
-//! backoff (resuming from the last confirmed position), and on a definite error halts alone:
-//! one ERROR with the reason and the fix, while the other shard-partitions keep streaming; the
-//! halted task retries slowly and resumes by itself once the cause is fixed (see
-//! [`crate::halt`]). On shutdown it stops intake, drains acknowledgements, deletes and
+//! an owner lease, and how it catches up ([`CatchUp`]). What the task does about a failure is
+//! decided by the error's kind alone, in the table [`crate::policy::policy`]. The task retries
+//! transient errors with backoff (resuming from the last confirmed position), and on a definite
+//! error halts alone: one ERROR with the reason and the fix, while the other shard-partitions
+//! keep streaming; the halted task retries slowly and resumes by itself once the cause is fixed
+//! (see [`crate::halt`]). On shutdown it stops intake, drains acknowledgements, deletes and
 //! confirms, then ends.
 
 use std::future::Future;
