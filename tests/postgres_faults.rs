@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use tokio_postgres::types::ToSql;
 
-use crate::postgres_cdc::World;
+use crate::support::world::World;
 use crate::support::{kafka, wait_until};
 
 const ARRIVAL: Duration = Duration::from_secs(180);
@@ -24,7 +24,7 @@ async fn sigkill_at_random_moments_loses_nothing() {
     const TXNS: usize = 250;
     const ROWS_PER_TXN: usize = 200;
     let total = TXNS * ROWS_PER_TXN;
-    let w = World::new("ok", 1, 1, 4, "").await;
+    let w = World::postgres("ok").kafka_partitions(4).build().await;
     let table = w.table(0, 0);
     // (first id, last id, a WAL position at or after the transaction's commit end)
     let commits: Arc<Mutex<Vec<(i64, i64, u64)>>> = Arc::new(Mutex::new(Vec::new()));
@@ -162,7 +162,7 @@ async fn sigkill_at_random_moments_loses_nothing() {
 /// other shard keeps streaming and the bad row stays in the table.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_bad_row_halts_only_its_shard_partition() {
-    let w = World::new("oh", 2, 1, 1, "").await;
+    let w = World::postgres("oh").shards(2).build().await;
     let (t0, t1) = (w.table(0, 0), w.table(1, 0));
     w.db.admin.batch_execute(&format!("ALTER TABLE {t0} ALTER COLUMN topic DROP NOT NULL")).await.unwrap();
     let streamer = w.start("streamer.log");
@@ -209,7 +209,7 @@ async fn polling_kafka_outage_longer_than_the_delivery_timeout_loses_nothing() {
 }
 
 async fn kafka_outage(name: &str, extra: &str) {
-    let w = World::exclusive(name, 1, 1, 3, extra).await;
+    let w = World::postgres(name).kafka_partitions(3).config(extra).exclusive().build().await;
     let config =
         std::fs::read_to_string(&w.config).unwrap().replace("message_timeout_ms = 10000", "message_timeout_ms = 3000");
     std::fs::write(&w.config, config).unwrap();
@@ -251,7 +251,7 @@ async fn kafka_outage(name: &str, extra: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_million_row_transaction_passes_with_bounded_memory() {
     const ROWS: usize = 1_000_000;
-    let w = World::new("om", 1, 1, 3, "").await;
+    let w = World::postgres("om").kafka_partitions(3).build().await;
     let table = w.table(0, 0);
     let streamer = w.start("streamer.log");
     w.db.admin
@@ -281,7 +281,7 @@ async fn a_million_row_transaction_passes_with_bounded_memory() {
 /// client's own "unknown topic" verdict is definite.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_missing_topic_halts_with_an_error_that_names_it() {
-    let w = World::new("ou", 1, 1, 1, "").await;
+    let w = World::postgres("ou").build().await;
     let t0 = w.table(0, 0);
     let streamer = w.start("streamer.log");
     let id: i64 =
@@ -306,7 +306,7 @@ async fn a_missing_topic_halts_with_an_error_that_names_it() {
 /// fix; the row and everything after it stay in the table.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_oversize_payload_halts_with_the_row_named() {
-    let w = World::new("oz", 1, 1, 1, "").await;
+    let w = World::postgres("oz").build().await;
     let t0 = w.table(0, 0);
     let streamer = w.start("streamer.log");
     let insert = format!("INSERT INTO {t0} (topic, payload) VALUES ($1, $2) RETURNING id");
@@ -328,7 +328,7 @@ async fn an_oversize_payload_halts_with_the_row_named() {
 /// Dropping a required column while streaming halts with an error naming the column.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dropped_required_column_halts_naming_it() {
-    let w = World::new("ox", 1, 1, 1, "").await;
+    let w = World::postgres("ox").build().await;
     let t0 = w.table(0, 0);
     let streamer = w.start("streamer.log");
     w.db.admin.execute(&format!("INSERT INTO {t0} (topic, payload) VALUES ($1, 'before')"), &[&w.topic]).await.unwrap();
@@ -347,7 +347,7 @@ async fn a_dropped_required_column_halts_naming_it() {
 /// link is back the stream resumes and every row arrives once, in order.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_silent_dead_replication_link_is_detected_with_a_heartbeat() {
-    let w = World::new("pdl", 1, 1, 1, "").await;
+    let w = World::postgres("pdl").build().await;
     let hostport = w.db.streamer_url.split('@').nth(1).unwrap().split('/').next().unwrap().to_string();
     let upstream = tokio::net::lookup_host(hostport.as_str()).await.unwrap().next().unwrap();
     let proxy = crate::support::proxy::Proxy::start(upstream).await;
@@ -384,7 +384,7 @@ async fn a_silent_dead_replication_link_is_detected_with_a_heartbeat() {
 /// delete the row then, not confirm the position with the row left in the table.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_row_sent_before_its_commit_is_visible_is_still_deleted() {
-    let w = World::exclusive("vis", 1, 1, 3, "").await;
+    let w = World::postgres("vis").kafka_partitions(3).exclusive().build().await;
     let table = w.table(0, 0);
     let root = crate::support::pg::connect(&crate::support::env("OUTBOX_PG_URL")).await;
     let db: String = w.db.admin.query_one("SELECT current_database()", &[]).await.unwrap().get(0);
@@ -469,7 +469,7 @@ impl Drop for NeverAnsweringStandby {
 async fn large_rows_stay_within_the_in_flight_budget() {
     for (name, mode) in [("lr", ""), ("lrp", "mode = \"polling\"")] {
         let extra = format!("max_in_flight_bytes = 2000000\n{mode}");
-        let w = World::new(name, 1, 1, 1, &extra).await;
+        let w = World::postgres(name).config(&extra).build().await;
         let table = w.table(0, 0);
         // Incompressible, so neither lz4 nor the database can shrink it.
         w.db.admin
