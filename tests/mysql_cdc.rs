@@ -8,7 +8,9 @@ use std::time::Duration;
 use mysql_async::TxOpts;
 use mysql_async::prelude::Queryable;
 
-use crate::support::streamer::{run_cli, source_config};
+use crate::faults;
+use crate::polling::POLLING;
+use crate::support::streamer::run_cli;
 use crate::support::world::World;
 use crate::support::{kafka, wait_until};
 
@@ -150,76 +152,18 @@ async fn restart_resumes(name: &str, file_form: bool) {
 
 /// 20,000 rows in 100 paced transactions while the streamer is killed with SIGKILL three
 /// times: nothing is lost (the delete and the checkpoint commit together, so a replay after a
-/// kill re-sends only rows still in the table); duplicates are counted.
+/// kill re-sends only rows still in the table); duplicates are counted ([`faults::sigkill`]).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn mariadb_sigkill_at_random_moments_loses_nothing() {
-    sigkill("mk", "").await;
+    let w = World::mysql("mk").kafka_partitions(3).build().await;
+    faults::sigkill(w, 100, Duration::from_millis(40)).await;
 }
 
 /// The same in polling mode.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn mariadb_polling_sigkill_at_random_moments_loses_nothing() {
-    sigkill("mpk", crate::polling::POLLING).await;
-}
-
-async fn sigkill(name: &str, extra: &str) {
-    const TXNS: usize = 100;
-    const ROWS_PER_TXN: usize = 200;
-    let total = TXNS * ROWS_PER_TXN;
-    let w = World::mysql(name).kafka_partitions(3).config(extra).build().await;
-    let written = Arc::new(AtomicUsize::new(0));
-    let writer = {
-        let (url, table, topic, written) = (w.db.admin_url.clone(), w.table(0, 0), w.topic.clone(), written.clone());
-        tokio::spawn(async move {
-            let mut conn = mysql_async::Conn::new(mysql_async::Opts::from_url(&url).unwrap()).await.unwrap();
-            let values = (0..ROWS_PER_TXN).map(|_| "(?, ?, ?)").collect::<Vec<_>>().join(",");
-            let insert = format!("INSERT INTO {table} (topic, msg_key, payload) VALUES {values}");
-            let mut pace = tokio::time::interval(Duration::from_millis(40));
-            for t in 0..TXNS {
-                pace.tick().await;
-                let mut params: Vec<mysql_async::Value> = Vec::new();
-                for r in 0..ROWS_PER_TXN {
-                    params.push(topic.clone().into());
-                    params.push(format!("k{}", r % 20).into_bytes().into());
-                    params.push(format!("row-{t}-{r}").into_bytes().into());
-                }
-                let mut tx = conn.start_transaction(TxOpts::default()).await.unwrap();
-                tx.exec_drop(&insert, params).await.unwrap();
-                tx.commit().await.unwrap();
-                written.fetch_add(ROWS_PER_TXN, Ordering::SeqCst);
-            }
-            conn.disconnect().await.unwrap();
-        })
-    };
-    let deleted = || async { written.load(Ordering::SeqCst).saturating_sub(w.count(&w.table(0, 0)).await as usize) };
-    let mut streamer = Some(w.start("run-0.log"));
-    let mut seed = 0x9e37_79b9_u64;
-    for kill in 1..=3 {
-        streamer.as_ref().unwrap().wait_for_log("streaming", ARRIVAL).await;
-        let before = deleted().await;
-        wait_until("progress by the current instance", ARRIVAL, || async {
-            (deleted().await >= before + 2 * ROWS_PER_TXN).then_some(())
-        })
-        .await;
-        seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1);
-        let mut at = tokio::time::interval_at(
-            tokio::time::Instant::now() + Duration::from_millis((seed >> 33) % 150),
-            Duration::from_secs(1),
-        );
-        at.tick().await;
-        streamer.take().unwrap().kill();
-        streamer = Some(w.start(&format!("run-{kill}.log")));
-    }
-    writer.await.unwrap();
-    let (records, distinct) = kafka::count_distinct_ids(&w.topic, 3, total, ARRIVAL).await;
-    w.wait_drained(&w.table(0, 0)).await;
-    eprintln!("mariadb sigkill: {total} rows, 3 kills, {} duplicates", records - distinct);
-    assert_eq!(distinct, total, "rows lost");
-    for kill in 0..3 {
-        let log = std::fs::read_to_string(w.dir.join(format!("run-{kill}.log"))).unwrap_or_default();
-        assert!(log.contains("streaming"), "instance {kill} was killed before it streamed:\n{log}");
-    }
-    assert!(streamer.take().unwrap().stop());
+    let w = World::mysql("mpk").kafka_partitions(3).config(POLLING).build().await;
+    faults::sigkill(w, 100, Duration::from_millis(40)).await;
 }
 
 /// A NULL topic halts the shard-partition with one error naming the row and column.
@@ -318,147 +262,33 @@ async fn mariadb_add_column_while_streaming_keeps_working() {
     admin.disconnect().await.unwrap();
 }
 
-/// A bad row's dead-letter record carries the row's raw key and payload, its original topic
-/// and raw headers, and the reason; a row carrying one of the streamer's own header names is
-/// a bad row. Before, the dead-letter record of an invalid row had no key and no payload.
+/// [`faults::dead_letter_whole`]. Before, the dead-letter record of an invalid row had no key
+/// and no payload.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mariadb_bad_rows_go_to_the_dead_letter_topic_whole() {
-    let dlq = kafka::fresh_topic("mdlq", 1).await;
-    let w = World::mysql("md")
-        .config(&format!("on_bad_row = \"dead-letter\"\ndead_letter_topic = \"{dlq}\""))
-        .build()
-        .await;
-    let mut admin = w.admin().await;
-    admin.query_drop(format!("ALTER TABLE {} MODIFY topic VARCHAR(249) NULL", w.table(0, 0))).await.unwrap();
-    let streamer = w.start("streamer.log");
-    let insert = format!("INSERT INTO {} (topic, msg_key, payload, headers) VALUES (?, ?, ?, ?)", w.table(0, 0));
-    let row = |topic: Option<&str>, payload: &str, headers: &str| {
-        (topic.map(str::to_string), b"the-key".to_vec(), payload.as_bytes().to_vec(), headers.to_string())
-    };
-    admin.exec_drop(&insert, row(Some(&w.topic), "first", "{}")).await.unwrap();
-    admin.exec_drop(&insert, row(None, "no topic", "{}")).await.unwrap();
-    admin.exec_drop(&insert, row(Some(&w.topic), "number header", r#"{"a": 1}"#)).await.unwrap();
-    admin.exec_drop(&insert, row(Some(&w.topic), "forged", r#"{"outbox-id": "1"}"#)).await.unwrap();
-    admin.exec_drop(&insert, row(Some(&w.topic), "last", "{}")).await.unwrap();
-    let good = kafka::read_at_least(&w.topic, 1, 2, ARRIVAL).await;
-    assert_eq!(good.iter().map(|r| r.payload_str()).collect::<Vec<_>>(), ["first", "last"]);
-    let dead = kafka::read_at_least(&dlq, 1, 3, ARRIVAL).await;
-    assert_eq!(dead.iter().map(|r| r.payload_str()).collect::<Vec<_>>(), ["no topic", "number header", "forged"]);
-    for d in &dead {
-        assert_eq!(d.key_str(), "the-key", "the raw key: {d:?}");
-    }
-    assert!(dead[0].header("outbox-dead-letter-reason").contains("column topic"), "{:?}", dead[0].headers);
-    assert!(!dead[0].headers.contains_key("outbox-original-topic"), "a NULL topic has none");
-    assert_eq!(dead[1].header("outbox-original-topic"), w.topic);
-    assert_eq!(dead[1].header("outbox-original-headers"), r#"{"a": 1}"#);
-    assert!(dead[2].header("outbox-dead-letter-reason").contains("reserved"), "{:?}", dead[2].headers);
-    assert_ne!(dead[2].header("outbox-id"), "1", "the forged header is not passed on as ours");
-    w.wait_drained(&w.table(0, 0)).await;
-    assert!(streamer.stop());
-    admin.disconnect().await.unwrap();
+    faults::dead_letter_whole(World::mysql("md")).await;
 }
 
-/// One transaction of 1,000,000 rows passes through with bounded memory.
+/// [`faults::million_row_transaction`].
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mariadb_a_million_row_transaction_passes_with_bounded_memory() {
-    const ROWS: usize = 1_000_000;
-    let w = World::mysql("mm").kafka_partitions(3).build().await;
-    let mut admin = w.admin().await;
-    let streamer = w.start("streamer.log");
-    admin
-        .exec_drop(
-            format!(
-                "INSERT INTO {} (topic, msg_key, payload)
-                 SELECT ?, CONCAT('k', seq MOD 1000), LPAD(seq, 200, 'x') FROM seq_1_to_{ROWS}",
-                w.table(0, 0)
-            ),
-            (&w.topic,),
-        )
-        .await
-        .unwrap();
-    let (records, distinct) = kafka::count_distinct_ids(&w.topic, 3, ROWS, Duration::from_secs(900)).await;
-    assert_eq!(distinct, ROWS, "every row of the transaction arrived");
-    w.wait_drained(&w.table(0, 0)).await;
-    let peak = streamer.peak_rss_bytes();
-    eprintln!("mariadb million-row transaction: {records} records, streamer peak RSS {} MiB", peak / (1 << 20));
-    assert!(peak < 400 * (1 << 20), "peak RSS {} MiB", peak / (1 << 20));
-    assert!(streamer.stop());
-    admin.disconnect().await.unwrap();
+    faults::million_row_transaction(World::mysql("mm").kafka_partitions(3).build().await).await;
 }
 
-/// Kafka stopped for longer than the delivery timeout while rows keep coming, then started:
-/// nothing is lost and, counting each row's first delivery, per-key order holds.
+/// [`faults::kafka_outage`].
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mariadb_kafka_outage_longer_than_the_delivery_timeout_loses_nothing() {
-    kafka_outage("mo", "").await;
+    faults::kafka_outage(World::mysql("mo").kafka_partitions(3).exclusive().build().await).await;
 }
 
 /// The same outage in polling mode.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mariadb_polling_kafka_outage_longer_than_the_delivery_timeout_loses_nothing() {
-    kafka_outage("mpo", crate::polling::POLLING).await;
+    faults::kafka_outage(World::mysql("mpo").kafka_partitions(3).config(POLLING).exclusive().build().await).await;
 }
 
-async fn kafka_outage(name: &str, extra: &str) {
-    let w = World::mysql(name).kafka_partitions(3).config(extra).exclusive().build().await;
-    let config =
-        std::fs::read_to_string(&w.config).unwrap().replace("message_timeout_ms = 10000", "message_timeout_ms = 3000");
-    std::fs::write(&w.config, config).unwrap();
-    let streamer = w.start("streamer.log");
-    let mut admin = w.admin().await;
-    let insert = format!("INSERT INTO {} (topic, msg_key, payload) VALUES (?, ?, ?)", w.table(0, 0));
-    for n in 0..100 {
-        admin
-            .exec_drop(&insert, (&w.topic, format!("k{}", n % 10).as_bytes(), format!("{n}").as_bytes()))
-            .await
-            .unwrap();
-    }
-    kafka::read_at_least(&w.topic, 3, 100, ARRIVAL).await;
-
-    let outage = crate::support::KafkaOutage::begin();
-    for n in 100..300 {
-        admin
-            .exec_drop(&insert, (&w.topic, format!("k{}", n % 10).as_bytes(), format!("{n}").as_bytes()))
-            .await
-            .unwrap();
-    }
-    streamer.wait_for_log("stream interrupted", ARRIVAL).await;
-    assert_eq!(w.count(&w.table(0, 0)).await, 200, "nothing is deleted while Kafka is away");
-    drop(outage);
-
-    let records = kafka::read_at_least(&w.topic, 3, 300, ARRIVAL).await;
-    kafka::assert_first_deliveries_in_order(&records, 300);
-    eprintln!("mariadb kafka outage: 300 rows, {} records", records.len());
-    w.wait_drained(&w.table(0, 0)).await;
-    assert!(streamer.stop());
-    admin.disconnect().await.unwrap();
-}
-
-/// The link to MariaDB goes silent (no FIN, no RST — a dead network path): the streamer
-/// notices within three binlog heartbeat periods, reconnects once the link is back, and every
-/// row arrives once, in order.
+/// The link to MariaDB goes silent: the binlog heartbeat notices ([`faults::silent_dead_link`]).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mariadb_a_silent_dead_connection_is_detected_and_recovered() {
-    let w = World::mysql("md").build().await;
-    let hostport = w.streamer_url.split('@').nth(1).unwrap().split('/').next().unwrap().to_string();
-    let proxy = crate::support::proxy::Proxy::start(hostport.parse().unwrap()).await;
-    let via_proxy = w.streamer_url.replace(&hostport, &proxy.addr.to_string());
-    source_config(&w.dir, "mysql", &via_proxy, &w.prefix, 1, 1, "");
-    let streamer = w.start("streamer.log");
-    let mut admin = w.admin().await;
-    let insert = format!("INSERT INTO {} (topic, payload) VALUES (?, ?)", w.table(0, 0));
-    for i in 0..5 {
-        admin.exec_drop(&insert, (&w.topic, format!("p{i}"))).await.unwrap();
-    }
-    kafka::read_at_least(&w.topic, 1, 5, ARRIVAL).await;
-    proxy.freeze();
-    for i in 5..10 {
-        admin.exec_drop(&insert, (&w.topic, format!("p{i}"))).await.unwrap();
-    }
-    let log = streamer.wait_for_log("presumed dead", ARRIVAL).await;
-    assert!(log.contains("stream interrupted"), "{log}");
-    proxy.thaw();
-    kafka::expect_numbered_payloads(&w.topic, 10, ARRIVAL).await;
-    w.wait_drained(&w.table(0, 0)).await;
-    assert!(streamer.stop());
+    faults::silent_dead_link(World::mysql("mdl").build().await).await;
 }

@@ -29,6 +29,8 @@ pub(crate) struct World<D> {
     /// The outbox tables' prefix: shard-partition `s/p` is table `<prefix>_<s>_<p>`.
     pub prefix: String,
     pub topic: String,
+    /// Partitions of `topic`.
+    pub kafka_partitions: i32,
     /// Scratch directory: the config and the streamers' logs.
     pub dir: PathBuf,
     pub config: PathBuf,
@@ -138,7 +140,16 @@ impl<D: Database> WorldBuilder<D> {
         let config = source_config(&dir, D::KIND, &streamer_url, &prefix, self.shards, self.partitions, &self.config);
         let (ok, out, err) = run_cli(&config, &["setup", "--admin-url", db.admin_url()]);
         assert!(ok, "setup failed:\n{out}\n{err}");
-        World { _services: services, db, prefix, topic, dir, config, streamer_url }
+        World {
+            _services: services,
+            db,
+            prefix,
+            topic,
+            kafka_partitions: self.kafka_partitions,
+            dir,
+            config,
+            streamer_url,
+        }
     }
 }
 
@@ -171,5 +182,11 @@ impl<D: Database> World<D> {
     pub(crate) async fn wait_drained(&self, table: &str) {
         wait_until(&format!("{table} to drain"), ARRIVAL, || async { (self.db.count(table).await == 0).then_some(()) })
             .await;
+    }
+
+    /// Rewrites the config: `edit` gets its text and returns the new one.
+    pub(crate) fn edit_config(&self, edit: impl FnOnce(String) -> String) {
+        let text = std::fs::read_to_string(&self.config).expect("reading the config");
+        std::fs::write(&self.config, edit(text)).expect("writing the config");
     }
 }
