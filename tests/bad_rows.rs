@@ -36,7 +36,7 @@ async fn postgres_a_halted_row_fixed_or_deleted_in_the_table_clears_the_halt() {
     insert(&w, Some(&w.topic), "a").await;
     let bad = insert(&w, None, "broken").await;
     insert(&w, Some(&w.topic), "b").await;
-    let log = first.wait_for_log("halted", ARRIVAL).await;
+    let log = first.wait_for_halt(ARRIVAL).await;
     assert!(log.contains(&format!("row id={bad}")) && log.contains(&format!("WHERE id = {bad}")), "{log}");
     assert!(first.stop());
     // The fix the halt names: correct the row, restart.
@@ -51,7 +51,8 @@ async fn postgres_a_halted_row_fixed_or_deleted_in_the_table_clears_the_halt() {
     // The other fix: delete the row, restart.
     let bad = insert(&w, None, "broken again").await;
     insert(&w, Some(&w.topic), "c").await;
-    second.wait_for_log(&format!("row id={bad} of"), ARRIVAL).await;
+    let reason = second.wait_for_state("halted", ARRIVAL).await.unwrap_or_default();
+    assert!(reason.contains(&format!("row id={bad} of")), "{reason}");
     assert!(second.stop());
     w.db.admin.execute(&format!("DELETE FROM {table} WHERE id = $1"), &[&bad]).await.unwrap();
     let third = w.start("third.log");
@@ -79,7 +80,7 @@ async fn postgres_a_restored_column_clears_the_halt() {
             .await
             .unwrap()
             .get(0);
-    let log = first.wait_for_log("halted", ARRIVAL).await;
+    let log = first.wait_for_halt(ARRIVAL).await;
     assert!(log.contains("payload") && log.contains("restore the column"), "{log}");
     assert!(first.stop());
     w.db.admin.batch_execute(&format!("ALTER TABLE {table} ADD COLUMN payload bytea")).await.unwrap();
@@ -107,7 +108,7 @@ async fn postgres_skip_discards_a_row_and_a_backlog_but_never_while_streaming() 
     assert!(!ok && err.contains("the stream is running"), "{err}");
     let bad = insert(&w, None, "poison").await;
     insert(&w, Some(&w.topic), "b").await;
-    first.wait_for_log("halted", ARRIVAL).await;
+    first.wait_for_state("halted", ARRIVAL).await;
     let (ok, out, err) = run_cli(&w.config, &["skip", "--stream", "test/0/0", "--id", &bad.to_string()]);
     assert!(ok && out.contains("deleted from the table"), "{out}\n{err}");
     assert!(first.stop());
@@ -144,7 +145,7 @@ async fn mariadb_skip_discards_a_halted_row_but_never_while_streaming() {
     admin.exec_drop(&insert, (None::<String>, b"poison".as_slice())).await.unwrap();
     let bad: Option<i64> = admin.query_first("SELECT LAST_INSERT_ID()").await.unwrap();
     admin.exec_drop(&insert, (&w.topic, b"b".as_slice())).await.unwrap();
-    first.wait_for_log("halted", ARRIVAL).await;
+    first.wait_for_state("halted", ARRIVAL).await;
     let (ok, out, err) = run_cli(&w.config, &["skip", "--stream", "test/0/0", "--id", &bad.unwrap().to_string()]);
     assert!(ok && out.contains("deleted from the table"), "{out}\n{err}");
     assert!(first.stop());

@@ -776,7 +776,7 @@ async fn mariadb_an_epoch_from_another_ensemble_halts_with_the_reset() {
         .await
         .unwrap();
     let first = Running::start(&w.config, &w.dir.join("first.log"));
-    let log = first.wait_for_log("halted", SETTLE).await;
+    let log = first.wait_for_halt(SETTLE).await;
     assert!(log.contains("another ZooKeeper ensemble") && log.contains("SET owner_epoch = 0"), "{log}");
     assert_eq!(log.matches("ERROR").count(), 1, "one ERROR, not a retry loop:\n{log}");
     assert!(first.stop());

@@ -84,7 +84,7 @@ pub(crate) async fn sigkill<D: Database>(w: World<D>, txns: usize, pace: Duratio
     };
     for kill in 1..=3 {
         // Let this instance make progress of its own, then kill it at a seed-dependent moment.
-        streamer.as_ref().unwrap().wait_for_log("streaming", ARRIVAL).await;
+        streamer.as_ref().unwrap().wait_for_state("streaming", ARRIVAL).await;
         let before = deleted().await;
         wait_until("progress by the current instance before the kill", ARRIVAL, || async {
             (deleted().await >= before + 2 * ROWS_PER_TXN).then_some(())
@@ -153,7 +153,8 @@ pub(crate) async fn kafka_outage<D: Database>(w: World<D>) {
 
     let outage = KafkaOutage::begin();
     send(200).await;
-    streamer.wait_for_log("stream interrupted", ARRIVAL).await;
+    // A delivery timed out and the session restarts (logged as "stream interrupted").
+    streamer.wait_for_metric("outbox_errors_total", &[("kind", "source")], 1.0, ARRIVAL).await;
     assert_eq!(w.count(&table).await, 200, "nothing is deleted while Kafka is away");
     drop(outage);
 

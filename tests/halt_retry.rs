@@ -82,7 +82,7 @@ async fn postgres_a_missing_topic_halt_clears_once_the_topic_exists() {
         .await
         .unwrap();
 
-    let log = streamer.wait_for_log("halted", ARRIVAL).await;
+    let log = streamer.wait_for_halt(ARRIVAL).await;
     let error = errors(&log).first().map(|l| l.to_string()).unwrap_or_default();
     assert!(error.contains(&format!("row id={bad}")) && error.contains("does not exist"), "{log}");
     assert!(error.contains("retries by itself"), "the ERROR says the halt clears by itself: {error}");
@@ -167,7 +167,7 @@ async fn postgres_skip_on_a_halted_stream_takes_effect_without_a_restart() {
     row(&w.topic, "a").await;
     let bad = row(&missing, "never").await;
     row(&w.topic, "b").await;
-    streamer.wait_for_log("halted", ARRIVAL).await;
+    streamer.wait_for_state("halted", ARRIVAL).await;
     wait_state(addr, HALTED).await;
 
     let out = wait_until("skip to find the stream between retries", ARRIVAL, || async {
@@ -204,7 +204,7 @@ async fn postgres_a_catch_up_halted_on_a_refused_delete_resends_nothing_when_ret
     w.db.admin.batch_execute(&format!("UPDATE {}_checkpoint SET catchup_pending = true", w.prefix)).await.unwrap();
     let (streamer, addr) = start(&w, "streamer.log");
     streamer.wait_for_log("catching up by polling", ARRIVAL).await;
-    streamer.wait_for_log("halted", ARRIVAL).await;
+    streamer.wait_for_state("halted", ARRIVAL).await;
     wait_state(addr, HALTED).await;
     let log = retried(&streamer, 3).await;
     assert_eq!(errors(&log).len(), 1, "{log}");
@@ -231,7 +231,7 @@ async fn postgres_a_missing_topic_is_looked_up_between_attempts() {
     let insert = format!("INSERT INTO {table} (topic, payload) VALUES ($1, convert_to($2, 'UTF8'))");
     w.db.admin.execute(&insert, &[&missing as &(dyn ToSql + Sync), &"m1"]).await.unwrap();
     w.db.admin.execute(&insert, &[&w.topic as &(dyn ToSql + Sync), &"after"]).await.unwrap();
-    streamer.wait_for_log("halted", ARRIVAL).await;
+    streamer.wait_for_state("halted", ARRIVAL).await;
     wait_state(addr, HALTED).await;
     let created = std::time::Instant::now();
     kafka::create_topic(&missing, 1).await;

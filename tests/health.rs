@@ -52,7 +52,7 @@ async fn readyz_tells_streaming_from_halted_and_retrying() {
     let insert = format!("INSERT INTO {t1} (topic, payload) VALUES ($1, 'fine')");
     w.db.admin.execute(&insert, &[&w.topic as &(dyn ToSql + Sync)]).await.unwrap();
     kafka::read_at_least(&w.topic, 1, 1, ARRIVAL).await;
-    first.wait_for_log("halted", ARRIVAL).await;
+    first.wait_for_state("halted", ARRIVAL).await;
 
     assert_eq!(get(addr, "/healthz").await, (200, "ok\n".to_string()));
     let both = || async {
@@ -74,7 +74,7 @@ async fn readyz_tells_streaming_from_halted_and_retrying() {
     std::fs::write(&lenient, text).unwrap();
     let first =
         Running::start_with_env(&lenient, &w.dir.join("lenient.log"), &[("OUTBOX_METRICS_LISTEN", addr.to_string())]);
-    first.wait_for_log("halted", ARRIVAL).await;
+    first.wait_for_state("halted", ARRIVAL).await;
     let (status, body) = wait_until("/readyz to show both shard-partitions again", ARRIVAL, both).await;
     assert_eq!(status, 200, "ready_when_halted: a halt with its reason is ready:\n{body}");
 
@@ -197,7 +197,7 @@ async fn silent_connections_are_bounded_in_number_and_time() {
     let addr = free_addr();
     let env = [("OUTBOX_METRICS_LISTEN", addr.to_string())];
     let streamer = Running::start_with_nofile(&w.config, &w.dir.join("streamer.log"), &env, 256);
-    streamer.wait_for_log("streaming", ARRIVAL).await;
+    streamer.wait_for_state("streaming", ARRIVAL).await;
     wait_until("/healthz to answer", ARRIVAL, || async { try_get(addr, "/healthz").await }).await;
 
     let (cpu_before, started) = (streamer.cpu_time(), Instant::now());

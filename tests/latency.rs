@@ -48,7 +48,7 @@ async fn mariadb_latency_has_a_sample_per_record_in_seconds_whatever_the_writers
     const AGED: f64 = 10.0;
     west.exec_drop(&insert, (None::<String>, "bad at first")).await.unwrap();
     let bad: Option<i64> = west.query_first("SELECT LAST_INSERT_ID()").await.unwrap();
-    streamer.wait_for_log("halted", ARRIVAL).await;
+    streamer.wait_for_state("halted", ARRIVAL).await;
     admin.exec_drop(format!("UPDATE {table} SET topic = ? WHERE id = ?"), (&w.topic, bad)).await.unwrap();
 
     const RECORDS: usize = 31;

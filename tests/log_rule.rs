@@ -154,7 +154,7 @@ async fn postgres_a_failed_delete_does_not_publish_again() {
     })
     .await;
     w.db.admin.execute("SELECT pg_terminate_backend($1)", &[&pid]).await.unwrap();
-    streamer.wait_for_log("stream interrupted", ARRIVAL).await;
+    streamer.wait_for_metric("outbox_errors_total", &[("kind", "source")], 1.0, ARRIVAL).await;
     locker.batch_execute("COMMIT").await.unwrap();
     w.wait_drained(&table).await;
     w.db.admin.query_one(&insert, &[&w.topic, &"after"]).await.unwrap();

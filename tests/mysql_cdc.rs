@@ -179,7 +179,7 @@ async fn mariadb_a_bad_row_halts_naming_it() {
         .unwrap();
     admin.query_drop(format!("INSERT INTO {} (topic, payload) VALUES (NULL, 'bad')", w.table(0, 0))).await.unwrap();
     let bad: Option<i64> = admin.query_first("SELECT LAST_INSERT_ID()").await.unwrap();
-    let log = streamer.wait_for_log("halted", ARRIVAL).await;
+    let log = streamer.wait_for_halt(ARRIVAL).await;
     let errors: Vec<&str> = log.lines().filter(|l| l.contains("ERROR")).collect();
     assert_eq!(errors.len(), 1, "{log}");
     assert!(

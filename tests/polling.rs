@@ -295,7 +295,7 @@ async fn polling_stops_at_a_newer_owner_epoch() {
         .await
         .unwrap();
     insert(&w, payloads(5..6)).await;
-    let log = streamer.wait_for_log("halted", ARRIVAL).await;
+    let log = streamer.wait_for_halt(ARRIVAL).await;
     assert!(log.contains("newer owner epoch") && log.contains("SET owner_epoch = 0"), "{log}");
     assert_eq!(w.db.count(&table).await, 1, "the fenced delete left the row");
     assert!(streamer.stop());

@@ -51,7 +51,7 @@ async fn late_commit(name: &str, extra: &str) {
 async fn late_commit_in(w: World<MyDb>) {
     let streamer = w.start("streamer.log");
     // The stream reads (and, polling, reads INNODB_TRX every few ms) before the writer starts.
-    streamer.wait_for_log("streaming", ARRIVAL).await;
+    streamer.wait_for_state("streaming", ARRIVAL).await;
     let mut admin = w.admin().await;
     let mut slow = w.admin().await;
     let mut tx = slow.start_transaction(mysql_async::TxOpts::default()).await.unwrap();

@@ -48,7 +48,7 @@ async fn a_bad_row_halts_only_its_shard_partition() {
     assert!(!payloads.contains(&"s0-after".to_string()), "nothing after the bad row on its shard-partition");
     assert_eq!(payloads.iter().filter(|p| p.starts_with("s1-")).count(), 5, "the other shard keeps streaming");
     w.wait_drained(&t1).await;
-    let log = streamer.wait_for_log("halted", ARRIVAL).await;
+    let log = streamer.wait_for_halt(ARRIVAL).await;
     let errors: Vec<&str> = log.lines().filter(|l| l.contains("ERROR")).collect();
     assert_eq!(errors.len(), 1, "one ERROR, not one per retry:\n{log}");
     assert!(errors[0].contains(&format!("row id={bad}")) && errors[0].contains("column topic"), "{}", errors[0]);
@@ -99,7 +99,7 @@ async fn a_missing_topic_halts_with_an_error_that_names_it() {
             .await
             .unwrap()
             .get(0);
-    let log = streamer.wait_for_log("halted", ARRIVAL).await;
+    let log = streamer.wait_for_halt(ARRIVAL).await;
     let errors: Vec<&str> = log.lines().filter(|l| l.contains("ERROR")).collect();
     assert_eq!(errors.len(), 1, "one ERROR:\n{log}");
     assert!(errors[0].contains(&format!("row id={id}")), "{}", errors[0]);
@@ -122,7 +122,7 @@ async fn an_oversize_payload_halts_with_the_row_named() {
     row(b"first").await;
     let big = row(&vec![b'x'; 2 * 1024 * 1024]).await;
     row(b"after").await;
-    let log = streamer.wait_for_log("halted", ARRIVAL).await;
+    let log = streamer.wait_for_halt(ARRIVAL).await;
     let error = log.lines().find(|l| l.contains("ERROR")).expect("an ERROR line");
     assert!(error.contains(&format!("row id={big}")) && error.contains("message.max.bytes"), "{error}");
     let records = kafka::read_at_least(&w.topic, 1, 1, ARRIVAL).await;
@@ -141,7 +141,7 @@ async fn a_dropped_required_column_halts_naming_it() {
     kafka::read_at_least(&w.topic, 1, 1, ARRIVAL).await;
     w.db.admin.batch_execute(&format!("ALTER TABLE {t0} DROP COLUMN headers")).await.unwrap();
     w.db.admin.execute(&format!("INSERT INTO {t0} (topic, payload) VALUES ($1, 'after')"), &[&w.topic]).await.unwrap();
-    let log = streamer.wait_for_log("halted", ARRIVAL).await;
+    let log = streamer.wait_for_halt(ARRIVAL).await;
     let error = log.lines().find(|l| l.contains("ERROR")).expect("an ERROR line");
     assert!(error.contains("\\\"headers\\\"") || error.contains("\"headers\""), "{error}");
     assert_eq!(w.db.count(&t0).await, 1, "the row after the change stays in the table");

@@ -168,7 +168,8 @@ impl<D: Database> World<D> {
         format!("{}_{shard}_{partition}", self.prefix)
     }
 
-    /// Starts `outbox-streamer run` with the world's config, logging to `log` in its directory.
+    /// Starts `outbox-streamer run` with the world's config, logging to `log` in its directory;
+    /// it serves its metrics endpoint, so the test can wait on its state ([`Running::wait_for_state`]).
     pub(crate) fn start(&self, log: &str) -> Running {
         Running::start(&self.config, &self.dir.join(log))
     }
