@@ -26,13 +26,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use futures::future::BoxFuture;
-use outbox_kafka::Producer;
 use tokio::sync::watch;
 
 use crate::config::StreamSettings;
 use crate::error::Error;
 use crate::metrics as m;
 use crate::poll::{PollPosition, PollSettings, PollSource, PollTable};
+use crate::sink::Broker;
 use crate::streamer::{StreamLabels, StreamMemory, run_session};
 
 /// How one shard-partition catches up when its position is lost; each database implements it
@@ -62,7 +62,7 @@ pub(crate) struct CatchUpReport {
 pub(crate) struct Drain<'a> {
     pub labels: &'a StreamLabels,
     pub settings: &'a StreamSettings,
-    pub producer: &'a Producer,
+    pub producer: &'a Broker,
     pub message_timeout: Duration,
     pub stop: &'a mut watch::Receiver<bool>,
     /// Kept by the task from one catch-up attempt to the next: the rows an attempt published

@@ -15,12 +15,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use metrics::gauge;
-use outbox_kafka::{Producer, ProducerSettings};
 use tokio::sync::watch;
 use tracing::Instrument;
 
 use crate::catchup::{CatchUp, Drain};
-use crate::config::{KafkaConfig, SourceConfig, StreamSettings};
+use crate::config::{SourceConfig, StreamSettings};
 use crate::dberror;
 use crate::error::Error;
 use crate::halt::{HALT_RETRY_MAX, HaltPoint, HaltRetry};
@@ -29,6 +28,7 @@ use crate::metrics::{self as m, state};
 use crate::names::{StreamNames, all_streams};
 use crate::policy::{Action, Phase, policy};
 use crate::poll::PollSettings;
+use crate::sink::{self, Broker, BrokerSettings};
 use crate::source::Source;
 use crate::streamer::{StreamLabels, StreamMemory, run_session};
 
@@ -83,7 +83,7 @@ pub(crate) struct JobParts<F> {
     pub names: StreamNames,
     pub connect: F,
     pub catch_up: Arc<dyn CatchUp>,
-    pub producer: ProducerSettings,
+    pub broker: BrokerSettings,
     pub message_timeout_ms: u64,
 }
 
@@ -109,7 +109,7 @@ where
                     parts.settings.clone(),
                     connect,
                     parts.catch_up.clone(),
-                    parts.producer.clone(),
+                    parts.broker.clone(),
                     parts.message_timeout_ms,
                     stop,
                 )
@@ -162,23 +162,12 @@ pub(crate) fn poll_settings(settings: &StreamSettings, labels: &StreamLabels) ->
     }
 }
 
-pub(crate) fn producer_settings(kafka: &KafkaConfig, s: &StreamSettings, labels: &StreamLabels) -> ProducerSettings {
-    ProducerSettings {
-        brokers: kafka.brokers.clone(),
-        client_id: format!("outbox-streamer-{}-{}-{}", labels.source, labels.id.shard, labels.id.partition),
-        compression: s.compression.as_str().into(),
-        linger_ms: s.linger_ms,
-        message_timeout_ms: kafka.message_timeout_ms,
-        properties: kafka.properties.clone(),
-    }
-}
-
 async fn stream_task<S, F, Fut>(
     labels: StreamLabels,
     settings: StreamSettings,
     connect: F,
     catch_up: Arc<dyn CatchUp>,
-    producer: ProducerSettings,
+    broker: BrokerSettings,
     message_timeout_ms: u64,
     mut stop: watch::Receiver<bool>,
 ) where
@@ -193,14 +182,10 @@ async fn stream_task<S, F, Fut>(
     ];
     m::init_stream(&metric_labels);
     set_state(&labels, &metric_labels, state::STOPPED, None);
-    let producer = match Producer::new(&producer) {
+    let producer = match sink::open(&broker) {
         Ok(p) => p,
         Err(e) => {
-            let reason = Error::definite(
-                format!("cannot create the Kafka producer: {e}"),
-                "correct the [kafka] settings, then restart (this halt does not clear by itself)",
-            )
-            .to_string();
+            let reason = e.to_string();
             set_state(&labels, &metric_labels, state::HALTED, Some(&reason));
             tracing::error!("{reason}; this shard-partition is halted");
             return;
@@ -358,7 +343,7 @@ async fn stream_task<S, F, Fut>(
             }
         }
     }
-    let _ = tokio::task::spawn_blocking(move || producer.flush(Duration::from_secs(5))).await;
+    sink::close(producer).await;
     stopped(&labels, &metric_labels);
 }
 
@@ -472,7 +457,7 @@ async fn halted(
     msg: &str,
     retry: &mut HaltRetry,
     missing_topic: Option<&str>,
-    producer: &Producer,
+    producer: &Broker,
     stop: &mut watch::Receiver<bool>,
 ) -> bool {
     set_state(labels, metric_labels, state::HALTED, Some(msg));

@@ -6,14 +6,16 @@
 //!
 //! ```text
 //!            ┌──────────── one task per shard-partition ─────────────┐
-//!  database ─┤ Source (db/<name>/) ─▶ streamer.rs ─▶ outbox-kafka     │─▶ Kafka
+//!  database ─┤ Source (db/<name>/) ─▶ streamer.rs ─▶ Sink (sink/)     │─▶ Kafka
 //!            │        ▲                    │ ordered acks (ack.rs)    │
 //!            │        └─ delete, then move the slot ◀─┘              │
 //!            └───────────────────────────────────────────────────────┘
 //! ```
 //!
 //! * The core (this crate) owns the vocabulary — [`record::OutboxRecord`], positions, the
-//!   [`source::Source`] contract — and the loop in [`streamer`]. Connector crates
+//!   [`source::Source`] and [`sink::Sink`] contracts — and the loop in [`streamer`], generic
+//!   over both. Each database is one folder behind [`db::Database`]; the broker is chosen in
+//!   [`sink`]. Connector crates
 //!   (`outbox-postgres`, `outbox-kafka`, …) only speak their system's protocol; the core
 //!   depends on them, never the reverse.
 //! * Delivery is at least once: a row is deleted, and the slot moved past it, only after its

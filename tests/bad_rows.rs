@@ -10,9 +10,10 @@ use std::time::Duration;
 use mysql_async::prelude::Queryable;
 use tokio_postgres::types::ToSql;
 
-use crate::postgres_cdc::World;
 use crate::support::kafka;
+use crate::support::pg::PgDb;
 use crate::support::streamer::run_cli;
+use crate::support::world::World;
 
 const ARRIVAL: Duration = Duration::from_secs(120);
 
@@ -20,7 +21,7 @@ fn payloads(records: &[kafka::Record]) -> Vec<String> {
     records.iter().map(kafka::Record::payload_str).collect()
 }
 
-async fn insert(w: &World, topic: Option<&str>, payload: &str) -> i64 {
+async fn insert(w: &World<PgDb>, topic: Option<&str>, payload: &str) -> i64 {
     let sql =
         format!("INSERT INTO {} (topic, payload) VALUES ($1, convert_to($2, 'UTF8')) RETURNING id", w.table(0, 0));
     w.db.admin.query_one(&sql, &[&topic as &(dyn ToSql + Sync), &payload]).await.unwrap().get(0)
@@ -28,14 +29,14 @@ async fn insert(w: &World, topic: Option<&str>, payload: &str) -> i64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_a_halted_row_fixed_or_deleted_in_the_table_clears_the_halt() {
-    let w = World::new("bh", 1, 1, 1, "").await;
+    let w = World::postgres("bh").build().await;
     let table = w.table(0, 0);
     w.db.admin.batch_execute(&format!("ALTER TABLE {table} ALTER COLUMN topic DROP NOT NULL")).await.unwrap();
     let first = w.start("first.log");
     insert(&w, Some(&w.topic), "a").await;
     let bad = insert(&w, None, "broken").await;
     insert(&w, Some(&w.topic), "b").await;
-    let log = first.wait_for_log("halted", ARRIVAL).await;
+    let log = first.wait_for_halt(ARRIVAL).await;
     assert!(log.contains(&format!("row id={bad}")) && log.contains(&format!("WHERE id = {bad}")), "{log}");
     assert!(first.stop());
     // The fix the halt names: correct the row, restart.
@@ -50,7 +51,8 @@ async fn postgres_a_halted_row_fixed_or_deleted_in_the_table_clears_the_halt() {
     // The other fix: delete the row, restart.
     let bad = insert(&w, None, "broken again").await;
     insert(&w, Some(&w.topic), "c").await;
-    second.wait_for_log(&format!("row id={bad} of"), ARRIVAL).await;
+    let reason = second.wait_for_state("halted", ARRIVAL).await.unwrap_or_default();
+    assert!(reason.contains(&format!("row id={bad} of")), "{reason}");
     assert!(second.stop());
     w.db.admin.execute(&format!("DELETE FROM {table} WHERE id = $1"), &[&bad]).await.unwrap();
     let third = w.start("third.log");
@@ -66,7 +68,7 @@ async fn postgres_a_halted_row_fixed_or_deleted_in_the_table_clears_the_halt() {
 /// rows logged meanwhile are read from the table.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_a_restored_column_clears_the_halt() {
-    let w = World::new("bc", 1, 1, 1, "").await;
+    let w = World::postgres("bc").build().await;
     let table = w.table(0, 0);
     let first = w.start("first.log");
     insert(&w, Some(&w.topic), "a").await;
@@ -78,7 +80,7 @@ async fn postgres_a_restored_column_clears_the_halt() {
             .await
             .unwrap()
             .get(0);
-    let log = first.wait_for_log("halted", ARRIVAL).await;
+    let log = first.wait_for_halt(ARRIVAL).await;
     assert!(log.contains("payload") && log.contains("restore the column"), "{log}");
     assert!(first.stop());
     w.db.admin.batch_execute(&format!("ALTER TABLE {table} ADD COLUMN payload bytea")).await.unwrap();
@@ -96,7 +98,7 @@ async fn postgres_a_restored_column_clears_the_halt() {
 /// both are refused while the stream runs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_skip_discards_a_row_and_a_backlog_but_never_while_streaming() {
-    let w = World::new("bs", 1, 1, 1, "").await;
+    let w = World::postgres("bs").build().await;
     let table = w.table(0, 0);
     w.db.admin.batch_execute(&format!("ALTER TABLE {table} ALTER COLUMN topic DROP NOT NULL")).await.unwrap();
     let first = w.start("first.log");
@@ -106,7 +108,7 @@ async fn postgres_skip_discards_a_row_and_a_backlog_but_never_while_streaming() 
     assert!(!ok && err.contains("the stream is running"), "{err}");
     let bad = insert(&w, None, "poison").await;
     insert(&w, Some(&w.topic), "b").await;
-    first.wait_for_log("halted", ARRIVAL).await;
+    first.wait_for_state("halted", ARRIVAL).await;
     let (ok, out, err) = run_cli(&w.config, &["skip", "--stream", "test/0/0", "--id", &bad.to_string()]);
     assert!(ok && out.contains("deleted from the table"), "{out}\n{err}");
     assert!(first.stop());
@@ -131,10 +133,10 @@ async fn postgres_skip_discards_a_row_and_a_backlog_but_never_while_streaming() 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mariadb_skip_discards_a_halted_row_but_never_while_streaming() {
-    let w = crate::mysql_cdc::World::new("mbs", 1).await;
+    let w = World::mysql("mbs").build().await;
     let mut admin = w.admin().await;
-    admin.query_drop(format!("ALTER TABLE {} MODIFY topic VARCHAR(249) NULL", w.table())).await.unwrap();
-    let insert = format!("INSERT INTO {} (topic, payload) VALUES (?, ?)", w.table());
+    admin.query_drop(format!("ALTER TABLE {} MODIFY topic VARCHAR(249) NULL", w.table(0, 0))).await.unwrap();
+    let insert = format!("INSERT INTO {} (topic, payload) VALUES (?, ?)", w.table(0, 0));
     let first = w.start("first.log");
     admin.exec_drop(&insert, (&w.topic, b"a".as_slice())).await.unwrap();
     kafka::read_at_least(&w.topic, 1, 1, ARRIVAL).await;
@@ -143,14 +145,14 @@ async fn mariadb_skip_discards_a_halted_row_but_never_while_streaming() {
     admin.exec_drop(&insert, (None::<String>, b"poison".as_slice())).await.unwrap();
     let bad: Option<i64> = admin.query_first("SELECT LAST_INSERT_ID()").await.unwrap();
     admin.exec_drop(&insert, (&w.topic, b"b".as_slice())).await.unwrap();
-    first.wait_for_log("halted", ARRIVAL).await;
+    first.wait_for_state("halted", ARRIVAL).await;
     let (ok, out, err) = run_cli(&w.config, &["skip", "--stream", "test/0/0", "--id", &bad.unwrap().to_string()]);
     assert!(ok && out.contains("deleted from the table"), "{out}\n{err}");
     assert!(first.stop());
     let second = w.start("second.log");
     let records = kafka::read_at_least(&w.topic, 1, 2, ARRIVAL).await;
     assert_eq!(payloads(&records), ["a", "b"]);
-    w.wait_drained().await;
+    w.wait_drained(&w.table(0, 0)).await;
     assert!(second.stop());
     admin.disconnect().await.unwrap();
 }
@@ -166,7 +168,7 @@ async fn refused_batches_are_resent_alone_and_bad_rows_dead_lettered_whole() {
     let dlq = crate::support::unique("bbdlq").replace('_', "-");
     kafka::create_topic_with(&dlq, 1, &[("max.message.bytes", "200000")]).await;
     let extra = format!("on_bad_row = \"dead-letter\"\ndead_letter_topic = \"{dlq}\"\ncompression = \"none\"");
-    let w = World::new("bb", 1, 1, 1, &extra).await;
+    let w = World::postgres("bb").config(&extra).build().await;
     let table = w.table(0, 0);
     let streamer = w.start("streamer.log");
     // 30 rows of 4 kB, one transaction: together far above 20 kB, each one well below.
@@ -200,7 +202,7 @@ async fn refused_batches_are_resent_alone_and_bad_rows_dead_lettered_whole() {
     assert!(streamer.stop());
 }
 
-async fn insert_to(w: &World, topic: &str, payload: &str) {
+async fn insert_to(w: &World<PgDb>, topic: &str, payload: &str) {
     let sql = format!("INSERT INTO {} (topic, payload) VALUES ($1, convert_to($2, 'UTF8'))", w.table(0, 0));
     w.db.admin.execute(&sql, &[&topic, &payload]).await.unwrap();
 }

@@ -22,10 +22,11 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_postgres::types::ToSql;
 
-use crate::postgres_cdc::World;
 use crate::support::kafka::{self, Record};
+use crate::support::pg::PgDb;
 use crate::support::proxy::Proxy;
 use crate::support::streamer::{Running, run_cli};
+use crate::support::world::World;
 use crate::support::{env, pg, services, unique, wait_until};
 
 /// Short, so the tests fail over quickly; the services' ZooKeeper allows 1 s to 60 s.
@@ -43,7 +44,7 @@ fn coordination(cluster: &str, connect: &str) -> String {
 
 /// A cluster of instances over one database's shard-partitions.
 struct Cluster {
-    w: World,
+    w: World<PgDb>,
     paths: ClusterPaths,
     keys: Vec<String>,
     tables: Vec<String>,
@@ -61,9 +62,16 @@ impl Cluster {
         let cluster = unique(name);
         let extra = coordination(&cluster, &env("OUTBOX_ZK_CONNECT"));
         let w = if exclusive {
-            World::exclusive(name, shards, partitions, 3, &extra).await
+            World::postgres(name)
+                .shards(shards)
+                .partitions(partitions)
+                .kafka_partitions(3)
+                .config(&extra)
+                .exclusive()
+                .build()
+                .await
         } else {
-            World::new(name, shards, partitions, 3, &extra).await
+            World::postgres(name).shards(shards).partitions(partitions).kafka_partitions(3).config(&extra).build().await
         };
         let tables: Vec<String> =
             (0..shards).flat_map(|s| (0..partitions).map(move |p| (s, p))).map(|(s, p)| w.table(s, p)).collect();
@@ -504,8 +512,9 @@ async fn a_delayed_reset_or_cut_zookeeper_link_never_makes_two_owners() {
 async fn mariadb_an_owner_paused_past_its_session_is_fenced_by_the_stored_epoch() {
     use mysql_async::prelude::Queryable;
     let cluster = unique("zm");
-    let w = crate::mysql_cdc::World::with_extra("zm", 3, &coordination(&cluster, &env("OUTBOX_ZK_CONNECT"))).await;
-    let table = w.table();
+    let w =
+        World::mysql("zm").kafka_partitions(3).config(&coordination(&cluster, &env("OUTBOX_ZK_CONNECT"))).build().await;
+    let table = w.table(0, 0);
     let zk = outbox_zookeeper::connect(&outbox_zookeeper::SessionSettings::new(env("OUTBOX_ZK_CONNECT")))
         .await
         .expect("ZooKeeper session for the test");
@@ -571,7 +580,7 @@ async fn mariadb_an_owner_paused_past_its_session_is_fenced_by_the_stored_epoch(
     let records = read_all(&w.topic, &sent).await;
     let duplicates = check(&records, &sent);
     eprintln!("MariaDB pause past the session: {duplicates} duplicate records");
-    w.wait_drained().await;
+    w.wait_drained(&w.table(0, 0)).await;
     assert!(b.stop(), "the new owner exits 0 on SIGTERM");
 }
 
@@ -758,8 +767,8 @@ async fn a_missing_chroot_is_named_and_retried_with_backoff() {
 async fn mariadb_an_epoch_from_another_ensemble_halts_with_the_reset() {
     use mysql_async::prelude::Queryable;
     let cluster = unique("ze");
-    let w = crate::mysql_cdc::World::with_extra("ze", 1, &coordination(&cluster, &env("OUTBOX_ZK_CONNECT"))).await;
-    let table = w.table();
+    let w = World::mysql("ze").config(&coordination(&cluster, &env("OUTBOX_ZK_CONNECT"))).build().await;
+    let table = w.table(0, 0);
     let mut admin = w.admin().await;
     let checkpoint = format!("{}_checkpoint", w.prefix);
     admin
@@ -767,7 +776,7 @@ async fn mariadb_an_epoch_from_another_ensemble_halts_with_the_reset() {
         .await
         .unwrap();
     let first = Running::start(&w.config, &w.dir.join("first.log"));
-    let log = first.wait_for_log("halted", SETTLE).await;
+    let log = first.wait_for_halt(SETTLE).await;
     assert!(log.contains("another ZooKeeper ensemble") && log.contains("SET owner_epoch = 0"), "{log}");
     assert_eq!(log.matches("ERROR").count(), 1, "one ERROR, not a retry loop:\n{log}");
     assert!(first.stop());

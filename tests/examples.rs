@@ -7,6 +7,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use crate::support::kafka::{self, Record};
+use crate::support::world::World;
 
 const ARRIVAL: Duration = Duration::from_secs(120);
 
@@ -46,7 +47,7 @@ fn check(records: &[Record], key: &str, from: &str, trace_id_in: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn python_and_java_examples_enqueue_into_postgres() {
-    let w = crate::postgres_cdc::World::new("ex", 1, 1, 1, "").await;
+    let w = World::postgres("ex").build().await;
     let streamer = w.start("streamer.log");
     let (user, password, host, db) = parts(&w.db.admin_url);
     let common = |key: &str| {
@@ -81,13 +82,13 @@ async fn python_and_java_examples_enqueue_into_postgres() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn python_and_java_examples_enqueue_into_mariadb() {
-    let w = crate::mysql_cdc::World::new("exm", 1).await;
+    let w = World::mysql("exm").build().await;
     let streamer = w.start("streamer.log");
     let (user, password, host, db) = parts(&w.db.admin_url);
     let common = |key: &str| {
         vec![
             ("OUTBOX_EXAMPLE_TOPIC", w.topic.clone()),
-            ("OUTBOX_EXAMPLE_TABLE", w.table()),
+            ("OUTBOX_EXAMPLE_TABLE", w.table(0, 0)),
             ("OUTBOX_EXAMPLE_KEY", key.to_string()),
         ]
     };
@@ -102,6 +103,6 @@ async fn python_and_java_examples_enqueue_into_mariadb() {
     assert_eq!(records.len(), 2);
     check(&records, "customer-py", "python", &py_out);
     check(&records, "customer-java", "java", &java_out);
-    w.wait_drained().await;
+    w.wait_drained(&w.table(0, 0)).await;
     assert!(streamer.stop());
 }

@@ -7,9 +7,10 @@ use std::time::Duration;
 
 use tokio_postgres::types::ToSql;
 
-use crate::postgres_cdc::World;
 use crate::support::metrics::{free_addr, stream_state};
+use crate::support::pg::PgDb;
 use crate::support::streamer::Running;
+use crate::support::world::World;
 use crate::support::{kafka, unique, wait_until};
 
 const ARRIVAL: Duration = Duration::from_secs(120);
@@ -26,7 +27,7 @@ fn payloads(records: &[kafka::Record]) -> Vec<String> {
 }
 
 /// Starts the streamer with its metrics on a free address.
-fn start(w: &World, log: &str) -> (Running, std::net::SocketAddr) {
+fn start(w: &World<PgDb>, log: &str) -> (Running, std::net::SocketAddr) {
     let addr = free_addr();
     let running = Running::start_with_env(&w.config, &w.dir.join(log), &[("OUTBOX_METRICS_LISTEN", addr.to_string())]);
     (running, addr)
@@ -60,7 +61,7 @@ async fn wait_state(addr: std::net::SocketAddr, want: f64) {
 /// after it arrive once each, in order, and the table drains.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_a_missing_topic_halt_clears_once_the_topic_exists() {
-    let w = World::new("hm", 1, 1, 1, "halt_retry_ms = 300").await;
+    let w = World::postgres("hm").config("halt_retry_ms = 300").build().await;
     let table = w.table(0, 0);
     let missing = unique("hm-later").replace('_', "-");
     let (streamer, addr) = start(&w, "streamer.log");
@@ -81,7 +82,7 @@ async fn postgres_a_missing_topic_halt_clears_once_the_topic_exists() {
         .await
         .unwrap();
 
-    let log = streamer.wait_for_log("halted", ARRIVAL).await;
+    let log = streamer.wait_for_halt(ARRIVAL).await;
     let error = errors(&log).first().map(|l| l.to_string()).unwrap_or_default();
     assert!(error.contains(&format!("row id={bad}")) && error.contains("does not exist"), "{log}");
     assert!(error.contains("retries by itself"), "the ERROR says the halt clears by itself: {error}");
@@ -113,7 +114,7 @@ async fn postgres_a_missing_topic_halt_clears_once_the_topic_exists() {
 /// the GRANT the stream resumes by itself and the table drains, each row published once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_a_revoked_delete_grant_halt_clears_once_granted() {
-    let w = World::new("hd", 1, 1, 1, "halt_retry_ms = 300").await;
+    let w = World::postgres("hd").config("halt_retry_ms = 300").build().await;
     let table = w.table(0, 0);
     let role = w.db.streamer_url.trim_start_matches("postgres://").split(':').next().unwrap().to_string();
     let insert = format!("INSERT INTO {table} (topic, payload) VALUES ($1, $2)");
@@ -155,7 +156,7 @@ async fn postgres_a_revoked_delete_grant_halt_clears_once_granted() {
 /// (`skip` refuses during the moment a retry reads the slot; it is simply run again.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_skip_on_a_halted_stream_takes_effect_without_a_restart() {
-    let w = World::new("hs", 1, 1, 1, "halt_retry_ms = 300").await;
+    let w = World::postgres("hs").config("halt_retry_ms = 300").build().await;
     let table = w.table(0, 0);
     let missing = unique("hs-never").replace('_', "-");
     let (streamer, addr) = start(&w, "streamer.log");
@@ -166,7 +167,7 @@ async fn postgres_skip_on_a_halted_stream_takes_effect_without_a_restart() {
     row(&w.topic, "a").await;
     let bad = row(&missing, "never").await;
     row(&w.topic, "b").await;
-    streamer.wait_for_log("halted", ARRIVAL).await;
+    streamer.wait_for_state("halted", ARRIVAL).await;
     wait_state(addr, HALTED).await;
 
     let out = wait_until("skip to find the stream between retries", ARRIVAL, || async {
@@ -191,7 +192,7 @@ async fn postgres_skip_on_a_halted_stream_takes_effect_without_a_restart() {
 /// nothing either: the rows Kafka acknowledged are deleted first when the next attempt starts.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_a_catch_up_halted_on_a_refused_delete_resends_nothing_when_retried() {
-    let w = World::new("hc", 1, 1, 1, "halt_retry_ms = 300\npoll_batch = 10").await;
+    let w = World::postgres("hc").config("halt_retry_ms = 300\npoll_batch = 10").build().await;
     let table = w.table(0, 0);
     let role = w.db.streamer_url.trim_start_matches("postgres://").split(':').next().unwrap().to_string();
     w.db.admin.batch_execute(&format!("REVOKE DELETE ON {table} FROM {role}")).await.unwrap();
@@ -203,7 +204,7 @@ async fn postgres_a_catch_up_halted_on_a_refused_delete_resends_nothing_when_ret
     w.db.admin.batch_execute(&format!("UPDATE {}_checkpoint SET catchup_pending = true", w.prefix)).await.unwrap();
     let (streamer, addr) = start(&w, "streamer.log");
     streamer.wait_for_log("catching up by polling", ARRIVAL).await;
-    streamer.wait_for_log("halted", ARRIVAL).await;
+    streamer.wait_for_state("halted", ARRIVAL).await;
     wait_state(addr, HALTED).await;
     let log = retried(&streamer, 3).await;
     assert_eq!(errors(&log).len(), 1, "{log}");
@@ -223,14 +224,14 @@ async fn postgres_a_catch_up_halted_on_a_refused_delete_resends_nothing_when_ret
 /// between attempts, creating the topic resumes the stream long before the next attempt.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_a_missing_topic_is_looked_up_between_attempts() {
-    let w = World::new("hp", 1, 1, 1, "halt_retry_ms = 60000").await;
+    let w = World::postgres("hp").config("halt_retry_ms = 60000").build().await;
     let table = w.table(0, 0);
     let missing = unique("hp-later").replace('_', "-");
     let (streamer, addr) = start(&w, "streamer.log");
     let insert = format!("INSERT INTO {table} (topic, payload) VALUES ($1, convert_to($2, 'UTF8'))");
     w.db.admin.execute(&insert, &[&missing as &(dyn ToSql + Sync), &"m1"]).await.unwrap();
     w.db.admin.execute(&insert, &[&w.topic as &(dyn ToSql + Sync), &"after"]).await.unwrap();
-    streamer.wait_for_log("halted", ARRIVAL).await;
+    streamer.wait_for_state("halted", ARRIVAL).await;
     wait_state(addr, HALTED).await;
     let created = std::time::Instant::now();
     kafka::create_topic(&missing, 1).await;
@@ -249,7 +250,7 @@ async fn postgres_a_missing_topic_is_looked_up_between_attempts() {
 /// soon as a retry connects: the grant given back, the stream turns streaming by itself.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_a_halt_while_connecting_clears_once_a_retry_connects() {
-    let w = World::new("hk", 1, 1, 1, "halt_retry_ms = 300").await;
+    let w = World::postgres("hk").config("halt_retry_ms = 300").build().await;
     let table = w.table(0, 0);
     let checkpoint = format!("{}_checkpoint", w.prefix);
     let role = w.db.streamer_url.trim_start_matches("postgres://").split(':').next().unwrap().to_string();

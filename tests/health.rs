@@ -6,8 +6,8 @@ use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_postgres::types::ToSql;
 
-use crate::postgres_cdc::World;
 use crate::support::streamer::Running;
+use crate::support::world::World;
 use crate::support::{kafka, wait_until};
 
 const ARRIVAL: Duration = Duration::from_secs(120);
@@ -37,7 +37,7 @@ fn free_addr() -> SocketAddr {
 /// instance).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn readyz_tells_streaming_from_halted_and_retrying() {
-    let w = World::new("hz", 2, 1, 1, "").await;
+    let w = World::postgres("hz").shards(2).build().await;
     let (t0, t1) = (w.table(0, 0), w.table(1, 0));
     w.db.admin.batch_execute(&format!("ALTER TABLE {t0} ALTER COLUMN topic DROP NOT NULL")).await.unwrap();
     let addr = free_addr();
@@ -52,7 +52,7 @@ async fn readyz_tells_streaming_from_halted_and_retrying() {
     let insert = format!("INSERT INTO {t1} (topic, payload) VALUES ($1, 'fine')");
     w.db.admin.execute(&insert, &[&w.topic as &(dyn ToSql + Sync)]).await.unwrap();
     kafka::read_at_least(&w.topic, 1, 1, ARRIVAL).await;
-    first.wait_for_log("halted", ARRIVAL).await;
+    first.wait_for_state("halted", ARRIVAL).await;
 
     assert_eq!(get(addr, "/healthz").await, (200, "ok\n".to_string()));
     let both = || async {
@@ -74,7 +74,7 @@ async fn readyz_tells_streaming_from_halted_and_retrying() {
     std::fs::write(&lenient, text).unwrap();
     let first =
         Running::start_with_env(&lenient, &w.dir.join("lenient.log"), &[("OUTBOX_METRICS_LISTEN", addr.to_string())]);
-    first.wait_for_log("halted", ARRIVAL).await;
+    first.wait_for_state("halted", ARRIVAL).await;
     let (status, body) = wait_until("/readyz to show both shard-partitions again", ARRIVAL, both).await;
     assert_eq!(status, 200, "ready_when_halted: a halt with its reason is ready:\n{body}");
 
@@ -104,7 +104,7 @@ async fn readyz_tells_streaming_from_halted_and_retrying() {
 /// connection refused for a wrong password or of an unparsable URL.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_secret_appears_in_logs_status_metrics_or_errors() {
-    let w = World::new("sec", 1, 1, 1, "").await;
+    let w = World::postgres("sec").build().await;
     let password =
         w.db.streamer_url.split(':').nth(2).and_then(|s| s.split('@').next()).expect("a password in the URL");
     assert!(password.len() >= 8, "a password distinctive enough to grep for: {password}");
@@ -154,7 +154,7 @@ async fn no_secret_appears_in_logs_status_metrics_or_errors() {
 /// at 0 (errors once per kind), so dashboards and `rate()` alerts work before the first message.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_list_every_shard_partition_at_zero_before_any_message() {
-    let w = World::new("mz", 2, 2, 1, "").await;
+    let w = World::postgres("mz").shards(2).partitions(2).build().await;
     let addr = free_addr();
     let streamer =
         Running::start_with_env(&w.config, &w.dir.join("streamer.log"), &[("OUTBOX_METRICS_LISTEN", addr.to_string())]);
@@ -192,12 +192,12 @@ async fn metrics_list_every_shard_partition_at_zero_before_any_message() {
 async fn silent_connections_are_bounded_in_number_and_time() {
     const SILENT: usize = 300;
     const CAP: usize = 64;
-    let w = World::new("hf", 1, 1, 1, "").await;
+    let w = World::postgres("hf").build().await;
     let table = w.table(0, 0);
     let addr = free_addr();
     let env = [("OUTBOX_METRICS_LISTEN", addr.to_string())];
     let streamer = Running::start_with_nofile(&w.config, &w.dir.join("streamer.log"), &env, 256);
-    streamer.wait_for_log("streaming", ARRIVAL).await;
+    streamer.wait_for_state("streaming", ARRIVAL).await;
     wait_until("/healthz to answer", ARRIVAL, || async { try_get(addr, "/healthz").await }).await;
 
     let (cpu_before, started) = (streamer.cpu_time(), Instant::now());

@@ -8,15 +8,16 @@ use std::time::Duration;
 
 use tokio_postgres::types::ToSql;
 
-use crate::postgres_cdc::World;
+use crate::support::pg::PgDb;
 use crate::support::streamer::Running;
+use crate::support::world::World;
 use crate::support::{env, kafka};
 
 const ARRIVAL: Duration = Duration::from_secs(120);
 
 /// The world's config pointed at the SASL listener with `mechanism` and `password_line`
 /// (`sasl_password_env = …` or `sasl_password_file = …`).
-fn sasl_config(w: &World, name: &str, mechanism: &str, password_line: &str) -> PathBuf {
+fn sasl_config(w: &World<PgDb>, name: &str, mechanism: &str, password_line: &str) -> PathBuf {
     let text = std::fs::read_to_string(&w.config).unwrap();
     let text = text.replace(&kafka::brokers(), &env("OUTBOX_KAFKA_SASL_BROKERS")).replace(
         "message_timeout_ms = 10000\n",
@@ -32,7 +33,7 @@ fn sasl_config(w: &World, name: &str, mechanism: &str, password_line: &str) -> P
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn scram_and_plain_authenticate_and_a_wrong_password_is_reported_without_it() {
-    let w = World::new("sasl", 1, 1, 1, "").await;
+    let w = World::postgres("sasl").build().await;
     let table = w.table(0, 0);
     let password = env("OUTBOX_KAFKA_SASL_PASSWORD");
     let insert = format!("INSERT INTO {table} (topic, payload) VALUES ($1, $2)");

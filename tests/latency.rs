@@ -7,6 +7,7 @@ use mysql_async::prelude::Queryable;
 
 use crate::support::metrics::{STREAM_0_0, bucket, free_addr, sample, try_get};
 use crate::support::streamer::Running;
+use crate::support::world::World;
 use crate::support::{kafka, wait_until};
 
 const ARRIVAL: Duration = Duration::from_secs(120);
@@ -20,8 +21,8 @@ const LATENCY: &str = "outbox_end_to_end_latency_seconds";
 /// read back from the table by the streamer's SQL session.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mariadb_latency_has_a_sample_per_record_in_seconds_whatever_the_writers_time_zone() {
-    let w = crate::mysql_cdc::World::with_extra("ml", 1, "halt_retry_ms = 300").await;
-    let table = w.table();
+    let w = World::mysql("ml").config("halt_retry_ms = 300").build().await;
+    let table = w.table(0, 0);
     let mut admin = w.admin().await;
     admin.query_drop(format!("ALTER TABLE {table} MODIFY topic VARCHAR(249) NULL")).await.unwrap();
     let addr = free_addr();
@@ -47,13 +48,13 @@ async fn mariadb_latency_has_a_sample_per_record_in_seconds_whatever_the_writers
     const AGED: f64 = 10.0;
     west.exec_drop(&insert, (None::<String>, "bad at first")).await.unwrap();
     let bad: Option<i64> = west.query_first("SELECT LAST_INSERT_ID()").await.unwrap();
-    streamer.wait_for_log("halted", ARRIVAL).await;
+    streamer.wait_for_state("halted", ARRIVAL).await;
     admin.exec_drop(format!("UPDATE {table} SET topic = ? WHERE id = ?"), (&w.topic, bad)).await.unwrap();
 
     const RECORDS: usize = 31;
     let records = kafka::read_at_least(&w.topic, 1, RECORDS, ARRIVAL).await;
     assert_eq!(records.len(), RECORDS, "every row once");
-    w.wait_drained().await;
+    w.wait_drained(&w.table(0, 0)).await;
     // Histograms reach /metrics at the exporter's next upkeep (every 5 s).
     let text = wait_until("a latency sample per record on /metrics", ARRIVAL, || async {
         let text = try_get(addr, "/metrics").await?;

@@ -7,6 +7,7 @@ use std::time::Duration;
 use mysql_async::prelude::Queryable;
 
 use crate::support::kafka;
+use crate::support::world::World;
 
 const ARRIVAL: Duration = Duration::from_secs(120);
 const ROWS: usize = 2_000;
@@ -19,7 +20,7 @@ fn payloads(records: &[kafka::Record]) -> Vec<String> {
 /// those the replay check reached after the TRUNCATE were taken as "already published").
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_rows_deleted_by_others_are_still_published() {
-    let w = crate::postgres_cdc::World::new("lt", 1, 1, 1, "").await;
+    let w = World::postgres("lt").build().await;
     let table = w.table(0, 0);
     w.db.admin
         .execute(
@@ -60,7 +61,7 @@ async fn postgres_rows_deleted_by_others_are_still_published() {
 /// already published: the published-up-to mark stored with each delete decides, not the table.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_a_rewound_slot_resends_nothing_already_published() {
-    let w = crate::postgres_cdc::World::new("lw", 1, 1, 1, "").await;
+    let w = World::postgres("lw").build().await;
     let table = w.table(0, 0);
     let slot = table.clone();
     let old = format!("{slot}_old");
@@ -89,9 +90,9 @@ async fn postgres_a_rewound_slot_resends_nothing_already_published() {
 /// The same rule on MariaDB.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mariadb_rows_deleted_by_others_are_still_published() {
-    let w = crate::mysql_cdc::World::new("mlt", 1).await;
+    let w = World::mysql("mlt").build().await;
     let mut admin = w.admin().await;
-    let table = w.table();
+    let table = w.table(0, 0);
     admin
         .exec_drop(
             format!("INSERT INTO {table} (topic, payload) SELECT ?, CONCAT('p', seq) FROM seq_0_to_{}", ROWS - 1),
@@ -121,7 +122,7 @@ async fn mariadb_rows_deleted_by_others_are_still_published() {
     let mut expected: Vec<String> = (0..ROWS).map(|i| format!("p{i}")).collect();
     expected.extend(["inserted-and-deleted".to_string(), "as-inserted".to_string()]);
     assert_eq!(payloads(&records), expected);
-    w.wait_drained().await;
+    w.wait_drained(&w.table(0, 0)).await;
     assert!(streamer.stop());
     admin.disconnect().await.unwrap();
 }
@@ -132,7 +133,7 @@ async fn mariadb_rows_deleted_by_others_are_still_published() {
 /// failed cleanup re-sent what was pending.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_a_failed_delete_does_not_publish_again() {
-    let w = crate::postgres_cdc::World::new("lf", 1, 1, 1, "cleanup_interval_ms = 3000").await;
+    let w = World::postgres("lf").config("cleanup_interval_ms = 3000").build().await;
     let table = w.table(0, 0);
     let streamer = w.start("streamer.log");
     let insert = format!("INSERT INTO {table} (topic, payload) VALUES ($1, convert_to($2, 'UTF8')) RETURNING id");
@@ -153,7 +154,7 @@ async fn postgres_a_failed_delete_does_not_publish_again() {
     })
     .await;
     w.db.admin.execute("SELECT pg_terminate_backend($1)", &[&pid]).await.unwrap();
-    streamer.wait_for_log("stream interrupted", ARRIVAL).await;
+    streamer.wait_for_metric("outbox_errors_total", &[("kind", "source")], 1.0, ARRIVAL).await;
     locker.batch_execute("COMMIT").await.unwrap();
     w.wait_drained(&table).await;
     w.db.admin.query_one(&insert, &[&w.topic, &"after"]).await.unwrap();

@@ -11,6 +11,7 @@ mod bench;
 mod config_cli;
 mod coordination;
 mod examples;
+mod faults;
 mod halt_retry;
 mod health;
 mod kafka_sasl;

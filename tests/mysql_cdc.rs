@@ -8,89 +8,16 @@ use std::time::Duration;
 use mysql_async::TxOpts;
 use mysql_async::prelude::Queryable;
 
-use crate::support::streamer::{Running, run_cli, scratch, source_config};
-use crate::support::{kafka, mysql, shared_services, unique, wait_until};
+use crate::faults;
+use crate::polling::POLLING;
+use crate::support::streamer::run_cli;
+use crate::support::world::World;
+use crate::support::{kafka, wait_until};
 
 const ARRIVAL: Duration = Duration::from_secs(120);
-/// The documented least-privilege global grants of the streamer's user.
-pub(crate) const STREAMER_GRANTS: &str = "REPLICATION SLAVE, REPLICATION CLIENT";
-
-pub(crate) struct World {
-    _services: Option<tokio::sync::RwLockReadGuard<'static, ()>>,
-    pub db: mysql::MyDb,
-    pub prefix: String,
-    pub topic: String,
-    pub dir: std::path::PathBuf,
-    pub config: std::path::PathBuf,
-    pub url: String,
-}
-
-impl World {
-    pub(crate) async fn new(name: &str, topic_partitions: i32) -> Self {
-        Self::with_extra(name, topic_partitions, "").await
-    }
-
-    pub(crate) async fn with_extra(name: &str, topic_partitions: i32, extra: &str) -> Self {
-        let services = Some(shared_services().await);
-        Self::build(services, name, topic_partitions, extra, STREAMER_GRANTS).await
-    }
-
-    /// With the streamer user's global privileges spelled out (for example adding `PROCESS`).
-    pub(crate) async fn with_grants(name: &str, topic_partitions: i32, extra: &str, grants: &str) -> Self {
-        let services = Some(shared_services().await);
-        Self::build(services, name, topic_partitions, extra, grants).await
-    }
-
-    /// For a test that holds the services exclusively (it stops one of them).
-    pub(crate) async fn alone(name: &str, topic_partitions: i32, extra: &str) -> Self {
-        Self::build(None, name, topic_partitions, extra, STREAMER_GRANTS).await
-    }
-
-    async fn build(
-        services: Option<tokio::sync::RwLockReadGuard<'static, ()>>,
-        name: &str,
-        topic_partitions: i32,
-        extra: &str,
-        grants: &str,
-    ) -> Self {
-        let mut db = mysql::fresh_db().await;
-        let url = db.streamer_user(grants).await;
-        let prefix = unique(name);
-        let topic = kafka::fresh_topic(name, topic_partitions).await;
-        let dir = scratch(&prefix);
-        let config = source_config(&dir, "mysql", &url, &prefix, 1, 1, extra);
-        let (ok, out, err) = run_cli(&config, &["setup", "--admin-url", &db.admin_url]);
-        assert!(ok, "setup failed:\n{out}\n{err}");
-        Self { _services: services, db, prefix, topic, dir, config, url }
-    }
-
-    pub(crate) fn table(&self) -> String {
-        format!("{}_0_0", self.prefix)
-    }
-
-    pub(crate) fn start(&self, log: &str) -> Running {
-        Running::start(&self.config, &self.dir.join(log))
-    }
-
-    pub(crate) async fn admin(&self) -> mysql_async::Conn {
-        mysql_async::Conn::new(mysql_async::Opts::from_url(&self.db.admin_url).unwrap()).await.unwrap()
-    }
-
-    pub(crate) async fn count(&self) -> i64 {
-        let mut c = self.admin().await;
-        let n: Option<i64> = c.query_first(format!("SELECT count(*) FROM {}", self.table())).await.unwrap();
-        c.disconnect().await.unwrap();
-        n.unwrap()
-    }
-
-    pub(crate) async fn wait_drained(&self) {
-        wait_until("the outbox table to drain", ARRIVAL, || async { (self.count().await == 0).then_some(()) }).await;
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn mariadb_concurrent_writers_arrive_once_in_commit_order_per_key() {
-    let w = World::new("mc", 3).await;
+    let w = World::mysql("mc").kafka_partitions(3).build().await;
     const KEYS: usize = 8;
     let mut admin = w.admin().await;
     admin.query_drop("CREATE TABLE key_seq (k VARCHAR(20) PRIMARY KEY, n INT NOT NULL) ENGINE=InnoDB").await.unwrap();
@@ -102,7 +29,7 @@ async fn mariadb_concurrent_writers_arrive_once_in_commit_order_per_key() {
     let mut writers = Vec::new();
     for writer in 0..6u64 {
         let url = w.db.admin_url.clone();
-        let (table, topic, committed) = (w.table(), w.topic.clone(), committed.clone());
+        let (table, topic, committed) = (w.table(0, 0), w.topic.clone(), committed.clone());
         writers.push(tokio::spawn(async move {
             let mut conn = mysql_async::Conn::new(mysql_async::Opts::from_url(&url).unwrap()).await.unwrap();
             let mut seed = writer * 7919 + 3;
@@ -151,7 +78,7 @@ async fn mariadb_concurrent_writers_arrive_once_in_commit_order_per_key() {
         assert!(r.header("outbox-gtid").split('-').count() == 3, "outbox-gtid is a MariaDB GTID");
     }
     kafka::assert_commit_order_per_key(&records);
-    w.wait_drained().await;
+    w.wait_drained(&w.table(0, 0)).await;
     assert!(streamer.stop(), "streamer exits 0 on SIGTERM");
 }
 
@@ -169,12 +96,12 @@ async fn mariadb_restart_resumes_from_a_file_offset_checkpoint() {
 }
 
 async fn restart_resumes(name: &str, file_form: bool) {
-    let w = World::new(name, 1).await;
+    let w = World::mysql(name).build().await;
     let mut admin = w.admin().await;
     if file_form {
         admin.query_drop(format!("UPDATE {}_checkpoint SET gtid = NULL", w.prefix)).await.unwrap();
     }
-    let insert = format!("INSERT INTO {} (topic, msg_key, payload, headers) VALUES (?, ?, ?, ?)", w.table());
+    let insert = format!("INSERT INTO {} (topic, msg_key, payload, headers) VALUES (?, ?, ?, ?)", w.table(0, 0));
     for i in 0..30 {
         admin
             .exec_drop(
@@ -186,7 +113,7 @@ async fn restart_resumes(name: &str, file_form: bool) {
     }
     let first = w.start("first.log");
     kafka::read_at_least(&w.topic, 1, 30, ARRIVAL).await;
-    w.wait_drained().await;
+    w.wait_drained(&w.table(0, 0)).await;
     assert!(first.stop());
     let (gtid, file, offset): (Option<String>, String, u64) = admin
         .query_first(format!("SELECT gtid, binlog_file, binlog_pos FROM {}_checkpoint", w.prefix))
@@ -218,96 +145,41 @@ async fn restart_resumes(name: &str, file_form: bool) {
     let want: Vec<String> = (0..60).map(|i| format!("p{i}")).collect();
     assert_eq!(payloads, want, "commit order");
     assert_eq!(records[7].header("n"), "7", "row headers become Kafka headers");
-    w.wait_drained().await;
+    w.wait_drained(&w.table(0, 0)).await;
     assert!(second.stop());
     admin.disconnect().await.unwrap();
 }
 
 /// 20,000 rows in 100 paced transactions while the streamer is killed with SIGKILL three
 /// times: nothing is lost (the delete and the checkpoint commit together, so a replay after a
-/// kill re-sends only rows still in the table); duplicates are counted.
+/// kill re-sends only rows still in the table); duplicates are counted ([`faults::sigkill`]).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn mariadb_sigkill_at_random_moments_loses_nothing() {
-    sigkill("mk", "").await;
+    let w = World::mysql("mk").kafka_partitions(3).build().await;
+    faults::sigkill(w, 100, Duration::from_millis(40)).await;
 }
 
 /// The same in polling mode.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn mariadb_polling_sigkill_at_random_moments_loses_nothing() {
-    sigkill("mpk", crate::polling::POLLING).await;
-}
-
-async fn sigkill(name: &str, extra: &str) {
-    const TXNS: usize = 100;
-    const ROWS_PER_TXN: usize = 200;
-    let total = TXNS * ROWS_PER_TXN;
-    let w = World::with_extra(name, 3, extra).await;
-    let written = Arc::new(AtomicUsize::new(0));
-    let writer = {
-        let (url, table, topic, written) = (w.db.admin_url.clone(), w.table(), w.topic.clone(), written.clone());
-        tokio::spawn(async move {
-            let mut conn = mysql_async::Conn::new(mysql_async::Opts::from_url(&url).unwrap()).await.unwrap();
-            let values = (0..ROWS_PER_TXN).map(|_| "(?, ?, ?)").collect::<Vec<_>>().join(",");
-            let insert = format!("INSERT INTO {table} (topic, msg_key, payload) VALUES {values}");
-            let mut pace = tokio::time::interval(Duration::from_millis(40));
-            for t in 0..TXNS {
-                pace.tick().await;
-                let mut params: Vec<mysql_async::Value> = Vec::new();
-                for r in 0..ROWS_PER_TXN {
-                    params.push(topic.clone().into());
-                    params.push(format!("k{}", r % 20).into_bytes().into());
-                    params.push(format!("row-{t}-{r}").into_bytes().into());
-                }
-                let mut tx = conn.start_transaction(TxOpts::default()).await.unwrap();
-                tx.exec_drop(&insert, params).await.unwrap();
-                tx.commit().await.unwrap();
-                written.fetch_add(ROWS_PER_TXN, Ordering::SeqCst);
-            }
-            conn.disconnect().await.unwrap();
-        })
-    };
-    let deleted = || async { written.load(Ordering::SeqCst).saturating_sub(w.count().await as usize) };
-    let mut streamer = Some(w.start("run-0.log"));
-    let mut seed = 0x9e37_79b9_u64;
-    for kill in 1..=3 {
-        streamer.as_ref().unwrap().wait_for_log("streaming", ARRIVAL).await;
-        let before = deleted().await;
-        wait_until("progress by the current instance", ARRIVAL, || async {
-            (deleted().await >= before + 2 * ROWS_PER_TXN).then_some(())
-        })
-        .await;
-        seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1);
-        let mut at = tokio::time::interval_at(
-            tokio::time::Instant::now() + Duration::from_millis((seed >> 33) % 150),
-            Duration::from_secs(1),
-        );
-        at.tick().await;
-        streamer.take().unwrap().kill();
-        streamer = Some(w.start(&format!("run-{kill}.log")));
-    }
-    writer.await.unwrap();
-    let (records, distinct) = kafka::count_distinct_ids(&w.topic, 3, total, ARRIVAL).await;
-    w.wait_drained().await;
-    eprintln!("mariadb sigkill: {total} rows, 3 kills, {} duplicates", records - distinct);
-    assert_eq!(distinct, total, "rows lost");
-    for kill in 0..3 {
-        let log = std::fs::read_to_string(w.dir.join(format!("run-{kill}.log"))).unwrap_or_default();
-        assert!(log.contains("streaming"), "instance {kill} was killed before it streamed:\n{log}");
-    }
-    assert!(streamer.take().unwrap().stop());
+    let w = World::mysql("mpk").kafka_partitions(3).config(POLLING).build().await;
+    faults::sigkill(w, 100, Duration::from_millis(40)).await;
 }
 
 /// A NULL topic halts the shard-partition with one error naming the row and column.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mariadb_a_bad_row_halts_naming_it() {
-    let w = World::new("mh", 1).await;
+    let w = World::mysql("mh").build().await;
     let mut admin = w.admin().await;
-    admin.query_drop(format!("ALTER TABLE {} MODIFY topic VARCHAR(249) NULL", w.table())).await.unwrap();
+    admin.query_drop(format!("ALTER TABLE {} MODIFY topic VARCHAR(249) NULL", w.table(0, 0))).await.unwrap();
     let streamer = w.start("streamer.log");
-    admin.exec_drop(format!("INSERT INTO {} (topic, payload) VALUES (?, 'ok')", w.table()), (&w.topic,)).await.unwrap();
-    admin.query_drop(format!("INSERT INTO {} (topic, payload) VALUES (NULL, 'bad')", w.table())).await.unwrap();
+    admin
+        .exec_drop(format!("INSERT INTO {} (topic, payload) VALUES (?, 'ok')", w.table(0, 0)), (&w.topic,))
+        .await
+        .unwrap();
+    admin.query_drop(format!("INSERT INTO {} (topic, payload) VALUES (NULL, 'bad')", w.table(0, 0))).await.unwrap();
     let bad: Option<i64> = admin.query_first("SELECT LAST_INSERT_ID()").await.unwrap();
-    let log = streamer.wait_for_log("halted", ARRIVAL).await;
+    let log = streamer.wait_for_halt(ARRIVAL).await;
     let errors: Vec<&str> = log.lines().filter(|l| l.contains("ERROR")).collect();
     assert_eq!(errors.len(), 1, "{log}");
     assert!(
@@ -317,7 +189,7 @@ async fn mariadb_a_bad_row_halts_naming_it() {
     );
     let records = kafka::read_at_least(&w.topic, 1, 1, ARRIVAL).await;
     assert_eq!(records.iter().map(|r| r.payload_str()).collect::<Vec<_>>(), ["ok"]);
-    assert_eq!(w.count().await, 1, "the bad row stays in the table");
+    assert_eq!(w.count(&w.table(0, 0)).await, 1, "the bad row stays in the table");
     assert!(streamer.stop());
     admin.disconnect().await.unwrap();
 }
@@ -327,28 +199,22 @@ async fn mariadb_a_bad_row_halts_naming_it() {
 /// from the new position. Purging binlogs is server-wide, so this test runs alone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mariadb_a_purged_position_is_caught_up_by_polling() {
-    let _alone = crate::support::exclusive_services().await;
-    let mut db = mysql::fresh_db().await;
-    let url = db.streamer_user("REPLICATION SLAVE, REPLICATION CLIENT").await;
-    let prefix = unique("mp");
-    let topic = kafka::fresh_topic("mp", 1).await;
-    let dir = scratch(&prefix);
-    let config = source_config(&dir, "mysql", &url, &prefix, 1, 1, "");
-    let (ok, out, err) = run_cli(&config, &["setup", "--admin-url", &db.admin_url]);
-    assert!(ok, "setup failed:\n{out}\n{err}");
-    let table = format!("{prefix}_0_0");
+    let w = World::mysql("mp").exclusive().build().await;
+    let mut db = w.admin().await;
+    let (config, topic) = (&w.config, &w.topic);
+    let table = w.table(0, 0);
     // Move the stored position into a binlog file, then purge past it while stopped.
-    let first = Running::start(&config, &dir.join("first.log"));
-    db.conn.exec_drop(format!("INSERT INTO {table} (topic, payload) VALUES (?, 'one')"), (&topic,)).await.unwrap();
-    kafka::read_at_least(&topic, 1, 1, ARRIVAL).await;
+    let first = w.start("first.log");
+    db.exec_drop(format!("INSERT INTO {table} (topic, payload) VALUES (?, 'one')"), (topic,)).await.unwrap();
+    kafka::read_at_least(topic, 1, 1, ARRIVAL).await;
     assert!(first.stop());
-    db.conn.exec_drop(format!("INSERT INTO {table} (topic, payload) VALUES (?, 'two')"), (&topic,)).await.unwrap();
-    db.conn.query_drop("FLUSH BINARY LOGS").await.unwrap();
-    let current: mysql_async::Row = db.conn.query_first("SHOW MASTER STATUS").await.unwrap().unwrap();
+    db.exec_drop(format!("INSERT INTO {table} (topic, payload) VALUES (?, 'two')"), (topic,)).await.unwrap();
+    db.query_drop("FLUSH BINARY LOGS").await.unwrap();
+    let current: mysql_async::Row = db.query_first("SHOW MASTER STATUS").await.unwrap().unwrap();
     let file: String = current.get(0).unwrap();
     // The server keeps a file a replica connection still reads (the stopped instance's dump
     // thread may linger a moment), so purge until only the current file is left.
-    let admin_url = db.admin_url.clone();
+    let admin_url = w.db.admin_url.clone();
     wait_until("older binlogs to be purged", ARRIVAL, || async {
         let mut c = mysql_async::Conn::new(mysql_async::Opts::from_url(&admin_url).unwrap()).await.unwrap();
         c.query_drop(format!("PURGE BINARY LOGS TO '{file}'")).await.unwrap();
@@ -357,181 +223,72 @@ async fn mariadb_a_purged_position_is_caught_up_by_polling() {
         (logs.len() == 1).then_some(())
     })
     .await;
-    let second = Running::start(&config, &dir.join("second.log"));
+    let second = w.start("second.log");
     let log = second.wait_for_log("catch-up done", ARRIVAL).await;
     assert!(log.contains("WARN") && log.contains("purged") && log.contains("rows=1"), "{log}");
-    db.conn.exec_drop(format!("INSERT INTO {table} (topic, payload) VALUES (?, 'three')"), (&topic,)).await.unwrap();
-    let records = kafka::read_at_least(&topic, 1, 3, ARRIVAL).await;
+    db.exec_drop(format!("INSERT INTO {table} (topic, payload) VALUES (?, 'three')"), (topic,)).await.unwrap();
+    let records = kafka::read_at_least(topic, 1, 3, ARRIVAL).await;
     let got: Vec<String> = records.iter().map(|r| r.payload_str()).collect();
     assert_eq!(got, ["one", "two", "three"], "no row lost, none twice");
     assert_eq!(records[2].header("outbox-gtid").split('-').count(), 3, "streaming from the new position");
-    let (ok, out, err) = run_cli(&config, &["status"]);
+    let (ok, out, err) = run_cli(config, &["status"]);
     assert!(ok && out.contains("(1 rows)"), "status names the catch-up:\n{out}\n{err}");
     assert!(second.stop());
-    db.conn.disconnect().await.unwrap();
+    db.disconnect().await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mariadb_add_column_while_streaming_keeps_working() {
-    let w = World::new("ma", 1).await;
+    let w = World::mysql("ma").build().await;
     let mut admin = w.admin().await;
     let streamer = w.start("streamer.log");
-    let insert = format!("INSERT INTO {} (topic, payload) VALUES (?, ?)", w.table());
+    let insert = format!("INSERT INTO {} (topic, payload) VALUES (?, ?)", w.table(0, 0));
     for i in 0..5 {
         admin.exec_drop(&insert, (&w.topic, format!("before-{i}").as_bytes())).await.unwrap();
     }
     kafka::read_at_least(&w.topic, 1, 5, ARRIVAL).await;
-    admin.query_drop(format!("ALTER TABLE {} ADD COLUMN note VARCHAR(20) DEFAULT 'n' FIRST", w.table())).await.unwrap();
+    admin
+        .query_drop(format!("ALTER TABLE {} ADD COLUMN note VARCHAR(20) DEFAULT 'n' FIRST", w.table(0, 0)))
+        .await
+        .unwrap();
     for i in 0..5 {
         admin.exec_drop(&insert, (&w.topic, format!("after-{i}").as_bytes())).await.unwrap();
     }
     let records = kafka::read_at_least(&w.topic, 1, 10, ARRIVAL).await;
     assert_eq!(records.len(), 10);
     assert_eq!(records.last().unwrap().payload_str(), "after-4", "columns are matched by name, not position");
-    w.wait_drained().await;
+    w.wait_drained(&w.table(0, 0)).await;
     assert!(streamer.stop());
     admin.disconnect().await.unwrap();
 }
 
-/// A bad row's dead-letter record carries the row's raw key and payload, its original topic
-/// and raw headers, and the reason; a row carrying one of the streamer's own header names is
-/// a bad row. Before, the dead-letter record of an invalid row had no key and no payload.
+/// [`faults::dead_letter_whole`]. Before, the dead-letter record of an invalid row had no key
+/// and no payload.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mariadb_bad_rows_go_to_the_dead_letter_topic_whole() {
-    let dlq = kafka::fresh_topic("mdlq", 1).await;
-    let w = World::with_extra("md", 1, &format!("on_bad_row = \"dead-letter\"\ndead_letter_topic = \"{dlq}\"")).await;
-    let mut admin = w.admin().await;
-    admin.query_drop(format!("ALTER TABLE {} MODIFY topic VARCHAR(249) NULL", w.table())).await.unwrap();
-    let streamer = w.start("streamer.log");
-    let insert = format!("INSERT INTO {} (topic, msg_key, payload, headers) VALUES (?, ?, ?, ?)", w.table());
-    let row = |topic: Option<&str>, payload: &str, headers: &str| {
-        (topic.map(str::to_string), b"the-key".to_vec(), payload.as_bytes().to_vec(), headers.to_string())
-    };
-    admin.exec_drop(&insert, row(Some(&w.topic), "first", "{}")).await.unwrap();
-    admin.exec_drop(&insert, row(None, "no topic", "{}")).await.unwrap();
-    admin.exec_drop(&insert, row(Some(&w.topic), "number header", r#"{"a": 1}"#)).await.unwrap();
-    admin.exec_drop(&insert, row(Some(&w.topic), "forged", r#"{"outbox-id": "1"}"#)).await.unwrap();
-    admin.exec_drop(&insert, row(Some(&w.topic), "last", "{}")).await.unwrap();
-    let good = kafka::read_at_least(&w.topic, 1, 2, ARRIVAL).await;
-    assert_eq!(good.iter().map(|r| r.payload_str()).collect::<Vec<_>>(), ["first", "last"]);
-    let dead = kafka::read_at_least(&dlq, 1, 3, ARRIVAL).await;
-    assert_eq!(dead.iter().map(|r| r.payload_str()).collect::<Vec<_>>(), ["no topic", "number header", "forged"]);
-    for d in &dead {
-        assert_eq!(d.key_str(), "the-key", "the raw key: {d:?}");
-    }
-    assert!(dead[0].header("outbox-dead-letter-reason").contains("column topic"), "{:?}", dead[0].headers);
-    assert!(!dead[0].headers.contains_key("outbox-original-topic"), "a NULL topic has none");
-    assert_eq!(dead[1].header("outbox-original-topic"), w.topic);
-    assert_eq!(dead[1].header("outbox-original-headers"), r#"{"a": 1}"#);
-    assert!(dead[2].header("outbox-dead-letter-reason").contains("reserved"), "{:?}", dead[2].headers);
-    assert_ne!(dead[2].header("outbox-id"), "1", "the forged header is not passed on as ours");
-    w.wait_drained().await;
-    assert!(streamer.stop());
-    admin.disconnect().await.unwrap();
+    faults::dead_letter_whole(World::mysql("md")).await;
 }
 
-/// One transaction of 1,000,000 rows passes through with bounded memory.
+/// [`faults::million_row_transaction`].
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mariadb_a_million_row_transaction_passes_with_bounded_memory() {
-    const ROWS: usize = 1_000_000;
-    let w = World::new("mm", 3).await;
-    let mut admin = w.admin().await;
-    let streamer = w.start("streamer.log");
-    admin
-        .exec_drop(
-            format!(
-                "INSERT INTO {} (topic, msg_key, payload)
-                 SELECT ?, CONCAT('k', seq MOD 1000), LPAD(seq, 200, 'x') FROM seq_1_to_{ROWS}",
-                w.table()
-            ),
-            (&w.topic,),
-        )
-        .await
-        .unwrap();
-    let (records, distinct) = kafka::count_distinct_ids(&w.topic, 3, ROWS, Duration::from_secs(900)).await;
-    assert_eq!(distinct, ROWS, "every row of the transaction arrived");
-    w.wait_drained().await;
-    let peak = streamer.peak_rss_bytes();
-    eprintln!("mariadb million-row transaction: {records} records, streamer peak RSS {} MiB", peak / (1 << 20));
-    assert!(peak < 400 * (1 << 20), "peak RSS {} MiB", peak / (1 << 20));
-    assert!(streamer.stop());
-    admin.disconnect().await.unwrap();
+    faults::million_row_transaction(World::mysql("mm").kafka_partitions(3).build().await).await;
 }
 
-/// Kafka stopped for longer than the delivery timeout while rows keep coming, then started:
-/// nothing is lost and, counting each row's first delivery, per-key order holds.
+/// [`faults::kafka_outage`].
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mariadb_kafka_outage_longer_than_the_delivery_timeout_loses_nothing() {
-    kafka_outage("mo", "").await;
+    faults::kafka_outage(World::mysql("mo").kafka_partitions(3).exclusive().build().await).await;
 }
 
 /// The same outage in polling mode.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mariadb_polling_kafka_outage_longer_than_the_delivery_timeout_loses_nothing() {
-    kafka_outage("mpo", crate::polling::POLLING).await;
+    faults::kafka_outage(World::mysql("mpo").kafka_partitions(3).config(POLLING).exclusive().build().await).await;
 }
 
-async fn kafka_outage(name: &str, extra: &str) {
-    let _alone = crate::support::exclusive_services().await;
-    let w = World::alone(name, 3, extra).await;
-    let config =
-        std::fs::read_to_string(&w.config).unwrap().replace("message_timeout_ms = 10000", "message_timeout_ms = 3000");
-    std::fs::write(&w.config, config).unwrap();
-    let streamer = w.start("streamer.log");
-    let mut admin = w.admin().await;
-    let insert = format!("INSERT INTO {} (topic, msg_key, payload) VALUES (?, ?, ?)", w.table());
-    for n in 0..100 {
-        admin
-            .exec_drop(&insert, (&w.topic, format!("k{}", n % 10).as_bytes(), format!("{n}").as_bytes()))
-            .await
-            .unwrap();
-    }
-    kafka::read_at_least(&w.topic, 3, 100, ARRIVAL).await;
-
-    let outage = crate::support::KafkaOutage::begin();
-    for n in 100..300 {
-        admin
-            .exec_drop(&insert, (&w.topic, format!("k{}", n % 10).as_bytes(), format!("{n}").as_bytes()))
-            .await
-            .unwrap();
-    }
-    streamer.wait_for_log("stream interrupted", ARRIVAL).await;
-    assert_eq!(w.count().await, 200, "nothing is deleted while Kafka is away");
-    drop(outage);
-
-    let records = kafka::read_at_least(&w.topic, 3, 300, ARRIVAL).await;
-    kafka::assert_first_deliveries_in_order(&records, 300);
-    eprintln!("mariadb kafka outage: 300 rows, {} records", records.len());
-    w.wait_drained().await;
-    assert!(streamer.stop());
-    admin.disconnect().await.unwrap();
-}
-
-/// The link to MariaDB goes silent (no FIN, no RST — a dead network path): the streamer
-/// notices within three binlog heartbeat periods, reconnects once the link is back, and every
-/// row arrives once, in order.
+/// The link to MariaDB goes silent: the binlog heartbeat notices ([`faults::silent_dead_link`]).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mariadb_a_silent_dead_connection_is_detected_and_recovered() {
-    let w = World::new("md", 1).await;
-    let hostport = w.url.split('@').nth(1).unwrap().split('/').next().unwrap().to_string();
-    let proxy = crate::support::proxy::Proxy::start(hostport.parse().unwrap()).await;
-    let via_proxy = w.url.replace(&hostport, &proxy.addr.to_string());
-    source_config(&w.dir, "mysql", &via_proxy, &w.prefix, 1, 1, "");
-    let streamer = w.start("streamer.log");
-    let mut admin = w.admin().await;
-    let insert = format!("INSERT INTO {} (topic, payload) VALUES (?, ?)", w.table());
-    for i in 0..5 {
-        admin.exec_drop(&insert, (&w.topic, format!("p{i}"))).await.unwrap();
-    }
-    kafka::read_at_least(&w.topic, 1, 5, ARRIVAL).await;
-    proxy.freeze();
-    for i in 5..10 {
-        admin.exec_drop(&insert, (&w.topic, format!("p{i}"))).await.unwrap();
-    }
-    let log = streamer.wait_for_log("presumed dead", ARRIVAL).await;
-    assert!(log.contains("stream interrupted"), "{log}");
-    proxy.thaw();
-    kafka::expect_numbered_payloads(&w.topic, 10, ARRIVAL).await;
-    w.wait_drained().await;
-    assert!(streamer.stop());
+    faults::silent_dead_link(World::mysql("mdl").build().await).await;
 }

@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use mysql_async::prelude::Queryable;
 
-use crate::mysql_cdc::World;
 use crate::support::kafka;
+use crate::support::world::World;
 
 const ARRIVAL: Duration = Duration::from_secs(120);
 
@@ -30,14 +30,14 @@ async fn xa_insert(conn: &mut mysql_async::Conn, xid: &str, table: &str, topic: 
 /// published and the stream stalled for good.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mariadb_xa_outcomes_decide_and_other_xa_never_stalls() {
-    let w = World::new("mx", 1).await;
+    let w = World::mysql("mx").build().await;
     let mut admin = w.admin().await;
     admin.query_drop("CREATE TABLE other (id INT PRIMARY KEY)").await.unwrap();
     let streamer = w.start("streamer.log");
-    let insert = format!("INSERT INTO {} (topic, payload) VALUES (?, ?)", w.table());
+    let insert = format!("INSERT INTO {} (topic, payload) VALUES (?, ?)", w.table(0, 0));
     admin.exec_drop(&insert, (&w.topic, b"a".as_slice())).await.unwrap();
     // Rolled back.
-    xa_insert(&mut admin, "r1", &w.table(), &w.topic, "rolled-back").await;
+    xa_insert(&mut admin, "r1", &w.table(0, 0), &w.topic, "rolled-back").await;
     admin.query_drop("XA ROLLBACK 'r1'").await.unwrap();
     // XA on another table, committed and rolled back.
     for (xid, outcome) in [("o1", "COMMIT"), ("o2", "ROLLBACK")] {
@@ -49,7 +49,7 @@ async fn mariadb_xa_outcomes_decide_and_other_xa_never_stalls() {
     }
     // Prepared, then an ordinary commit, then the XA commit.
     let mut xa = w.admin().await;
-    xa_insert(&mut xa, "c1", &w.table(), &w.topic, "xa-committed").await;
+    xa_insert(&mut xa, "c1", &w.table(0, 0), &w.topic, "xa-committed").await;
     admin.exec_drop(&insert, (&w.topic, b"b".as_slice())).await.unwrap();
     let first = kafka::read_at_least(&w.topic, 1, 2, ARRIVAL).await;
     assert_eq!(payloads(&first), ["a", "b"], "a prepared XA transaction holds back nothing after it");
@@ -62,7 +62,7 @@ async fn mariadb_xa_outcomes_decide_and_other_xa_never_stalls() {
     admin.exec_drop(&insert, (&w.topic, b"c".as_slice())).await.unwrap();
     let records = kafka::read_at_least(&w.topic, 1, 5, ARRIVAL).await;
     assert_eq!(payloads(&records), ["a", "b", "xa-committed", "one-phase", "c"]);
-    w.wait_drained().await;
+    w.wait_drained(&w.table(0, 0)).await;
     let log = streamer.log_text();
     assert!(log.contains("XA transaction rolled back"), "{log}");
     assert!(streamer.stop());
@@ -75,23 +75,23 @@ async fn mariadb_xa_outcomes_decide_and_other_xa_never_stalls() {
 /// it had already published.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mariadb_a_prepared_xa_transaction_survives_a_restart() {
-    let w = World::new("mxr", 1).await;
+    let w = World::mysql("mxr").build().await;
     let mut admin = w.admin().await;
-    let insert = format!("INSERT INTO {} (topic, payload) VALUES (?, ?)", w.table());
+    let insert = format!("INSERT INTO {} (topic, payload) VALUES (?, ?)", w.table(0, 0));
     let first = w.start("first.log");
     admin.exec_drop(&insert, (&w.topic, b"a".as_slice())).await.unwrap();
     let mut held = w.admin().await;
     let mut dropped = w.admin().await;
-    xa_insert(&mut held, "keep", &w.table(), &w.topic, "held").await;
-    xa_insert(&mut dropped, "drop", &w.table(), &w.topic, "never").await;
+    xa_insert(&mut held, "keep", &w.table(0, 0), &w.topic, "held").await;
+    xa_insert(&mut dropped, "drop", &w.table(0, 0), &w.topic, "never").await;
     admin.exec_drop(&insert, (&w.topic, b"b".as_slice())).await.unwrap();
     assert_eq!(payloads(&kafka::read_at_least(&w.topic, 1, 2, ARRIVAL).await), ["a", "b"]);
     // Row b is deleted and its position stored once the table holds only the XA rows (which
     // count(*) does not see until they commit).
-    w.wait_drained().await;
+    w.wait_drained(&w.table(0, 0)).await;
     assert!(first.stop());
     let (done,): (Option<String>,) = admin
-        .exec_first(format!("SELECT done_gtid FROM {}_checkpoint WHERE stream = ?", w.prefix), (w.table(),))
+        .exec_first(format!("SELECT done_gtid FROM {}_checkpoint WHERE stream = ?", w.prefix), (w.table(0, 0),))
         .await
         .unwrap()
         .unwrap();
@@ -103,9 +103,9 @@ async fn mariadb_a_prepared_xa_transaction_survives_a_restart() {
     let second = w.start("second.log");
     let records = kafka::read_at_least(&w.topic, 1, 5, ARRIVAL).await;
     assert_eq!(payloads(&records), ["a", "b", "c", "held", "d"], "each once, the XA rows at their commit");
-    w.wait_drained().await;
+    w.wait_drained(&w.table(0, 0)).await;
     let (done,): (Option<String>,) = admin
-        .exec_first(format!("SELECT done_gtid FROM {}_checkpoint WHERE stream = ?", w.prefix), (w.table(),))
+        .exec_first(format!("SELECT done_gtid FROM {}_checkpoint WHERE stream = ?", w.prefix), (w.table(0, 0),))
         .await
         .unwrap()
         .unwrap();

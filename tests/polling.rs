@@ -7,14 +7,15 @@ use std::time::Duration;
 
 use tokio_postgres::types::ToSql;
 
-use crate::postgres_cdc::World;
+use crate::support::pg::PgDb;
 use crate::support::streamer::{pg_config, run_cli};
+use crate::support::world::World;
 use crate::support::{kafka, pg, wait_until};
 
 const ARRIVAL: Duration = Duration::from_secs(120);
 pub(crate) const POLLING: &str = "mode = \"polling\"";
 
-async fn insert(w: &World, payloads: impl IntoIterator<Item = String>) {
+async fn insert(w: &World<PgDb>, payloads: impl IntoIterator<Item = String>) {
     let sql = format!("INSERT INTO {} (topic, msg_key, payload) VALUES ($1, $2, $3)", w.table(0, 0));
     for p in payloads {
         w.db.admin.execute(&sql, &[&w.topic as &(dyn ToSql + Sync), &b"k".as_slice(), &p.as_bytes()]).await.unwrap();
@@ -25,7 +26,7 @@ fn payloads(range: std::ops::Range<usize>) -> impl Iterator<Item = String> {
     range.map(|i| format!("p{i}"))
 }
 
-fn set_mode(w: &World, extra: &str) {
+fn set_mode(w: &World<PgDb>, extra: &str) {
     pg_config(&w.dir, &w.db.streamer_url, &w.prefix, 1, 1, extra);
 }
 
@@ -33,7 +34,7 @@ fn set_mode(w: &World, extra: &str) {
 /// published: when it commits, polling still finds it (there is no id cursor to skip it).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn polling_publishes_a_row_whose_transaction_commits_late() {
-    let w = World::new("pl", 1, 1, 1, POLLING).await;
+    let w = World::postgres("pl").config(POLLING).build().await;
     let streamer = w.start("streamer.log");
     let mut slow = pg::connect(&w.db.admin_url).await;
     let tx = slow.transaction().await.unwrap();
@@ -56,7 +57,7 @@ async fn polling_publishes_a_row_whose_transaction_commits_late() {
 /// row arrives once; the return to cdc catches up first and `status` reports it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn switching_between_cdc_and_polling_is_safe_both_ways() {
-    let w = World::new("ps", 1, 1, 1, "").await;
+    let w = World::postgres("ps").build().await;
     insert(&w, payloads(0..10)).await;
     let cdc = w.start("cdc-1.log");
     kafka::read_at_least(&w.topic, 1, 10, ARRIVAL).await;
@@ -98,7 +99,7 @@ async fn switching_between_cdc_and_polling_is_safe_both_ways() {
 /// sends the rows still in the table by polling, then streams from the new slot.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dropped_slot_is_caught_up_by_polling() {
-    let w = World::new("pd", 1, 1, 1, "").await;
+    let w = World::postgres("pd").build().await;
     let first = w.start("first.log");
     insert(&w, payloads(0..5)).await;
     kafka::read_at_least(&w.topic, 1, 5, ARRIVAL).await;
@@ -139,7 +140,7 @@ impl Drop for KeepSizeReset {
 /// replaces it and catches up. Changes a server setting, so it runs alone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_invalidated_slot_is_caught_up_by_polling() {
-    let w = World::exclusive("pi", 1, 1, 1, "").await;
+    let w = World::postgres("pi").exclusive().build().await;
     let slot = w.table(0, 0);
     let first = w.start("first.log");
     insert(&w, payloads(0..3)).await;
@@ -180,7 +181,7 @@ async fn an_invalidated_slot_is_caught_up_by_polling() {
 async fn polling_survives_sigkill_without_loss() {
     const TXNS: usize = 60;
     const ROWS: usize = 50;
-    let w = World::new("pk", 1, 1, 3, POLLING).await;
+    let w = World::postgres("pk").kafka_partitions(3).config(POLLING).build().await;
     let written = Arc::new(AtomicUsize::new(0));
     let writer = {
         let (url, table, topic, written) = (w.db.admin_url.clone(), w.table(0, 0), w.topic.clone(), written.clone());
@@ -224,7 +225,7 @@ async fn polling_survives_sigkill_without_loss() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_oldest_rows_query_stays_an_index_scan_with_stale_statistics() {
     use outbox_streamer::poll::postgres::{PLANNER_SETTINGS, oldest_sql};
-    let w = World::new("pp", 1, 1, 1, POLLING).await;
+    let w = World::postgres("pp").config(POLLING).build().await;
     let table = w.table(0, 0);
     w.db.admin.batch_execute(&format!("ANALYZE {table}")).await.unwrap();
     w.db.admin
@@ -249,7 +250,7 @@ async fn the_oldest_rows_query_stays_an_index_scan_with_stale_statistics() {
 /// lowest id and counted. Before, they stayed in the table until a restart.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn polling_publishes_rows_whose_ids_land_below_the_low_water_mark() {
-    let w = World::new("pbm", 1, 1, 1, POLLING).await;
+    let w = World::postgres("pbm").config(POLLING).build().await;
     let table = w.table(0, 0);
     let streamer = w.start("streamer.log");
     insert(&w, payloads(0..20)).await;
@@ -283,7 +284,7 @@ async fn polling_publishes_rows_whose_ids_land_below_the_low_water_mark() {
 /// here without coordination, so it halts and says how to reset the epoch.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn polling_stops_at_a_newer_owner_epoch() {
-    let w = World::new("pfe", 1, 1, 1, POLLING).await;
+    let w = World::postgres("pfe").config(POLLING).build().await;
     let table = w.table(0, 0);
     let streamer = w.start("streamer.log");
     insert(&w, payloads(0..5)).await;
@@ -294,7 +295,7 @@ async fn polling_stops_at_a_newer_owner_epoch() {
         .await
         .unwrap();
     insert(&w, payloads(5..6)).await;
-    let log = streamer.wait_for_log("halted", ARRIVAL).await;
+    let log = streamer.wait_for_halt(ARRIVAL).await;
     assert!(log.contains("newer owner epoch") && log.contains("SET owner_epoch = 0"), "{log}");
     assert_eq!(w.db.count(&table).await, 1, "the fenced delete left the row");
     assert!(streamer.stop());

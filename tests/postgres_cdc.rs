@@ -5,80 +5,14 @@ use std::time::Duration;
 
 use tokio_postgres::types::ToSql;
 
-use crate::support::streamer::{Running, pg_config, run_cli, scratch};
-use crate::support::{kafka, pg, unique, wait_until};
+use crate::support::world::World;
+use crate::support::{kafka, pg, wait_until};
 
 const ARRIVAL: Duration = Duration::from_secs(120);
 
-/// A test's world: database, prefix, topic, config.
-pub(crate) struct World {
-    _services: ServicesGuard,
-    pub db: pg::PgDb,
-    pub prefix: String,
-    pub topic: String,
-    pub dir: std::path::PathBuf,
-    pub config: std::path::PathBuf,
-}
-
-/// The shared or exclusive hold on the services for the test's lifetime (released on drop).
-pub(crate) struct ServicesGuard {
-    _shared: Option<tokio::sync::RwLockReadGuard<'static, ()>>,
-    _exclusive: Option<tokio::sync::RwLockWriteGuard<'static, ()>>,
-}
-
-impl World {
-    pub(crate) async fn new(name: &str, shards: u32, partitions: u32, topic_partitions: i32, extra: &str) -> Self {
-        let guard = ServicesGuard { _shared: Some(crate::support::shared_services().await), _exclusive: None };
-        Self::with_guard(guard, name, shards, partitions, topic_partitions, extra).await
-    }
-
-    /// A world for a test that stops services: no other test runs meanwhile.
-    pub(crate) async fn exclusive(
-        name: &str,
-        shards: u32,
-        partitions: u32,
-        topic_partitions: i32,
-        extra: &str,
-    ) -> Self {
-        let guard = ServicesGuard { _shared: None, _exclusive: Some(crate::support::exclusive_services().await) };
-        Self::with_guard(guard, name, shards, partitions, topic_partitions, extra).await
-    }
-
-    async fn with_guard(
-        guard: ServicesGuard,
-        name: &str,
-        shards: u32,
-        partitions: u32,
-        topic_partitions: i32,
-        extra: &str,
-    ) -> Self {
-        let db = pg::fresh_db().await;
-        let prefix = unique(name);
-        let topic = kafka::fresh_topic(name, topic_partitions).await;
-        let dir = scratch(&prefix);
-        let config = pg_config(&dir, &db.streamer_url, &prefix, shards, partitions, extra);
-        let (ok, out, err) = run_cli(&config, &["setup", "--admin-url", &db.admin_url]);
-        assert!(ok, "setup failed:\n{out}\n{err}");
-        Self { _services: guard, db, prefix, topic, dir, config }
-    }
-
-    pub(crate) fn table(&self, shard: u32, partition: u32) -> String {
-        format!("{}_{shard}_{partition}", self.prefix)
-    }
-
-    pub(crate) fn start(&self, log: &str) -> Running {
-        Running::start(&self.config, &self.dir.join(log))
-    }
-
-    pub(crate) async fn wait_drained(&self, table: &str) {
-        wait_until(&format!("{table} to drain"), ARRIVAL, || async { (self.db.count(table).await == 0).then_some(()) })
-            .await;
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn concurrent_writers_arrive_once_in_commit_order_per_key() {
-    let w = World::new("oc", 1, 1, 3, "").await;
+    let w = World::postgres("oc").kafka_partitions(3).build().await;
     let table = w.table(0, 0);
     const KEYS: usize = 12;
     w.db.admin.batch_execute("CREATE TABLE key_seq (k text PRIMARY KEY, n int NOT NULL)").await.unwrap();
@@ -145,7 +79,7 @@ async fn concurrent_writers_arrive_once_in_commit_order_per_key() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn restart_resumes_without_republishing_and_headers_are_complete() {
-    let w = World::new("or", 2, 1, 4, "").await;
+    let w = World::postgres("or").shards(2).kafka_partitions(4).build().await;
     let enqueue = format!("SELECT {}_enqueue($1, $2, $3, $4::text::jsonb, $5)", w.prefix);
     let send = |i: i32, shard: i32| {
         let enqueue = enqueue.clone();
@@ -210,7 +144,7 @@ async fn restart_resumes_without_republishing_and_headers_are_complete() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn add_column_while_streaming_keeps_working() {
-    let w = World::new("oa", 1, 1, 1, "").await;
+    let w = World::postgres("oa").build().await;
     let table = w.table(0, 0);
     let streamer = w.start("streamer.log");
     let insert = format!("INSERT INTO {table} (topic, payload) VALUES ($1, $2)");
@@ -237,7 +171,7 @@ async fn add_column_while_streaming_keeps_working() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_idle_outbox_does_not_retain_wal_written_by_other_tables() {
-    let w = World::new("oi", 1, 1, 1, "").await;
+    let w = World::postgres("oi").build().await;
     // The optional heartbeat runs too, as the least-privilege role.
     let config = std::fs::read_to_string(&w.config)
         .unwrap()

@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use tokio_postgres::types::ToSql;
 
-use crate::postgres_cdc::World;
 use crate::support::streamer::{Running, pg_config, run_cli, scratch};
+use crate::support::world::World;
 use crate::support::{kafka, pg, unique};
 
 const ARRIVAL: Duration = Duration::from_secs(120);
@@ -122,7 +122,7 @@ async fn a_second_database_never_uses_or_touches_the_first_ones_slot() {
 /// GRANT; after the GRANT and a restart the rows are deleted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_missing_delete_grant_halts_once_without_republishing() {
-    let w = World::new("nd", 1, 1, 1, "").await;
+    let w = World::postgres("nd").build().await;
     let table = w.table(0, 0);
     let role = role_of(&w.db);
     w.db.admin.batch_execute(&format!("REVOKE DELETE ON {table} FROM {role}")).await.unwrap();
@@ -151,7 +151,7 @@ async fn a_missing_delete_grant_halts_once_without_republishing() {
 /// Item 7: a wrong password (28P01) halts once and names where the password comes from.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refused_password_halts_once_naming_password_env() {
-    let w = World::new("pw", 1, 1, 1, "").await;
+    let w = World::postgres("pw").build().await;
     let var = unique("OUTBOX_TEST_PW").to_uppercase();
     let text = std::fs::read_to_string(&w.config).unwrap();
     let (user_and_password, host) = w.db.streamer_url.split_once('@').expect("user:password@host");
@@ -174,7 +174,7 @@ async fn a_refused_password_halts_once_naming_password_env() {
 /// no ERROR.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_held_slot_is_retried_with_backoff_and_reported_once() {
-    let w = World::new("bs", 1, 1, 1, "").await;
+    let w = World::postgres("bs").build().await;
     let table = w.table(0, 0);
     let first = w.start("first.log");
     w.db.admin.execute(&format!("INSERT INTO {table} (topic, payload) VALUES ($1, 'x')"), &[&w.topic]).await.unwrap();

@@ -9,8 +9,9 @@ use std::time::Duration;
 use serde_json::Value;
 use tokio_postgres::types::ToSql;
 
-use crate::postgres_cdc::World;
+use crate::support::pg::PgDb;
 use crate::support::streamer::{Running, run_cli_code};
+use crate::support::world::World;
 use crate::support::{env, kafka, unique, wait_until};
 
 const ARRIVAL: Duration = Duration::from_secs(120);
@@ -36,7 +37,7 @@ async fn wait_for_status(config: &Path, code: i32, states: &[&str]) -> Vec<Value
     .await
 }
 
-async fn insert(w: &World, table: &str, topic: &str, payload: &str) -> i64 {
+async fn insert(w: &World<PgDb>, table: &str, topic: &str, payload: &str) -> i64 {
     let sql = format!("INSERT INTO {table} (topic, payload) VALUES ($1, $2::text::bytea) RETURNING id");
     w.db.admin.query_one(&sql, &[&topic as &(dyn ToSql + Sync), &payload]).await.unwrap().get(0)
 }
@@ -47,7 +48,7 @@ async fn insert(w: &World, table: &str, topic: &str, payload: &str) -> i64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn status_exit_codes_follow_what_the_streamer_does() {
     let addr = free_addr();
-    let w = World::new("st", 2, 1, 1, &format!("\n[metrics]\nlisten = \"{addr}\"\n")).await;
+    let w = World::postgres("st").shards(2).config(&format!("\n[metrics]\nlisten = \"{addr}\"\n")).build().await;
     let (t0, t1) = (w.table(0, 0), w.table(1, 0));
     for i in 0..3 {
         insert(&w, &t0, &w.topic, &format!("early-{i}")).await;
@@ -105,7 +106,7 @@ async fn status_exit_codes_follow_what_the_streamer_does() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn status_limits_catch_a_running_stream_that_delivers_nothing() {
     let addr = free_addr();
-    let w = World::new("stlag", 1, 1, 1, &format!("\n[metrics]\nlisten = \"{addr}\"\n")).await;
+    let w = World::postgres("stlag").config(&format!("\n[metrics]\nlisten = \"{addr}\"\n")).build().await;
     let (config, table) = (&w.config, w.table(0, 0));
     // Port 1 (tcpmux) listens nowhere, and unlike a port just freed no other test can take it.
     // (OUTBOX_KAFKA_BROKERS overrides the config's brokers, so it is what must change.)
@@ -152,7 +153,7 @@ async fn status_under_zookeeper_asks_the_owner() {
         "\n[coordination]\nkind = \"zookeeper\"\nconnect = \"{}\"\ncluster_name = \"{cluster}\"\ninstance = \"status-one\"\nsession_timeout_ms = 3000\n",
         env("OUTBOX_ZK_CONNECT")
     );
-    let w = World::new("stzk", 2, 1, 1, &coordination).await;
+    let w = World::postgres("stzk").shards(2).config(&coordination).build().await;
     let (t0, t1) = (w.table(0, 0), w.table(1, 0));
     let addr = free_addr();
     let streamer =
@@ -199,13 +200,13 @@ async fn status_under_zookeeper_asks_the_owner() {
 async fn status_on_mariadb_tells_a_running_from_a_stopped_streamer() {
     use mysql_async::prelude::Queryable;
     let addr = free_addr();
-    let w = crate::mysql_cdc::World::with_extra("stmy", 1, &format!("\n[metrics]\nlisten = \"{addr}\"\n")).await;
-    let insert = format!("INSERT INTO {} (topic, payload) VALUES (?, 'x')", w.table());
+    let w = World::mysql("stmy").config(&format!("\n[metrics]\nlisten = \"{addr}\"\n")).build().await;
+    let insert = format!("INSERT INTO {} (topic, payload) VALUES (?, 'x')", w.table(0, 0));
     let mut admin = w.admin().await;
     let streamer = w.start("streamer.log");
     admin.exec_drop(&insert, (&w.topic,)).await.unwrap();
     kafka::read_at_least(&w.topic, 1, 1, ARRIVAL).await;
-    w.wait_drained().await;
+    w.wait_drained(&w.table(0, 0)).await;
     let rows = wait_for_status(&w.config, 0, &["caught-up"]).await;
     assert_eq!(rows[0]["state"], "checkpoint", "{rows:?}");
 

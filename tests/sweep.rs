@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use mysql_async::prelude::Queryable;
 
+use crate::support::world::World;
 use crate::support::{kafka, wait_until};
 
 const ARRIVAL: Duration = Duration::from_secs(120);
@@ -20,10 +21,10 @@ fn sorted_payloads(records: &[kafka::Record]) -> Vec<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mariadb_rows_the_binlog_never_carried_are_swept() {
-    let w = crate::mysql_cdc::World::with_extra("msw", 1, SWEEP).await;
+    let w = World::mysql("msw").config(SWEEP).build().await;
     let mut admin = w.admin().await;
     let streamer = w.start("streamer.log");
-    let insert = format!("INSERT INTO {} (topic, payload) VALUES (?, ?)", w.table());
+    let insert = format!("INSERT INTO {} (topic, payload) VALUES (?, ?)", w.table(0, 0));
     admin.exec_drop(&insert, (&w.topic, b"a".as_slice())).await.unwrap();
     let mut statement = w.admin().await;
     statement.query_drop("SET SESSION binlog_format = 'STATEMENT'").await.unwrap();
@@ -35,7 +36,7 @@ async fn mariadb_rows_the_binlog_never_carried_are_swept() {
     let records = kafka::read_distinct(&w.topic, 1, 4, ARRIVAL).await;
     assert_eq!(records.len(), 4, "each once");
     assert_eq!(sorted_payloads(&records), ["a", "b", "not-logged", "statement-logged"]);
-    w.wait_drained().await;
+    w.wait_drained(&w.table(0, 0)).await;
     let log = streamer.log_text();
     assert!(log.contains("statement-logged write to the outbox table"), "{log}");
     assert!(log.contains("rows stayed in the table"), "{log}");
@@ -49,7 +50,7 @@ async fn mariadb_rows_the_binlog_never_carried_are_swept() {
 /// sends them even though the stream is idle afterwards (its position moves by keepalives).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_rows_the_slot_never_carried_are_swept() {
-    let w = crate::postgres_cdc::World::new("psw", 1, 1, 1, SWEEP).await;
+    let w = World::postgres("psw").config(SWEEP).build().await;
     let table = w.table(0, 0);
     let streamer = w.start("streamer.log");
     let insert = format!("INSERT INTO {table} (topic, payload) VALUES ($1, convert_to($2, 'UTF8'))");

@@ -11,8 +11,8 @@ use mysql_async::prelude::Queryable;
 use outbox_zookeeper::paths::ClusterPaths;
 use tokio_postgres::types::ToSql;
 
-use crate::postgres_cdc::World;
 use crate::support::streamer::{Running, run_cli, scratch, source_config};
+use crate::support::world::World;
 use crate::support::{env, kafka, mysql, pg, shared_services, unique, wait_until};
 
 const ARRIVAL: Duration = Duration::from_secs(120);
@@ -105,7 +105,7 @@ async fn wait_no_pg_sessions(admin: &tokio_postgres::Client, streamer_url: &str)
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_teardown_keeps_unpublished_rows_until_told_and_setup_works_again() {
-    let w = World::new("tdp", 2, 1, 1, "").await;
+    let w = World::postgres("tdp").shards(2).build().await;
     let (t0, t1) = (w.table(0, 0), w.table(1, 0));
     insert_pg(&w.db.admin, &t1, &w.topic, &["a", "b", "c"]).await;
     let before = pg_objects(&w.db.admin, &w.prefix).await;
@@ -164,7 +164,7 @@ async fn postgres_teardown_keeps_unpublished_rows_until_told_and_setup_works_aga
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_teardown_refuses_a_running_streamer_and_never_touches_another_databases_slot() {
-    let w = World::new("tdr", 2, 1, 1, "").await;
+    let w = World::postgres("tdr").shards(2).build().await;
     let other = pg::fresh_db().await;
     let (t0, t1) = (w.table(0, 0), w.table(1, 0));
     let other_db = other.admin_url.rsplit('/').next().unwrap().to_string();
@@ -346,7 +346,7 @@ async fn teardown_removes_the_clusters_zookeeper_nodes_once_no_instance_runs() {
         "\n[coordination]\nkind = \"zookeeper\"\nconnect = \"{}\"\ncluster_name = \"{cluster}\"\nsession_timeout_ms = 3000\n",
         env("OUTBOX_ZK_CONNECT")
     );
-    let w = World::new("tdz", 1, 1, 1, &extra).await;
+    let w = World::postgres("tdz").config(&extra).build().await;
     let table = w.table(0, 0);
     let zk =
         outbox_zookeeper::connect(&outbox_zookeeper::SessionSettings::new(env("OUTBOX_ZK_CONNECT"))).await.unwrap();

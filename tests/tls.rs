@@ -8,8 +8,9 @@ use std::time::Duration;
 use mysql_async::prelude::Queryable;
 use tokio_postgres::types::ToSql;
 
-use crate::postgres_cdc::World;
+use crate::support::pg::PgDb;
 use crate::support::streamer::{Running, run_cli};
+use crate::support::world::World;
 use crate::support::{env, kafka, wait_until};
 
 const ARRIVAL: Duration = Duration::from_secs(120);
@@ -19,7 +20,7 @@ fn tls_file(name: &str) -> String {
 }
 
 /// The world's config with its `[source.tls]` table replaced by `tls` and its URL by `url`.
-fn variant(w: &World, name: &str, url: &str, tls: &str) -> std::path::PathBuf {
+fn variant(w: &World<PgDb>, name: &str, url: &str, tls: &str) -> std::path::PathBuf {
     rewrite(&w.config, &w.db.streamer_url, name, url, tls)
 }
 
@@ -41,14 +42,14 @@ fn wrong_ca() -> String {
 }
 
 /// Creates a group role once; concurrent creators tolerate each other.
-async fn ensure_role(w: &World, sql: &str) {
+async fn ensure_role(w: &World<PgDb>, sql: &str) {
     let body = format!("DO $$ BEGIN {sql}; EXCEPTION WHEN duplicate_object OR unique_violation THEN NULL; END $$");
     w.db.admin.batch_execute(&body).await.unwrap_or_else(|e| panic!("{sql}: {e}"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_sessions_are_encrypted_verified_and_a_client_certificate_logs_in() {
-    let w = World::new("tls", 1, 1, 1, &verify_full()).await;
+    let w = World::postgres("tls").config(&verify_full()).build().await;
     let table = w.table(0, 0);
     let role = w.db.streamer_url.split("://").nth(1).unwrap().split(':').next().unwrap().to_string();
     ensure_role(&w, "CREATE ROLE outbox_tls_required NOLOGIN").await;
@@ -143,36 +144,37 @@ async fn postgres_sessions_are_encrypted_verified_and_a_client_certificate_logs_
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mariadb_sql_and_binlog_sessions_are_encrypted_and_verified() {
-    let w = crate::mysql_cdc::World::with_extra("mtls", 1, &verify_full()).await;
-    let user = w.url.split("://").nth(1).unwrap().split(':').next().unwrap().to_string();
+    let w = World::mysql("mtls").config(&verify_full()).build().await;
+    let user = w.streamer_url.split("://").nth(1).unwrap().split(':').next().unwrap().to_string();
     let mut admin = w.admin().await;
     admin.query_drop(format!("ALTER USER '{user}'@'127.0.0.1' REQUIRE SSL")).await.unwrap();
 
     let streamer = w.start("verify-full.log");
     admin
         .exec_drop(
-            format!("INSERT INTO {} (topic, payload) VALUES (?, ?)", w.table()),
+            format!("INSERT INTO {} (topic, payload) VALUES (?, ?)", w.table(0, 0)),
             (&w.topic, b"over-tls".to_vec()),
         )
         .await
         .unwrap();
     let records = kafka::read_at_least(&w.topic, 1, 1, ARRIVAL).await;
     assert_eq!(records[0].payload_str(), "over-tls");
-    w.wait_drained().await;
+    w.wait_drained(&w.table(0, 0)).await;
     let (ok, out, err) = run_cli(&w.config, &["status"]);
     assert!(ok, "status over TLS failed:\n{out}\n{err}");
     assert!(streamer.stop());
 
     // The user may not log in without TLS; the error names the login, never its password.
-    let plain = rewrite(&w.config, &w.url, "plain.toml", &w.url, "");
+    let plain = rewrite(&w.config, &w.streamer_url, "plain.toml", &w.streamer_url, "");
     let (ok, out, err) = run_cli(&plain, &["status"]);
     assert!(!ok, "plaintext status succeeded:\n{out}");
     assert!(err.contains("Access denied"), "unexpected error:\n{err}");
-    let password = w.url.split(':').nth(2).unwrap().split('@').next().unwrap();
+    let password = w.streamer_url.split(':').nth(2).unwrap().split('@').next().unwrap();
     assert!(!err.contains(password), "the error shows the password:\n{err}");
 
     // A CA that did not sign the server's certificate.
-    let (ok, out, err) = run_cli(&rewrite(&w.config, &w.url, "wrong-ca.toml", &w.url, &wrong_ca()), &["status"]);
+    let (ok, out, err) =
+        run_cli(&rewrite(&w.config, &w.streamer_url, "wrong-ca.toml", &w.streamer_url, &wrong_ca()), &["status"]);
     assert!(!ok, "status with the wrong CA succeeded:\n{out}");
     assert!(
         err.contains("UnknownIssuer") || err.contains("certificate"),
@@ -193,7 +195,7 @@ async fn zookeeper_ownership_runs_over_tls_with_a_client_certificate_and_a_wrong
         tls_file("client.pem"),
         tls_file("client.key")
     );
-    let w = World::new("ztls", 1, 1, 1, &coordination).await;
+    let w = World::postgres("ztls").config(&coordination).build().await;
     let table = w.table(0, 0);
     let streamer = w.start("zk-tls.log");
     w.db.admin
@@ -237,7 +239,7 @@ async fn zookeeper_ownership_runs_over_tls_with_a_client_certificate_and_a_wrong
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kafka_records_travel_over_verified_tls_with_a_client_certificate() {
-    let w = World::new("ktls", 1, 1, 1, "").await;
+    let w = World::postgres("ktls").build().await;
     let table = w.table(0, 0);
     let tls_brokers = env("OUTBOX_KAFKA_TLS_BROKERS");
     let kafka_tls = format!(

@@ -15,6 +15,7 @@ use tokio_postgres::types::ToSql;
 
 use crate::support::kafka;
 use crate::support::streamer::Running;
+use crate::support::world::World;
 
 const ARRIVAL: Duration = Duration::from_secs(300);
 const KEYS: u64 = 6;
@@ -159,7 +160,7 @@ async fn postgres_workload(name: &str, polling: bool) {
     eprintln!("postgres workload {name}: OUTBOX_WORKLOAD_SEED={seed} OUTBOX_WORKLOAD_OPS={ops}");
     let mut rng = Rng(seed);
     let extra = if polling { "sweep_interval_ms = 500\nmode = \"polling\"" } else { "sweep_interval_ms = 500" };
-    let w = crate::postgres_cdc::World::new(name, 1, 1, 3, extra).await;
+    let w = World::postgres(name).kafka_partitions(3).config(extra).build().await;
     let table = w.table(0, 0);
     w.db.admin.batch_execute(&format!("ALTER TABLE {table} ALTER COLUMN topic DROP NOT NULL")).await.unwrap();
     let start = |run: usize| w.start(&format!("run-{run}.log"));
@@ -343,7 +344,7 @@ type Prepared = (mysql_async::Conn, String, Vec<(String, String)>);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mariadb_randomised_workload() {
-    mariadb_workload("mwl", false, crate::mysql_cdc::STREAMER_GRANTS).await;
+    mariadb_workload("mwl", false, crate::support::mysql::STREAMER_GRANTS).await;
 }
 
 /// The same mix in polling mode, with `PROCESS` granted: the poller reads the table's writers
@@ -351,7 +352,7 @@ async fn mariadb_randomised_workload() {
 /// transactions hold the low-water mark below their rows.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mariadb_polling_randomised_workload_with_process() {
-    let grants = format!("{}, PROCESS", crate::mysql_cdc::STREAMER_GRANTS);
+    let grants = format!("{}, PROCESS", crate::support::mysql::STREAMER_GRANTS);
     mariadb_workload("mwp", true, &grants).await;
 }
 
@@ -362,8 +363,8 @@ async fn mariadb_workload(name: &str, polling: bool, grants: &str) {
     let mut rng = Rng(seed);
     let dlq = kafka::fresh_topic(&format!("{name}dlq"), 1).await;
     let extra = format!("sweep_interval_ms = 500\non_bad_row = \"dead-letter\"\ndead_letter_topic = \"{dlq}\"\n{mode}");
-    let w = crate::mysql_cdc::World::with_grants(name, 3, &extra, grants).await;
-    let table = w.table();
+    let w = World::mysql(name).kafka_partitions(3).config(&extra).grants(grants).build().await;
+    let table = w.table(0, 0);
     let mut db = w.admin().await;
     db.query_drop(format!("ALTER TABLE {table} MODIFY topic VARCHAR(249) NULL")).await.unwrap();
     let mut statement = w.admin().await;
@@ -501,7 +502,7 @@ async fn mariadb_workload(name: &str, polling: bool, grants: &str) {
         kafka::read_until_payloads(&dlq, 1, &expect.dead_letter, ARRIVAL).await
     };
     expect.check(&records, &dead, seed);
-    w.wait_drained().await;
+    w.wait_drained(&w.table(0, 0)).await;
     assert!(streamer.take().unwrap().stop());
     statement.disconnect().await.unwrap();
     db.disconnect().await.unwrap();

@@ -1,13 +1,56 @@
-//! Kafka as a [`Sink`]: the producer of `outbox_kafka`, and its errors' verdicts.
+//! Kafka as a [`Sink`]: the producer of `outbox_kafka`, its settings per shard-partition, and
+//! its errors' verdicts.
+
+use std::time::Duration;
 
 use futures::FutureExt;
 use futures::future::Map;
 use outbox_kafka::classify::{about_the_topic, hint};
 use outbox_kafka::producer::{DeliveryFuture, DeliveryResultOwned, topic_of};
-use outbox_kafka::{Class, ErrorCode, KafkaError, Producer, classify};
+use outbox_kafka::{Class, ErrorCode, KafkaError, Producer, ProducerSettings, classify};
 use tokio::sync::oneshot::error::RecvError;
 
 use super::{Failure, Offer, Outgoing, Sink, Verdict};
+use crate::config::{KafkaConfig, StreamSettings};
+use crate::error::Error;
+use crate::streamer::StreamLabels;
+
+/// The sink every shard-partition publishes through: one Kafka producer each.
+pub(crate) type Broker = Producer;
+
+/// What opening a shard-partition's [`Broker`] takes.
+pub(crate) type BrokerSettings = ProducerSettings;
+
+/// The producer settings of one shard-partition: the `[kafka]` section with its stream's
+/// overrides, and a client id naming the shard-partition.
+pub(crate) fn broker_settings(kafka: &KafkaConfig, s: &StreamSettings, labels: &StreamLabels) -> BrokerSettings {
+    ProducerSettings {
+        brokers: kafka.brokers.clone(),
+        client_id: format!("outbox-streamer-{}-{}-{}", labels.source, labels.id.shard, labels.id.partition),
+        compression: s.compression.as_str().into(),
+        linger_ms: s.linger_ms,
+        message_timeout_ms: kafka.message_timeout_ms,
+        properties: kafka.properties.clone(),
+    }
+}
+
+/// Opens a shard-partition's producer; an error is definite (the halt's message and fix), with
+/// the producer's error as its source.
+pub(crate) fn open(settings: &BrokerSettings) -> Result<Broker, Error> {
+    Producer::new(settings).map_err(|e| {
+        Error::definite(
+            format!("cannot create the Kafka producer: {e}"),
+            "correct the [kafka] settings, then restart (this halt does not clear by itself)",
+        )
+        .with_source(e)
+    })
+}
+
+/// Waits (up to 5 s) for what the producer still holds to be acknowledged, then drops it,
+/// which purges anything left.
+pub(crate) async fn close(broker: Broker) {
+    let _ = tokio::task::spawn_blocking(move || broker.flush(Duration::from_secs(5))).await;
+}
 
 type Report = Result<DeliveryResultOwned, RecvError>;
 

@@ -16,12 +16,21 @@
 //!   atomically (exactly-once builds on it).
 //!
 //! Kafka ([`kafka`]) is the first implementation; nothing outside it names the Kafka client.
+//!
+//! # Choosing the broker
+//!
+//! [`Broker`], [`BrokerSettings`], [`broker_settings`], [`open`] and [`close`] are the one place
+//! the rest of the streamer gets its sink from. With a second broker, `Broker` becomes an enum
+//! over the implementations (each arm delegating to its [`Sink`]) and `open` the one `match`
+//! on the configured broker.
 
 use std::error::Error;
 use std::fmt;
 use std::future::Future;
 
 mod kafka;
+
+pub(crate) use kafka::{Broker, BrokerSettings, broker_settings, close, open};
 
 /// One record to hand over; borrowed from the outbox row and the session.
 #[derive(Debug, Clone, Copy)]

@@ -2,12 +2,14 @@
 //! fresh Kafka topics, a Kafka reader, the streamer as a real child process, and waits on
 //! conditions with deadlines (never sleeps as synchronisation).
 
+pub(crate) mod database;
 pub(crate) mod kafka;
 pub(crate) mod metrics;
 pub(crate) mod mysql;
 pub(crate) mod pg;
 pub(crate) mod proxy;
 pub(crate) mod streamer;
+pub(crate) mod world;
 
 use std::future::Future;
 use std::sync::atomic::{AtomicU32, Ordering};

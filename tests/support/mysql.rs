@@ -43,3 +43,6 @@ pub(crate) async fn fresh_db() -> MyDb {
     let (base, _) = url.rsplit_once('/').expect("OUTBOX_MYSQL_URL ends with /database");
     MyDb { admin_url: format!("{base}/{name}"), name, conn }
 }
+
+/// The documented least-privilege global grants of the streamer's user.
+pub(crate) const STREAMER_GRANTS: &str = "REPLICATION SLAVE, REPLICATION CLIENT";

@@ -1,5 +1,6 @@
 //! The real `outbox-streamer` binary as a child process.
 
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -40,6 +41,9 @@ pub(crate) fn run_cli_code(config: &Path, args: &[&str]) -> (i32, String, String
 pub(crate) struct Running {
     child: Child,
     pub log: PathBuf,
+    /// Where its `/metrics`, `/readyz` and `/streams` answer, when it serves them
+    /// (`OUTBOX_METRICS_LISTEN` in its environment, or `[metrics] listen` in its config).
+    pub metrics: Option<SocketAddr>,
 }
 
 impl Running {
@@ -60,7 +64,15 @@ impl Running {
         Self::spawn(command, config, log, env)
     }
 
+    /// Every streamer serves its metrics endpoint, so a test can wait on `/readyz`, `/streams`
+    /// and the state metric: where `env` and the config name no address, on a free port.
     fn spawn(mut command: Command, config: &Path, log: &Path, env: &[(&str, String)]) -> Self {
+        let named = env.iter().find(|(k, _)| *k == "OUTBOX_METRICS_LISTEN").map(|(_, v)| v.clone());
+        let free = match named.is_none() && !has_metrics_table(config) {
+            true => Some(super::metrics::free_addr().to_string()),
+            false => None,
+        };
+        let metrics = named.clone().or(free.clone()).or_else(|| metrics_listen(config));
         let file = std::fs::OpenOptions::new().create(true).append(true).open(log).expect("log file");
         let child = command
             .arg("--config")
@@ -68,11 +80,14 @@ impl Running {
             .arg("run")
             .env("RUST_LOG", "info,outbox_streamer=debug")
             .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+            .envs(free.iter().map(|addr| ("OUTBOX_METRICS_LISTEN", addr.as_str())))
             .stdout(Stdio::null())
             .stderr(file)
             .spawn()
             .expect("starting outbox-streamer run");
-        Self { child, log: log.to_path_buf() }
+        // An address a test made invalid on purpose is no endpoint to wait on.
+        let metrics = metrics.and_then(|addr| addr.parse().ok());
+        Self { child, log: log.to_path_buf(), metrics }
     }
 
     /// Peak resident memory of the process so far (VmHWM), in bytes.
@@ -105,10 +120,45 @@ impl Running {
         .await
     }
 
+    /// Waits until `/streams` shows a shard-partition in `state` (`streaming`, `retrying`,
+    /// `halted`, `catching-up`); returns its reason. Needs the metrics endpoint.
+    pub(crate) async fn wait_for_state(&self, state: &str, timeout: Duration) -> Option<String> {
+        let addr = self.metrics.unwrap_or_else(|| panic!("{} serves no metrics endpoint", self.log.display()));
+        let what = format!("a shard-partition {state} on /streams of {}", self.log.display());
+        super::wait_until(&what, timeout, || async {
+            let body = super::metrics::try_get(addr, "/streams").await?;
+            let report: serde_json::Value = serde_json::from_str(&body).expect("/streams is JSON");
+            let streams = report["streams"].as_object().expect("/streams has streams");
+            let found = streams.values().find(|s| s["state"] == state)?;
+            Some(found["reason"].as_str().map(str::to_string))
+        })
+        .await
+    }
+
+    /// Waits until the sample of metric `name` with `labels` on `/metrics` reaches `at_least`
+    /// (a counter, which, unlike a state, cannot be missed between two looks).
+    pub(crate) async fn wait_for_metric(&self, name: &str, labels: &[(&str, &str)], at_least: f64, timeout: Duration) {
+        let addr = self.metrics.unwrap_or_else(|| panic!("{} serves no metrics endpoint", self.log.display()));
+        let what = format!("{name}{labels:?} >= {at_least} on /metrics of {}", self.log.display());
+        super::wait_until(&what, timeout, || async {
+            let text = super::metrics::try_get(addr, "/metrics").await?;
+            (super::metrics::sample(&text, name, labels)? >= at_least).then_some(())
+        })
+        .await
+    }
+
+    /// Waits until `/streams` shows a shard-partition halted, then for its ERROR line, which
+    /// is logged just after the state changes; returns the whole log. The state is the
+    /// condition; the log is read because the tests check what the ERROR line says.
+    pub(crate) async fn wait_for_halt(&self, timeout: Duration) -> String {
+        self.wait_for_state("halted", timeout).await;
+        self.wait_for_log("halted", timeout).await
+    }
+
     /// Waits until a shard-partition halts and checks it halted at once and once: exactly one
     /// ERROR line and no retry as transient before it. Returns that line.
     pub(crate) async fn wait_for_one_halt(&self, timeout: Duration) -> String {
-        let log = self.wait_for_log("halted", timeout).await;
+        let log = self.wait_for_halt(timeout).await;
         let errors: Vec<&str> = log.lines().filter(|l| l.split_whitespace().nth(1) == Some("ERROR")).collect();
         assert_eq!(errors.len(), 1, "one ERROR:\n{log}");
         assert!(!log.contains("stream interrupted"), "retried as transient before halting:\n{log}");
@@ -167,6 +217,18 @@ impl Drop for Running {
             eprintln!("---- last {} lines of {} ----\n{}", tail.len(), self.log.display(), tail.join("\n"));
         }
     }
+}
+
+/// Whether the config at `path` has a `[metrics]` table (its `listen` may be missing on
+/// purpose, or wrong: a test of that must not be given an address from outside).
+fn has_metrics_table(path: &Path) -> bool {
+    std::fs::read_to_string(path).is_ok_and(|text| text.contains("[metrics]"))
+}
+
+/// `listen` of the `[metrics]` table of the config at `path`, if it has one.
+fn metrics_listen(path: &Path) -> Option<String> {
+    let config: toml::Table = std::fs::read_to_string(path).ok()?.parse().ok()?;
+    config.get("metrics")?.get("listen")?.as_str().map(str::to_string)
 }
 
 /// How much of a streamer's log a failing test prints.

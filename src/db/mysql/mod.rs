@@ -37,7 +37,7 @@ use super::{Database, JobContext, SetupRequest, StreamStatus, TeardownRequest};
 use crate::catchup::CatchUp;
 use crate::config::{Mode, SourceConfig};
 use crate::dberror::{self, Backend};
-use crate::job::{JobParts, StreamJob, poll_settings, producer_settings, stream_plans};
+use crate::job::{JobParts, StreamJob, poll_settings, stream_plans};
 use crate::lease::OwnerLease;
 use crate::names::checkpoint_table;
 use crate::poll::PollSource;
@@ -102,7 +102,7 @@ fn jobs(source: &SourceConfig, ctx: &JobContext<'_>) -> anyhow::Result<Vec<Strea
         (opts.user().unwrap_or_default().to_string(), opts.db_name().unwrap_or_default().to_string());
     for (labels, settings, names) in stream_plans(source) {
         let scope = dberror::Scope::of_stream(source, Backend::MySql, &login, &database, &names.table);
-        let producer = producer_settings(ctx.kafka, &settings, &labels);
+        let broker = crate::sink::broker_settings(ctx.kafka, &settings, &labels);
         let catch_up: Arc<dyn CatchUp> =
             Arc::new(catchup::MyCatchUp { opts: opts.clone(), names: names.clone(), checkpoint: checkpoint.clone() });
         let message_timeout_ms = ctx.kafka.message_timeout_ms;
@@ -119,7 +119,7 @@ fn jobs(source: &SourceConfig, ctx: &JobContext<'_>) -> anyhow::Result<Vec<Strea
                 }
             };
             jobs.push(
-                JobParts { labels, scope, settings, names, connect, catch_up, producer, message_timeout_ms }.into_job(),
+                JobParts { labels, scope, settings, names, connect, catch_up, broker, message_timeout_ms }.into_job(),
             );
         } else {
             let heartbeat = Duration::from_millis(settings.status_interval_ms.max(1000));
@@ -131,7 +131,7 @@ fn jobs(source: &SourceConfig, ctx: &JobContext<'_>) -> anyhow::Result<Vec<Strea
                 async move { MySource::connect(&labels, &opts, &names, &checkpoint, lease.db_epoch(), heartbeat).await }
             };
             jobs.push(
-                JobParts { labels, scope, settings, names, connect, catch_up, producer, message_timeout_ms }.into_job(),
+                JobParts { labels, scope, settings, names, connect, catch_up, broker, message_timeout_ms }.into_job(),
             );
         }
     }

@@ -42,7 +42,7 @@ use crate::catchup::CatchUp;
 use crate::config::{Mode, SourceConfig};
 use crate::dberror::{self, Backend};
 use crate::error::Error;
-use crate::job::{JobParts, StreamJob, poll_settings, producer_settings, stream_plans};
+use crate::job::{JobParts, StreamJob, poll_settings, stream_plans};
 use crate::lease::OwnerLease;
 use crate::names::checkpoint_table;
 use crate::poll::PollSource;
@@ -117,7 +117,7 @@ fn jobs(source: &SourceConfig, ctx: &JobContext<'_>) -> anyhow::Result<Vec<Strea
     for (labels, settings, names) in stream_plans(source) {
         let scope =
             dberror::Scope::of_stream(source, Backend::Postgres, target.user(), target.database(), &names.table);
-        let producer = producer_settings(ctx.kafka, &settings, &labels);
+        let broker = crate::sink::broker_settings(ctx.kafka, &settings, &labels);
         let catch_up: Arc<dyn CatchUp> = Arc::new(catchup::PgCatchUp {
             target: target.clone(),
             names: names.clone(),
@@ -144,7 +144,7 @@ fn jobs(source: &SourceConfig, ctx: &JobContext<'_>) -> anyhow::Result<Vec<Strea
                 }
             };
             jobs.push(
-                JobParts { labels, scope, settings, names, connect, catch_up, producer, message_timeout_ms }.into_job(),
+                JobParts { labels, scope, settings, names, connect, catch_up, broker, message_timeout_ms }.into_job(),
             );
         } else {
             let status_interval = Duration::from_millis(settings.status_interval_ms);
@@ -169,7 +169,7 @@ fn jobs(source: &SourceConfig, ctx: &JobContext<'_>) -> anyhow::Result<Vec<Strea
                 }
             };
             jobs.push(
-                JobParts { labels, scope, settings, names, connect, catch_up, producer, message_timeout_ms }.into_job(),
+                JobParts { labels, scope, settings, names, connect, catch_up, broker, message_timeout_ms }.into_job(),
             );
         }
     }

@@ -1,0 +1,265 @@
+//! What differs between the databases a scenario runs on, so a scenario is written once and
+//! run on PostgreSQL and on MariaDB: creating a fresh database with the least-privilege
+//! streamer login, writing rows in one transaction, counting what is left in an outbox table,
+//! and the log position a stream has confirmed.
+
+use std::future::Future;
+
+use mysql_async::prelude::Queryable;
+use tokio_postgres::types::ToSql;
+
+use super::mysql::MyDb;
+use super::pg::PgDb;
+
+/// One outbox row as a test writes it; `None` columns are left to their default (or NULL,
+/// where the test has made the column nullable).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Row {
+    pub topic: Option<String>,
+    pub key: Option<Vec<u8>>,
+    pub payload: Vec<u8>,
+    /// The `headers` column as JSON text.
+    pub headers: Option<String>,
+}
+
+impl Row {
+    /// A row for `topic` with `payload` and nothing else.
+    pub(crate) fn new(topic: &str, payload: impl Into<Vec<u8>>) -> Self {
+        Self { topic: Some(topic.to_string()), payload: payload.into(), ..Self::default() }
+    }
+
+    pub(crate) fn key(mut self, key: impl Into<Vec<u8>>) -> Self {
+        self.key = Some(key.into());
+        self
+    }
+
+    pub(crate) fn headers(mut self, json: &str) -> Self {
+        self.headers = Some(json.to_string());
+        self
+    }
+
+    /// The same row with a NULL topic (a bad row once the column allows NULL).
+    pub(crate) fn without_topic(mut self) -> Self {
+        self.topic = None;
+        self
+    }
+}
+
+/// A database the streamer reads, as the tests drive it. Implemented once per database;
+/// scenarios that hold for both are generic over it.
+pub(crate) trait Database: Sized + Send + Sync + 'static {
+    /// A session as the admin user, for writing rows.
+    type Conn: Send;
+
+    /// `kind` of the `[[source]]` in the config.
+    const KIND: &'static str;
+    /// The database's name in test output.
+    const NAME: &'static str;
+    /// Whether the database keeps the stream's confirmed position apart from the outbox
+    /// table, where a test can compare the two (a PostgreSQL slot). MariaDB's checkpoint
+    /// commits together with the delete: there is nothing the table could disagree with.
+    const SLOT: bool;
+
+    /// A fresh database and the documented least-privilege streamer login (`grants`
+    /// overrides the global privileges where the database has such; `None`: the documented
+    /// ones). Returns the database and the streamer's URL.
+    fn create(grants: Option<&str>) -> impl Future<Output = (Self, String)> + Send;
+
+    /// The admin user's URL of this database.
+    fn admin_url(&self) -> &str;
+
+    /// A new admin session.
+    fn connect(&self) -> impl Future<Output = Self::Conn> + Send;
+
+    /// Inserts `rows` into `table` in one transaction; returns their ids in insert order.
+    fn insert(conn: &mut Self::Conn, table: &str, rows: &[Row]) -> impl Future<Output = Vec<i64>> + Send;
+
+    /// Rows left in `table`.
+    fn count(&self, table: &str) -> impl Future<Output = i64> + Send;
+
+    /// Lets `table`'s `topic` column hold NULL, so a test can write a bad row.
+    fn allow_null_topic(&self, table: &str) -> impl Future<Output = ()> + Send;
+
+    /// Inserts `rows` rows in one transaction by a statement the server runs: key
+    /// `k<n mod 1000>`, a 200-byte payload.
+    fn insert_series(&self, table: &str, topic: &str, rows: usize) -> impl Future<Output = ()> + Send;
+
+    /// The ids of the rows left in `table`.
+    fn ids(conn: &mut Self::Conn, table: &str) -> impl Future<Output = Vec<i64>> + Send;
+
+    /// The position in the database's log up to which the stream of `table` has confirmed,
+    /// as a number that orders like the log — where [`Database::SLOT`]; `None` before the
+    /// first confirmation and on a database without.
+    fn confirmed_position(conn: &mut Self::Conn, table: &str) -> impl Future<Output = Option<u64>> + Send;
+
+    /// The log's end now, comparable with [`Database::confirmed_position`]; 0 without [`Database::SLOT`].
+    fn log_end(conn: &mut Self::Conn) -> impl Future<Output = u64> + Send;
+}
+
+/// Rows a single INSERT statement carries; more go in further statements of the same transaction.
+const INSERT_CHUNK: usize = 1000;
+
+/// A PostgreSQL LSN `X/Y` as a number.
+pub(crate) fn lsn(text: &str) -> u64 {
+    let (hi, lo) = text.split_once('/').expect("LSN is X/Y");
+    (u64::from_str_radix(hi, 16).unwrap() << 32) | u64::from_str_radix(lo, 16).unwrap()
+}
+
+impl Database for PgDb {
+    type Conn = tokio_postgres::Client;
+    const KIND: &'static str = "postgres";
+    const NAME: &'static str = "postgres";
+    const SLOT: bool = true;
+
+    async fn create(_grants: Option<&str>) -> (Self, String) {
+        let db = super::pg::fresh_db().await;
+        let url = db.streamer_url.clone();
+        (db, url)
+    }
+
+    fn admin_url(&self) -> &str {
+        &self.admin_url
+    }
+
+    async fn connect(&self) -> Self::Conn {
+        super::pg::connect(&self.admin_url).await
+    }
+
+    async fn insert(conn: &mut Self::Conn, table: &str, rows: &[Row]) -> Vec<i64> {
+        let tx = conn.transaction().await.unwrap();
+        let mut ids = Vec::with_capacity(rows.len());
+        for chunk in rows.chunks(INSERT_CHUNK) {
+            let values: Vec<String> = (0..chunk.len())
+                .map(|i| format!("(${}, ${}, ${}, ${}::text::jsonb)", 4 * i + 1, 4 * i + 2, 4 * i + 3, 4 * i + 4))
+                .collect();
+            let sql = format!(
+                "INSERT INTO {table} (topic, msg_key, payload, headers) VALUES {} RETURNING id",
+                values.join(", ")
+            );
+            let params: Vec<&(dyn ToSql + Sync)> =
+                chunk.iter().flat_map(|r| [&r.topic as &(dyn ToSql + Sync), &r.key, &r.payload, &r.headers]).collect();
+            ids.extend(tx.query(&sql, &params).await.unwrap().iter().map(|r| r.get::<_, i64>(0)));
+        }
+        tx.commit().await.unwrap();
+        ids
+    }
+
+    async fn count(&self, table: &str) -> i64 {
+        PgDb::count(self, table).await
+    }
+
+    async fn allow_null_topic(&self, table: &str) {
+        self.admin.batch_execute(&format!("ALTER TABLE {table} ALTER COLUMN topic DROP NOT NULL")).await.unwrap();
+    }
+
+    async fn insert_series(&self, table: &str, topic: &str, rows: usize) {
+        self.admin
+            .execute(
+                &format!(
+                    "INSERT INTO {table} (topic, msg_key, payload)
+                     SELECT $1, ('k' || (g % 1000))::bytea, convert_to(lpad(g::text, 200, 'x'), 'UTF8')
+                     FROM generate_series(1, {rows}) g"
+                ),
+                &[&topic],
+            )
+            .await
+            .unwrap();
+    }
+
+    async fn ids(conn: &mut Self::Conn, table: &str) -> Vec<i64> {
+        conn.query(&format!("SELECT id FROM {table}"), &[]).await.unwrap().iter().map(|r| r.get(0)).collect()
+    }
+
+    async fn confirmed_position(conn: &mut Self::Conn, table: &str) -> Option<u64> {
+        let confirmed: Option<String> = conn
+            .query_opt("SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = $1", &[&table])
+            .await
+            .unwrap()?
+            .get(0);
+        confirmed.as_deref().map(lsn)
+    }
+
+    async fn log_end(conn: &mut Self::Conn) -> u64 {
+        let end: String = conn.query_one("SELECT pg_current_wal_insert_lsn()::text", &[]).await.unwrap().get(0);
+        lsn(&end)
+    }
+}
+
+impl Database for MyDb {
+    type Conn = mysql_async::Conn;
+    const KIND: &'static str = "mysql";
+    const NAME: &'static str = "mariadb";
+    const SLOT: bool = false;
+
+    async fn create(grants: Option<&str>) -> (Self, String) {
+        let mut db = super::mysql::fresh_db().await;
+        let url = db.streamer_user(grants.unwrap_or(super::mysql::STREAMER_GRANTS)).await;
+        (db, url)
+    }
+
+    fn admin_url(&self) -> &str {
+        &self.admin_url
+    }
+
+    async fn connect(&self) -> Self::Conn {
+        mysql_async::Conn::new(mysql_async::Opts::from_url(&self.admin_url).unwrap()).await.unwrap()
+    }
+
+    async fn insert(conn: &mut Self::Conn, table: &str, rows: &[Row]) -> Vec<i64> {
+        let mut tx = conn.start_transaction(mysql_async::TxOpts::default()).await.unwrap();
+        let mut ids = Vec::with_capacity(rows.len());
+        for chunk in rows.chunks(INSERT_CHUNK) {
+            let values = vec!["(?, ?, ?, ?)"; chunk.len()].join(", ");
+            let sql = format!("INSERT INTO {table} (topic, msg_key, payload, headers) VALUES {values} RETURNING id");
+            let params: Vec<mysql_async::Value> = chunk
+                .iter()
+                .flat_map(|r| {
+                    [r.topic.clone().into(), r.key.clone().into(), r.payload.clone().into(), r.headers.clone().into()]
+                })
+                .collect();
+            let got: Vec<i64> = tx.exec(&sql, params).await.unwrap();
+            ids.extend(got);
+        }
+        tx.commit().await.unwrap();
+        ids
+    }
+
+    async fn count(&self, table: &str) -> i64 {
+        let mut c = self.connect().await;
+        let n: Option<i64> = c.query_first(format!("SELECT count(*) FROM {table}")).await.unwrap();
+        c.disconnect().await.unwrap();
+        n.unwrap()
+    }
+
+    async fn allow_null_topic(&self, table: &str) {
+        let mut c = self.connect().await;
+        c.query_drop(format!("ALTER TABLE {table} MODIFY topic VARCHAR(249) NULL")).await.unwrap();
+        c.disconnect().await.unwrap();
+    }
+
+    async fn insert_series(&self, table: &str, topic: &str, rows: usize) {
+        let mut c = self.connect().await;
+        c.exec_drop(
+            format!(
+                "INSERT INTO {table} (topic, msg_key, payload)
+                 SELECT ?, CONCAT('k', seq MOD 1000), LPAD(seq, 200, 'x') FROM seq_1_to_{rows}"
+            ),
+            (topic,),
+        )
+        .await
+        .unwrap();
+        c.disconnect().await.unwrap();
+    }
+
+    async fn ids(conn: &mut Self::Conn, table: &str) -> Vec<i64> {
+        conn.query(format!("SELECT id FROM {table}")).await.unwrap()
+    }
+
+    async fn confirmed_position(_conn: &mut Self::Conn, _table: &str) -> Option<u64> {
+        None
+    }
+
+    async fn log_end(_conn: &mut Self::Conn) -> u64 {
+        0
+    }
+}

@@ -1,0 +1,193 @@
+//! A test's world: a fresh database with the least-privilege streamer login, fresh Kafka
+//! topics, a config and `setup` already run — built by name and settings:
+//!
+//! ```ignore
+//! let w = World::postgres("name").shards(2).kafka_partitions(3).build().await;
+//! let w = World::mysql("name").config(POLLING).exclusive().build().await;
+//! ```
+//!
+//! The world holds the services shared (or, with [`WorldBuilder::exclusive`], alone, for a
+//! test that stops one) for as long as it lives.
+
+use std::marker::PhantomData;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use super::database::Database;
+use super::mysql::MyDb;
+use super::pg::PgDb;
+use super::streamer::{Running, run_cli, scratch, source_config};
+use super::{kafka, unique, wait_until};
+
+/// How long a test waits for rows to arrive or drain.
+pub(crate) const ARRIVAL: Duration = Duration::from_secs(120);
+
+/// A test's database, topic and config; see the module docs.
+pub(crate) struct World<D> {
+    _services: ServicesHold,
+    pub db: D,
+    /// The outbox tables' prefix: shard-partition `s/p` is table `<prefix>_<s>_<p>`.
+    pub prefix: String,
+    pub topic: String,
+    /// Partitions of `topic`.
+    pub kafka_partitions: i32,
+    /// Scratch directory: the config and the streamers' logs.
+    pub dir: PathBuf,
+    pub config: PathBuf,
+    /// The least-privilege streamer login's URL, as the config names it.
+    pub streamer_url: String,
+}
+
+/// The shared or exclusive hold on the services (released on drop).
+enum ServicesHold {
+    Shared(#[allow(dead_code)] tokio::sync::RwLockReadGuard<'static, ()>),
+    Exclusive(#[allow(dead_code)] tokio::sync::RwLockWriteGuard<'static, ()>),
+}
+
+/// Settings of a [`World`] before it is built; every one defaults to the simplest world
+/// (one shard, one partition, a one-partition topic, nothing added to the config).
+#[must_use = "a world is made by .build().await"]
+pub(crate) struct WorldBuilder<D> {
+    name: String,
+    shards: u32,
+    partitions: u32,
+    kafka_partitions: i32,
+    config: String,
+    exclusive: bool,
+    grants: Option<String>,
+    database: PhantomData<D>,
+}
+
+impl World<PgDb> {
+    /// A world on a fresh PostgreSQL database.
+    pub(crate) fn postgres(name: &str) -> WorldBuilder<PgDb> {
+        WorldBuilder::new(name)
+    }
+}
+
+impl World<MyDb> {
+    /// A world on a fresh MariaDB database.
+    pub(crate) fn mysql(name: &str) -> WorldBuilder<MyDb> {
+        WorldBuilder::new(name)
+    }
+
+    /// A new admin session on the world's database.
+    pub(crate) async fn admin(&self) -> mysql_async::Conn {
+        self.db.connect().await
+    }
+}
+
+impl<D: Database> WorldBuilder<D> {
+    /// A world on database `D`; `name` prefixes the tables and the topic.
+    pub(crate) fn new(name: &str) -> Self {
+        Self {
+            name: name.to_string(),
+            shards: 1,
+            partitions: 1,
+            kafka_partitions: 1,
+            config: String::new(),
+            exclusive: false,
+            grants: None,
+            database: PhantomData,
+        }
+    }
+
+    /// Outbox shards (tables per partition).
+    pub(crate) fn shards(mut self, shards: u32) -> Self {
+        self.shards = shards;
+        self
+    }
+
+    /// Outbox partitions per shard.
+    pub(crate) fn partitions(mut self, partitions: u32) -> Self {
+        self.partitions = partitions;
+        self
+    }
+
+    /// Partitions of the world's Kafka topic.
+    pub(crate) fn kafka_partitions(mut self, partitions: i32) -> Self {
+        self.kafka_partitions = partitions;
+        self
+    }
+
+    /// TOML added at the end of the config: settings of `[source.defaults]`, or whole tables
+    /// of their own (`[metrics]`, `[coordination]`). Called again, it adds a line more.
+    pub(crate) fn config(mut self, toml: &str) -> Self {
+        if !self.config.is_empty() {
+            self.config.push('\n');
+        }
+        self.config.push_str(toml);
+        self
+    }
+
+    /// The world holds the services alone: for a test that stops or restarts one.
+    pub(crate) fn exclusive(mut self) -> Self {
+        self.exclusive = true;
+        self
+    }
+
+    /// Creates the database, the topic and the config, and runs `setup`.
+    pub(crate) async fn build(self) -> World<D> {
+        let services = if self.exclusive {
+            ServicesHold::Exclusive(super::exclusive_services().await)
+        } else {
+            ServicesHold::Shared(super::shared_services().await)
+        };
+        let (db, streamer_url) = D::create(self.grants.as_deref()).await;
+        let prefix = unique(&self.name);
+        let topic = kafka::fresh_topic(&self.name, self.kafka_partitions).await;
+        let dir = scratch(&prefix);
+        let config = source_config(&dir, D::KIND, &streamer_url, &prefix, self.shards, self.partitions, &self.config);
+        let (ok, out, err) = run_cli(&config, &["setup", "--admin-url", db.admin_url()]);
+        assert!(ok, "setup failed:\n{out}\n{err}");
+        World {
+            _services: services,
+            db,
+            prefix,
+            topic,
+            kafka_partitions: self.kafka_partitions,
+            dir,
+            config,
+            streamer_url,
+        }
+    }
+}
+
+impl WorldBuilder<MyDb> {
+    /// The streamer user's global privileges spelled out (for example adding `PROCESS`),
+    /// instead of the documented least ones.
+    pub(crate) fn grants(mut self, grants: &str) -> Self {
+        self.grants = Some(grants.to_string());
+        self
+    }
+}
+
+impl<D: Database> World<D> {
+    /// The outbox table of shard-partition `shard/partition`.
+    pub(crate) fn table(&self, shard: u32, partition: u32) -> String {
+        format!("{}_{shard}_{partition}", self.prefix)
+    }
+
+    /// Starts `outbox-streamer run` with the world's config, logging to `log` in its directory;
+    /// it serves its metrics endpoint, so the test can wait on its state ([`Running::wait_for_state`]).
+    pub(crate) fn start(&self, log: &str) -> Running {
+        Running::start(&self.config, &self.dir.join(log))
+    }
+
+    /// Rows left in `table`.
+    pub(crate) async fn count(&self, table: &str) -> i64 {
+        self.db.count(table).await
+    }
+
+    /// Waits until `table` is empty.
+    pub(crate) async fn wait_drained(&self, table: &str) {
+        wait_until(&format!("{table} to drain"), ARRIVAL, || async { (self.db.count(table).await == 0).then_some(()) })
+            .await;
+    }
+
+    /// Rewrites the config: `edit` gets its text and returns the new one.
+    pub(crate) fn edit_config(&self, edit: impl FnOnce(String) -> String) {
+        let text = std::fs::read_to_string(&self.config).expect("reading the config");
+        std::fs::write(&self.config, edit(text)).expect("writing the config");
+    }
+}
