@@ -690,7 +690,10 @@ def kafka_prepare() -> None:
     ]))
     if (d / "data" / "meta.properties").exists():
         return
-    cluster_id = base64.urlsafe_b64encode(secrets.token_bytes(16)).decode().rstrip("=")
+    # A cluster id that starts with "-" would be read by the tool as an option (1 time in 64).
+    cluster_id = "-"
+    while cluster_id.startswith("-"):
+        cluster_id = base64.urlsafe_b64encode(secrets.token_bytes(16)).decode().rstrip("=")
     r = run(["java", "-Xmx256m", f"-Dlog4j2.configurationFile={HERE / 'kafka-log4j2.properties'}",
              "-cp", classpath("kafka"), "kafka.tools.StorageTool", "format", "-t", cluster_id,
              "-c", str(kafka_props())])
