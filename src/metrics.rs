@@ -13,6 +13,7 @@ pub(crate) const DEAD_LETTERED_RECORDS: &str = "outbox_dead_lettered_records_tot
 pub(crate) const SKIPPED_REPLAYED_ROWS: &str = "outbox_replayed_rows_skipped_total";
 pub(crate) const SKIPPED_ROWS: &str = "outbox_skipped_rows_total";
 pub(crate) const SWEPT_ROWS: &str = "outbox_swept_rows_total";
+pub(crate) const SINK_FULL_WAITS: &str = "outbox_sink_full_waits_total";
 pub(crate) const STATEMENT_WRITES: &str = "outbox_statement_logged_writes_total";
 pub(crate) const ERRORS: &str = "outbox_errors_total";
 pub(crate) const IN_FLIGHT_RECORDS: &str = "outbox_in_flight_records";
@@ -130,6 +131,7 @@ pub(crate) fn init_stream(labels: &[(&'static str, String); 3]) {
         STATEMENT_WRITES,
         CATCHUPS,
         CATCHUP_ROWS,
+        SINK_FULL_WAITS,
     ] {
         counter!(name, labels).increment(0);
     }

@@ -330,6 +330,7 @@ struct HotMetrics {
     latency: metrics::Histogram,
     in_flight_records: metrics::Gauge,
     in_flight_bytes: metrics::Gauge,
+    full_waits: metrics::Counter,
 }
 
 impl HotMetrics {
@@ -340,6 +341,7 @@ impl HotMetrics {
             latency: histogram!(m::END_TO_END_LATENCY, labels),
             in_flight_records: gauge!(m::IN_FLIGHT_RECORDS, labels),
             in_flight_bytes: gauge!(m::IN_FLIGHT_BYTES, labels),
+            full_waits: counter!(m::SINK_FULL_WAITS, labels),
         }
     }
 }
@@ -597,6 +599,7 @@ impl<P: Clone + std::fmt::Display + Send + Sync + 'static, K: Sink> Session<'_, 
                 Ok(Offered::Sent)
             }
             Err(Offer::Full) => {
+                self.hot.full_waits.increment(1);
                 if pending.label.is_none() {
                     pending.label = Some(self.label.clone());
                 }

@@ -256,3 +256,24 @@ pub(crate) async fn silent_dead_link<D: Database>(w: World<D>) {
     w.wait_drained(&table).await;
     assert!(streamer.stop());
 }
+
+/// librdkafka's local queue held to 10 records and a backlog of 20,000 rows written by one
+/// statement: the streamer finds the queue full again and again (counted in
+/// `outbox_sink_full_waits_total`) and waits for the next delivery report each time, never
+/// dropping or reordering a record; every row arrives once, in order per key, and is deleted.
+///
+/// Run by `postgres_faults::a_full_client_queue_is_waited_on_and_loses_nothing` and
+/// `mysql_cdc::mariadb_a_full_client_queue_is_waited_on_and_loses_nothing`.
+pub(crate) async fn full_client_queue<D: Database>(world: WorldBuilder<D>) {
+    const ROWS: usize = 20_000;
+    let w = world.config("[kafka.properties]\n\"queue.buffering.max.messages\" = \"10\"").build().await;
+    let table = w.table(0, 0);
+    let streamer = w.start("streamer.log");
+    w.db.insert_series(&table, &w.topic, ROWS).await;
+    let records = kafka::read_distinct(&w.topic, w.kafka_partitions, ROWS, ARRIVAL).await;
+    kafka::assert_first_deliveries_in_order(&records, ROWS);
+    assert_eq!(records.len(), ROWS, "no row was sent twice");
+    streamer.wait_for_metric("outbox_sink_full_waits_total", &[], 1.0, ARRIVAL).await;
+    w.wait_drained(&table).await;
+    assert!(streamer.stop());
+}

@@ -269,6 +269,12 @@ async fn mariadb_bad_rows_go_to_the_dead_letter_topic_whole() {
     faults::dead_letter_whole(World::mysql("md")).await;
 }
 
+/// [`faults::full_client_queue`].
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mariadb_a_full_client_queue_is_waited_on_and_loses_nothing() {
+    faults::full_client_queue(World::mysql("mq").kafka_partitions(3)).await;
+}
+
 /// [`faults::million_row_transaction`].
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mariadb_a_million_row_transaction_passes_with_bounded_memory() {

@@ -75,6 +75,12 @@ async fn a_million_row_transaction_passes_with_bounded_memory() {
     faults::million_row_transaction(World::postgres("om").kafka_partitions(3).build().await).await;
 }
 
+/// [`faults::full_client_queue`].
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_client_queue_is_waited_on_and_loses_nothing() {
+    faults::full_client_queue(World::postgres("oq").kafka_partitions(3)).await;
+}
+
 /// [`faults::dead_letter_whole`].
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_rows_go_to_the_dead_letter_topic_whole() {
