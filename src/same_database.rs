@@ -19,12 +19,7 @@
 
 use std::collections::BTreeMap;
 
-use outbox_mysql::mysql_async::prelude::Queryable;
-use outbox_mysql::mysql_async::{Conn, OptsBuilder, Row};
-
 use crate::config::{Config, SourceConfig, SourceKind};
-use crate::db::mysql::connect::{mysql_connect, mysql_opts};
-use crate::db::postgres::connect::pg_target;
 
 /// How long asking one server who it is may take.
 const IDENTIFY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(15);
@@ -76,32 +71,7 @@ fn first_shared<'a>(identified: &[(&'a str, &str, String)]) -> Option<(&'a str, 
 
 /// Who the server behind `source` is, and which database of it the source uses.
 async fn identify(source: &SourceConfig) -> anyhow::Result<String> {
-    match source.kind {
-        SourceKind::Postgres => {
-            let client = pg_target(source, None)?.connect().await?;
-            let row = client
-                .query_one("SELECT system_identifier::text, current_database()::text FROM pg_control_system()", &[])
-                .await?;
-            let (system, database): (String, String) = (row.get(0), row.get(1));
-            Ok(format!("database {database:?} of the PostgreSQL cluster with system identifier {system}"))
-        }
-        SourceKind::Mysql => {
-            let opts = mysql_opts(source, None)?;
-            let database = opts.db_name().unwrap_or_default().to_string();
-            // Without the database: before `setup` the streamer's login may have no grant on it.
-            let mut conn: Conn = mysql_connect(&OptsBuilder::from_opts(opts).db_name(None::<String>).into()).await?;
-            let row: Option<Row> = conn.query_first("SELECT @@hostname, @@port, @@datadir, @@server_id").await?;
-            let row = row.ok_or_else(|| anyhow::anyhow!("the server did not say who it is"))?;
-            let uuid: Option<String> = conn.query_first("SELECT @@server_uuid").await.ok().flatten();
-            conn.disconnect().await.ok();
-            let text = |i: usize| row.get_opt::<String, _>(i).and_then(Result::ok).unwrap_or_default();
-            let server = match uuid {
-                Some(uuid) => format!("server_uuid {uuid}"),
-                None => format!("server {}:{} with datadir {} and server_id {}", text(0), text(1), text(2), text(3)),
-            };
-            Ok(format!("database {database:?} on {server}"))
-        }
-    }
+    crate::db::of(source.kind).identify(source).await
 }
 
 #[cfg(test)]

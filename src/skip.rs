@@ -64,6 +64,36 @@ impl SkipList {
     }
 }
 
+/// What to skip.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum What {
+    Id(i64),
+    Transaction(String),
+    Backlog,
+}
+
+/// Adds `what` to `list`; a row id is bounded by `end`, the log's end now (see `crate::skip`).
+pub(crate) fn add(list: &mut SkipList, what: &What, end: &str) {
+    match what {
+        What::Id(id) => list.add_id(*id, end),
+        What::Transaction(label) => list.add_transaction(label),
+        What::Backlog => {}
+    }
+}
+
+pub(crate) fn done_message(what: &What, deleted: u64) -> String {
+    match what {
+        What::Id(id) if deleted > 0 => format!("row id={id} will not be published; it was deleted from the table"),
+        What::Id(id) => format!("row id={id} will not be published (it was not in the table)"),
+        What::Transaction(label) => {
+            format!("rows without a readable id in transaction {label} will not be published")
+        }
+        What::Backlog => {
+            format!("{deleted} rows discarded; the stream resumes at the end of the log")
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

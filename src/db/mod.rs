@@ -29,6 +29,7 @@ use crate::config::{KafkaConfig, SourceConfig, SourceKind};
 use crate::error::Error;
 use crate::job::StreamJob;
 use crate::names::StreamId;
+use crate::skip::What;
 use teardown::{Members, Options, Section};
 
 /// How often the background lag pollers publish a source's lag.
@@ -97,6 +98,19 @@ pub(crate) trait Database: Send + Sync {
 
     /// What `outbox-streamer status` reads from the database about each shard-partition.
     fn status<'a>(&'a self, source: &'a SourceConfig) -> BoxFuture<'a, anyhow::Result<Vec<StreamStatus>>>;
+
+    /// `outbox-streamer skip` on one shard-partition (see [`crate::skip`]): refused while the
+    /// stream is being read; returns what was done, for the operator.
+    fn skip<'a>(
+        &'a self,
+        source: &'a SourceConfig,
+        id: StreamId,
+        what: &'a What,
+    ) -> BoxFuture<'a, anyhow::Result<String>>;
+
+    /// Who the server is and which of its databases the source uses, as text that is equal for
+    /// two sources exactly when they reach the same database ([`crate::same_database`]).
+    fn identify<'a>(&'a self, source: &'a SourceConfig) -> BoxFuture<'a, anyhow::Result<String>>;
 }
 
 /// The login `setup` runs the DDL as, instead of each source's own: a URL, and the password

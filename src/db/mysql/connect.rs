@@ -4,7 +4,8 @@
 //! the password source or the TLS settings.
 
 use anyhow::{Context, bail};
-use outbox_mysql::mysql_async::{Conn, Error as MyError, Opts, OptsBuilder};
+use outbox_mysql::mysql_async::prelude::Queryable;
+use outbox_mysql::mysql_async::{Conn, Error as MyError, Opts, OptsBuilder, Row};
 
 use crate::config::SourceConfig;
 
@@ -78,4 +79,24 @@ pub(crate) fn mysql_connect_message(e: &MyError) -> String {
         Some(hint) => format!("{text} ({hint})"),
         None => text,
     }
+}
+
+/// Who the server behind `source` is (its `server_uuid`, or host, port, datadir and server id)
+/// and which database of it the source uses, for refusing two sources that reach one database
+/// under two names.
+pub(super) async fn identify(source: &SourceConfig) -> anyhow::Result<String> {
+    let opts = mysql_opts(source, None)?;
+    let database = opts.db_name().unwrap_or_default().to_string();
+    // Without the database: before `setup` the streamer's login may have no grant on it.
+    let mut conn: Conn = mysql_connect(&OptsBuilder::from_opts(opts).db_name(None::<String>).into()).await?;
+    let row: Option<Row> = conn.query_first("SELECT @@hostname, @@port, @@datadir, @@server_id").await?;
+    let row = row.ok_or_else(|| anyhow::anyhow!("the server did not say who it is"))?;
+    let uuid: Option<String> = conn.query_first("SELECT @@server_uuid").await.ok().flatten();
+    conn.disconnect().await.ok();
+    let text = |i: usize| row.get_opt::<String, _>(i).and_then(Result::ok).unwrap_or_default();
+    let server = match uuid {
+        Some(uuid) => format!("server_uuid {uuid}"),
+        None => format!("server {}:{} with datadir {} and server_id {}", text(0), text(1), text(2), text(3)),
+    };
+    Ok(format!("database {database:?} on {server}"))
 }

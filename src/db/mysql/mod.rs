@@ -20,6 +20,7 @@ pub(crate) mod connect;
 mod lag;
 mod poll;
 mod setup;
+mod skip;
 mod status;
 mod teardown;
 mod xa;
@@ -39,8 +40,9 @@ use crate::config::{Mode, SourceConfig};
 use crate::dberror::{self, Backend};
 use crate::job::{JobParts, StreamJob, poll_settings, stream_plans};
 use crate::lease::OwnerLease;
-use crate::names::checkpoint_table;
+use crate::names::{StreamId, checkpoint_table};
 use crate::poll::PollSource;
+use crate::skip::What;
 use cdc::MySource;
 use poll::MyPollTable;
 
@@ -84,6 +86,19 @@ impl Database for Mysql {
 
     fn status<'a>(&'a self, source: &'a SourceConfig) -> BoxFuture<'a, anyhow::Result<Vec<StreamStatus>>> {
         status::status(source).boxed()
+    }
+
+    fn skip<'a>(
+        &'a self,
+        source: &'a SourceConfig,
+        id: StreamId,
+        what: &'a What,
+    ) -> BoxFuture<'a, anyhow::Result<String>> {
+        Box::pin(skip::skip(source, id, what))
+    }
+
+    fn identify<'a>(&'a self, source: &'a SourceConfig) -> BoxFuture<'a, anyhow::Result<String>> {
+        Box::pin(connect::identify(source))
     }
 }
 

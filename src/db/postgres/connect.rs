@@ -32,3 +32,14 @@ fn pg_with_tls(source: &SourceConfig, target: PgTarget) -> anyhow::Result<PgTarg
         None => Ok(target),
     }
 }
+
+/// Who the server behind `source` is (its cluster's system identifier) and which database of
+/// it the source uses, for refusing two sources that reach one database under two names.
+pub(super) async fn identify(source: &SourceConfig) -> anyhow::Result<String> {
+    let client = pg_target(source, None)?.connect().await?;
+    let row = client
+        .query_one("SELECT system_identifier::text, current_database()::text FROM pg_control_system()", &[])
+        .await?;
+    let (system, database): (String, String) = (row.get(0), row.get(1));
+    Ok(format!("database {database:?} of the PostgreSQL cluster with system identifier {system}"))
+}

@@ -24,6 +24,7 @@ mod heartbeat;
 mod lag;
 pub(crate) mod poll;
 mod setup;
+mod skip;
 mod status;
 mod teardown;
 mod visibility;
@@ -44,8 +45,9 @@ use crate::dberror::{self, Backend};
 use crate::error::Error;
 use crate::job::{JobParts, StreamJob, poll_settings, stream_plans};
 use crate::lease::OwnerLease;
-use crate::names::checkpoint_table;
+use crate::names::{StreamId, checkpoint_table};
 use crate::poll::PollSource;
+use crate::skip::What;
 use cdc::PgSource;
 use poll::PgPollTable;
 
@@ -97,6 +99,19 @@ impl Database for Postgres {
 
     fn status<'a>(&'a self, source: &'a SourceConfig) -> BoxFuture<'a, anyhow::Result<Vec<StreamStatus>>> {
         status::status(source).boxed()
+    }
+
+    fn skip<'a>(
+        &'a self,
+        source: &'a SourceConfig,
+        id: StreamId,
+        what: &'a What,
+    ) -> BoxFuture<'a, anyhow::Result<String>> {
+        Box::pin(skip::skip(source, id, what))
+    }
+
+    fn identify<'a>(&'a self, source: &'a SourceConfig) -> BoxFuture<'a, anyhow::Result<String>> {
+        Box::pin(connect::identify(source))
     }
 }
 

@@ -1,0 +1,68 @@
+//! `outbox-streamer skip` on PostgreSQL: adds to the stream's skip list (or discards its backlog) in
+//! its checkpoint row, refused while the stream is being read (see `crate::cli::skip`).
+
+use anyhow::{Context, bail};
+
+use super::connect::pg_target;
+use crate::config::SourceConfig;
+use crate::names::{StreamId, checkpoint_table};
+use crate::skip::{SkipList, What, add, done_message};
+
+pub(super) async fn skip(source: &SourceConfig, id: StreamId, what: &What) -> anyhow::Result<String> {
+    let names = source.stream_names(id);
+    let checkpoint = checkpoint_table(&source.table_prefix);
+    let target = pg_target(source, None)?;
+    let mut client = target.connect().await.with_context(|| format!("connecting to {}", target.display()))?;
+    let state = outbox_postgres::slot::state(&client, &names.slot).await?;
+    if let Some(pid) = state.active_pid {
+        bail!(
+            "the stream is running: slot {:?} is held by backend {pid}; stop its streamer (or wait until it halts), then run this again",
+            names.slot
+        );
+    }
+    let (table, cp) = (outbox_postgres::setup::ident(&names.table), outbox_postgres::setup::ident(&checkpoint));
+    let tx = client.build_transaction().isolation_level(tokio_postgres::IsolationLevel::RepeatableRead).start().await?;
+    let row = tx
+        .query_opt(
+            &format!("SELECT skip_ids, skip_transactions FROM {cp} WHERE stream = $1 FOR UPDATE"),
+            &[&names.table],
+        )
+        .await
+        .with_context(|| format!("reading {checkpoint} (run `outbox-streamer setup` if a column is missing)"))?
+        .with_context(|| format!("{checkpoint} has no row for {}; run `outbox-streamer setup`", names.table))?;
+    let mut list = SkipList::parse(row.get(0), row.get(1)).map_err(anyhow::Error::msg)?;
+    let deleted = match what {
+        What::Backlog => {
+            // The snapshot is taken by this statement, and the WAL position read after it:
+            // every transaction the delete sees committed before that position.
+            let end: String = tx.query_one("SELECT pg_current_wal_insert_lsn()::text", &[]).await?.get(0);
+            let deleted = tx.execute(&format!("DELETE FROM {table}"), &[]).await?;
+            tx.execute(
+                &format!("UPDATE {cp} SET published_lsn = $2::text::pg_lsn, updated_at = now() WHERE stream = $1"),
+                &[&names.table, &end],
+            )
+            .await?;
+            tx.commit().await?;
+            client
+                .execute(
+                    "SELECT pg_replication_slot_advance($1, $2::text::pg_lsn) FROM pg_replication_slots
+                     WHERE slot_name = $1 AND confirmed_flush_lsn < $2::text::pg_lsn",
+                    &[&names.slot, &end],
+                )
+                .await
+                .with_context(|| format!("moving slot {} to {end}", names.slot))?;
+            return Ok(done_message(what, deleted));
+        }
+        What::Id(row_id) => tx.execute(&format!("DELETE FROM {table} WHERE id = $1"), &[row_id]).await?,
+        What::Transaction(_) => 0,
+    };
+    let end: String = tx.query_one("SELECT pg_current_wal_insert_lsn()::text", &[]).await?.get(0);
+    add(&mut list, what, &end);
+    tx.execute(
+        &format!("UPDATE {cp} SET skip_ids = $2, skip_transactions = $3, updated_at = now() WHERE stream = $1"),
+        &[&names.table, &list.ids_text(), &list.transactions_text()],
+    )
+    .await?;
+    tx.commit().await?;
+    Ok(done_message(what, deleted))
+}
