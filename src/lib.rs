@@ -39,6 +39,7 @@ pub(crate) mod names;
 pub(crate) mod policy;
 pub mod poll;
 pub(crate) mod record;
+pub(crate) mod replay;
 pub(crate) mod run;
 pub(crate) mod same_database;
 pub(crate) mod secret;

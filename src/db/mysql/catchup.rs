@@ -18,6 +18,7 @@ use outbox_mysql::setup::{current_position, ident};
 
 use futures::future::BoxFuture;
 
+use super::checkpoint::Checkpoint;
 use super::poll::MyPollTable;
 use crate::catchup::{CatchUp, CatchUpReport, Drain, report};
 use crate::db::fenced;
@@ -64,15 +65,9 @@ pub(crate) async fn mark_pending(
     table: &str,
     epoch: i64,
 ) -> Result<(), Error> {
-    conn.exec_drop(
-        format!(
-            "UPDATE {} SET catchup_pending = 1, catchup_started_at = NOW(6) WHERE stream = ? AND owner_epoch <= ?",
-            ident(checkpoint_table)
-        ),
-        (table, epoch),
-    )
-    .await
-    .map_err(|e| Error::from_db(&format!("updating {checkpoint_table}"), e))?;
+    conn.exec_drop(Checkpoint::new(checkpoint_table).mark_catchup_pending(), (table, epoch))
+        .await
+        .map_err(|e| Error::from_db(&format!("updating {checkpoint_table}"), e))?;
     if conn.affected_rows() == 0 {
         return Err(fenced(table, epoch));
     }
@@ -114,17 +109,10 @@ pub(crate) async fn run(
     let cleaner = MyPollTable::connect(opts, &names.table).await?;
     let snap = snapshot(reader.conn(), &names.table).await.map_err(|e| Error::from_db("taking the new position", e))?;
     let conn = reader.conn();
-    conn.exec_drop(
-        format!(
-            "UPDATE {} SET gtid = ?, binlog_file = ?, binlog_pos = ?, done_gtid = NULL, catchup_pending = 1,
-                 catchup_started_at = NOW(6)
-             WHERE stream = ? AND owner_epoch <= ?",
-            ident(checkpoint_table)
-        ),
-        (&snap.gtid, &snap.file, snap.offset, &names.table, epoch),
-    )
-    .await
-    .map_err(|e| Error::from_db(&format!("storing the new position in {checkpoint_table}"), e))?;
+    let checkpoint = Checkpoint::new(checkpoint_table);
+    conn.exec_drop(checkpoint.restart_at(), (&snap.gtid, &snap.file, snap.offset, &names.table, epoch))
+        .await
+        .map_err(|e| Error::from_db(&format!("storing the new position in {checkpoint_table}"), e))?;
     if conn.affected_rows() == 0 {
         return Err(fenced(&names.table, epoch));
     }
@@ -142,16 +130,9 @@ pub(crate) async fn run(
         },
     };
     let mut conn = Conn::new(opts.clone()).await.map_err(|e| Error::from_db("connecting to MySQL/MariaDB", e))?;
-    conn.exec_drop(
-        format!(
-            "UPDATE {} SET catchup_pending = 0, last_catchup_at = NOW(6), last_catchup_rows = ?
-             WHERE stream = ? AND owner_epoch <= ?",
-            ident(checkpoint_table)
-        ),
-        (rows, &names.table, epoch),
-    )
-    .await
-    .map_err(|e| Error::from_db(&format!("updating {checkpoint_table}"), e))?;
+    conn.exec_drop(checkpoint.catchup_done(), (rows, &names.table, epoch))
+        .await
+        .map_err(|e| Error::from_db(&format!("updating {checkpoint_table}"), e))?;
     let _ = conn.disconnect().await;
     Ok(Some(report(drain.labels, started, rows)))
 }

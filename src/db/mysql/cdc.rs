@@ -29,6 +29,7 @@ use outbox_mysql::mysql_async::prelude::Queryable;
 use outbox_mysql::mysql_async::{Conn, Error as MyError, IsolationLevel, Opts, OptsBuilder, TxOpts};
 use outbox_mysql::setup::ident;
 
+use super::checkpoint::{Checkpoint, SessionRow};
 use super::xa::XaHolds;
 use crate::db::fenced;
 use crate::error::Error;
@@ -36,6 +37,7 @@ use crate::metrics as m;
 use crate::names::StreamNames;
 use crate::poll::PolledRow;
 use crate::record::{InvalidRow, OutboxRecord, RawRow};
+use crate::replay::ReplayFilter;
 use crate::skip::SkipList;
 use crate::source::{DELETE_CHUNK, Probe, Source, SourceEvent, within};
 
@@ -73,11 +75,6 @@ pub(crate) fn server_id_for(database: &str, table: &str) -> u32 {
     0x4000_0000 | (h & 0x3fff_ffff)
 }
 
-/// A checkpoint row: gtid, binlog_file, binlog_pos, owner_epoch, catchup_pending, done_gtid,
-/// skip_ids, skip_transactions.
-type StoredCheckpoint =
-    (Option<String>, Option<String>, Option<u64>, i64, bool, Option<String>, Option<String>, Option<String>);
-
 /// The transaction being read.
 #[derive(Debug)]
 struct OpenTxn {
@@ -102,13 +99,12 @@ pub(crate) struct MySource {
     reader: BinlogReader,
     sql: Conn,
     table: String,
-    checkpoint_table: String,
+    checkpoint: Checkpoint,
     epoch: i64,
     last_stored: Instant,
     metric_labels: [(&'static str, String); 3],
-    /// How far the stream got before this session: transactions it contains were handled.
-    replay_until: Option<Position>,
-    replay_skipped: u64,
+    /// Skips transactions the stored `done_gtid` contains: this stream handled them.
+    replay: ReplayFilter<Position>,
     open: Option<OpenTxn>,
     /// Changes decided but not yet handed out (held rows released by an `XA COMMIT`).
     out: VecDeque<SourceEvent<MyPosition>>,
@@ -145,18 +141,13 @@ impl MySource {
             .exec_first("SELECT GET_LOCK(?, 0)", (stream_lock(&database, &names.table),))
             .await
             .map_err(|e| Error::from_db("taking the stream's lock", e))?;
-        let row: Option<StoredCheckpoint> = sql
-            .exec_first(
-                format!(
-                    "SELECT gtid, binlog_file, binlog_pos, owner_epoch, catchup_pending, done_gtid, skip_ids, skip_transactions
-                     FROM {} WHERE stream = ?",
-                    ident(checkpoint_table)
+        let checkpoint = Checkpoint::new(checkpoint_table);
+        let row: Option<SessionRow> =
+            sql.exec_first(checkpoint.read_session(), (&names.table,)).await.map_err(|e| match e {
+                MyError::Server(ref s) if s.code == 1054 || s.code == 1146 => Error::definite(
+                    format!("cannot read {checkpoint_table}: {}", s.message),
+                    "run `outbox-streamer setup`: it creates or updates the checkpoint table",
                 ),
-                (&names.table,),
-            )
-            .await
-            .map_err(|e| match e {
-                MyError::Server(ref s) if s.code == 1054 || s.code == 1146 => Error::definite(format!("cannot read {checkpoint_table}: {}", s.message), "run `outbox-streamer setup`: it creates or updates the checkpoint table"),
                 e => Error::from_db(&format!("reading {checkpoint_table}"), e),
             })?;
         let Some((gtid, file, offset, stored_epoch, pending, done_gtid, skip_ids, skip_transactions)) = row else {
@@ -170,9 +161,7 @@ impl MySource {
         }
         if stored_epoch < epoch {
             // Claim the stream: from here on the previous owner's guarded writes match no row.
-            let claim =
-                format!("UPDATE {} SET owner_epoch = ? WHERE stream = ? AND owner_epoch <= ?", ident(checkpoint_table));
-            sql.exec_drop(claim, (epoch, &names.table, epoch))
+            sql.exec_drop(checkpoint.claim(), (epoch, &names.table, epoch))
                 .await
                 .map_err(|e| Error::from_db("claiming the checkpoint", e))?;
             if sql.affected_rows() == 0 {
@@ -232,12 +221,11 @@ impl MySource {
             reader,
             sql,
             table: names.table.clone(),
-            checkpoint_table: checkpoint_table.to_string(),
+            checkpoint,
             epoch,
             last_stored: Instant::now(),
             metric_labels: labels.metric_labels(),
-            replay_until,
-            replay_skipped: 0,
+            replay: ReplayFilter::new(replay_until),
             open: None,
             out: VecDeque::new(),
             holds: XaHolds::default(),
@@ -255,13 +243,7 @@ impl MySource {
     fn on_change(&mut self, change: BinlogChange) -> Result<(), Error> {
         match change {
             BinlogChange::Begin { txn } => {
-                let replayed = self.replay_until.as_ref().is_some_and(|done| done.contains(&txn));
-                if !replayed && self.replay_until.take().is_some() && self.replay_skipped > 0 {
-                    tracing::info!(
-                        skipped = self.replay_skipped,
-                        "replay done: rows of transactions this stream had already published were not sent again"
-                    );
-                }
+                let replayed = self.replay.begin(|done| done.contains(&txn));
                 let before = self.reader.position().clone();
                 self.open = Some(OpenTxn { txn, before, replayed, xa: None });
                 if !replayed {
@@ -279,7 +261,7 @@ impl MySource {
                 match self.open.as_mut() {
                     Some(OpenTxn { xa: Some((_, rows)), .. }) => rows.push(row),
                     Some(OpenTxn { replayed: true, .. }) => {
-                        self.replay_skipped += 1;
+                        self.replay.skip_row();
                         metrics::counter!(m::SKIPPED_REPLAYED_ROWS, &self.metric_labels).increment(1);
                     }
                     _ => self.out.push_back(SourceEvent::Row(row)),
@@ -444,16 +426,11 @@ impl Source for MySource {
                 .await?;
             deleted += tx.affected_rows();
         }
-        let update = format!(
-            "UPDATE {} SET gtid = ?, binlog_file = ?, binlog_pos = ?, done_gtid = ?, owner_epoch = ?
-             WHERE stream = ? AND owner_epoch <= ?",
-            ident(&self.checkpoint_table)
-        );
         let resume = &upto.resume;
         let done_gtid = if upto.resume == upto.done { None } else { upto.done.gtid_text() };
         let params =
             (resume.gtid_text(), resume.file(), resume.offset(), done_gtid, self.epoch, &self.table, self.epoch);
-        within("storing the position", tx.exec_drop(update, params)).await?;
+        within("storing the position", tx.exec_drop(self.checkpoint.store(), params)).await?;
         if tx.affected_rows() == 0 {
             let _ = tx.rollback().await;
             return Err(fenced(&self.table, self.epoch));
@@ -462,9 +439,7 @@ impl Source for MySource {
         self.last_stored = Instant::now();
         // A prefix a failed session left is finished before anything is read: the reader
         // started before `upto` and must skip what it covers (a no-op once it read past it).
-        if self.open.is_none() && self.current.is_none() {
-            self.replay_until = Some(upto.done);
-        }
+        self.replay.finished(upto.done);
         Ok(deleted)
     }
 

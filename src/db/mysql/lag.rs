@@ -6,6 +6,7 @@ use metrics::gauge;
 use outbox_mysql::mysql_async::{Conn as MyConn, Error as MyError, Opts as MyOpts, Row as MyRow};
 use tokio::sync::watch;
 
+use super::checkpoint::Checkpoint;
 use crate::db::LAG_POLL_INTERVAL;
 use crate::metrics as m;
 
@@ -19,8 +20,7 @@ pub(super) async fn run(source: String, opts: MyOpts, checkpoint: String, mut st
             conn = MyConn::new(opts.clone()).await.ok();
         }
         if let Some(c) = conn.as_mut() {
-            let sql =
-                format!("SELECT stream, binlog_file, binlog_pos FROM {}", outbox_mysql::setup::ident(&checkpoint));
+            let sql = Checkpoint::new(&checkpoint).read_offsets();
             let polled = async {
                 // MySQL 8 adds an Encrypted column: take the first two by position.
                 let rows: Vec<MyRow> = c.query("SHOW BINARY LOGS").await?;

@@ -4,6 +4,7 @@
 //!
 //! ```text
 //!  cdc.rs       the CDC source: a table's binlog rows turned into outbox records
+//!  checkpoint.rs every statement on the checkpoint row (position, epoch, catch-up, skips)
 //!  xa.rs        XA transactions held between prepare and commit
 //!  poll.rs      the polling table (polling mode and the catch-up drain)
 //!  catchup.rs   catching up when the binlog position is lost, or when a stream returns from polling
@@ -16,6 +17,7 @@
 
 mod catchup;
 pub(crate) mod cdc;
+mod checkpoint;
 pub(crate) mod connect;
 mod lag;
 mod poll;

@@ -16,6 +16,7 @@ use outbox_mysql::mysql_async::{Conn, Error as MyError, IsolationLevel, Opts, Ro
 use outbox_mysql::setup::ident;
 
 use super::cdc::id_list;
+use super::checkpoint::Checkpoint;
 use crate::error::Error;
 use crate::poll::{PollTable, PolledRow, Writers};
 use crate::source::{DELETE_CHUNK, STATEMENT_TIMEOUT, within};
@@ -157,14 +158,8 @@ impl PollTable for MyPollTable {
         opts.with_isolation_level(IsolationLevel::ReadCommitted);
         let mut tx = within(&what, self.conn.start_transaction(opts)).await?;
         if let Some((checkpoint, epoch)) = &self.fence {
-            let stored: Option<i64> = within(
-                &what,
-                tx.exec_first(
-                    format!("SELECT owner_epoch FROM {} WHERE stream = ? LOCK IN SHARE MODE", ident(checkpoint)),
-                    (&self.table,),
-                ),
-            )
-            .await?;
+            let stored: Option<i64> =
+                within(&what, tx.exec_first(Checkpoint::new(checkpoint).lock_epoch(), (&self.table,))).await?;
             if stored.is_none_or(|stored| stored > *epoch) {
                 let _ = tx.rollback().await;
                 return Err(crate::db::fenced(&self.table, *epoch));

@@ -5,6 +5,7 @@ use anyhow::{Context, bail};
 use outbox_mysql::mysql_async::prelude::Queryable;
 use outbox_mysql::mysql_async::{IsolationLevel, TxOpts};
 
+use super::checkpoint::Checkpoint;
 use super::connect::mysql_opts;
 use crate::config::SourceConfig;
 use crate::names::{StreamId, checkpoint_table};
@@ -23,15 +24,13 @@ pub(super) async fn skip(source: &SourceConfig, id: StreamId, what: &What) -> an
             "the stream is running: connection {connection} holds its lock {lock:?}; stop its streamer (or wait until it halts), then run this again"
         );
     }
-    let (table, cp) = (outbox_mysql::setup::ident(&names.table), outbox_mysql::setup::ident(&checkpoint));
+    let table = outbox_mysql::setup::ident(&names.table);
+    let cp = Checkpoint::new(&checkpoint);
     let mut opts_tx = TxOpts::default();
     opts_tx.with_isolation_level(IsolationLevel::RepeatableRead).with_consistent_snapshot(true);
     let mut tx = conn.start_transaction(opts_tx).await?;
     let row: Option<(Option<String>, Option<String>)> = tx
-        .exec_first(
-            format!("SELECT skip_ids, skip_transactions FROM {cp} WHERE stream = ? FOR UPDATE"),
-            (&names.table,),
-        )
+        .exec_first(cp.read_skips(), (&names.table,))
         .await
         .with_context(|| format!("reading {checkpoint} (run `outbox-streamer setup` if a column is missing)"))?;
     let Some((ids, transactions)) = row else {
@@ -61,11 +60,7 @@ pub(super) async fn skip(source: &SourceConfig, id: StreamId, what: &What) -> an
                 deleted += tx.affected_rows();
             }
             let gtid: Option<Option<String>> = tx.exec_first("SELECT BINLOG_GTID_POS(?, ?)", (&file, offset)).await?;
-            tx.exec_drop(
-                format!("UPDATE {cp} SET gtid = ?, binlog_file = ?, binlog_pos = ?, done_gtid = NULL WHERE stream = ?"),
-                (gtid.flatten(), &file, offset, &names.table),
-            )
-            .await?;
+            tx.exec_drop(cp.skip_to(), (gtid.flatten(), &file, offset, &names.table)).await?;
             tx.commit().await?;
             return Ok(done_message(what, deleted));
         }
@@ -81,11 +76,7 @@ pub(super) async fn skip(source: &SourceConfig, id: StreamId, what: &What) -> an
     let end: Option<String> =
         tx.query_first(if mariadb { "SELECT @@gtid_binlog_pos" } else { "SELECT @@gtid_executed" }).await?;
     add(&mut list, what, &end.unwrap_or_default());
-    tx.exec_drop(
-        format!("UPDATE {cp} SET skip_ids = ?, skip_transactions = ? WHERE stream = ?"),
-        (list.ids_text(), list.transactions_text(), &names.table),
-    )
-    .await?;
+    tx.exec_drop(cp.write_skips(), (list.ids_text(), list.transactions_text(), &names.table)).await?;
     tx.commit().await?;
     conn.disconnect().await.ok();
     Ok(done_message(what, deleted))

@@ -5,19 +5,17 @@ use anyhow::Context;
 use outbox_mysql::mysql_async::Row as MyRow;
 use outbox_mysql::mysql_async::prelude::Queryable;
 
+use super::checkpoint::{Checkpoint, StatusRow};
 use crate::config::SourceConfig;
 use crate::db::StreamStatus;
 use crate::names::{all_streams, checkpoint_table};
-
-/// A MySQL checkpoint row: gtid, file, offset, catch-up pending, last catch-up time and rows.
-type CheckpointRow = (Option<String>, Option<String>, Option<u64>, bool, Option<String>, Option<i64>);
 
 /// Every shard-partition's status (see [`crate::db::Database::status`]).
 pub(super) async fn status(source: &SourceConfig) -> anyhow::Result<Vec<StreamStatus>> {
     let mut rows = Vec::new();
     let opts = super::connect::mysql_opts(source, None)?;
     let mut conn = super::connect::mysql_connect(&opts).await.with_context(|| format!("source {:?}", source.name))?;
-    let checkpoint = checkpoint_table(&source.table_prefix);
+    let checkpoint = Checkpoint::new(&checkpoint_table(&source.table_prefix));
     // MySQL 8 adds an Encrypted column: take name and size by position.
     let logs: Vec<(String, u64)> = conn
         .query::<MyRow, _>("SHOW BINARY LOGS")
@@ -29,18 +27,7 @@ pub(super) async fn status(source: &SourceConfig) -> anyhow::Result<Vec<StreamSt
         let mut row = StreamStatus::new(id);
         let quoted = outbox_mysql::setup::ident(&names.table);
         row.rows_pending = conn.query_first::<i64, _>(crate::db::count_sql(&quoted)).await.ok().flatten();
-        let stored: Option<CheckpointRow> = conn
-            .exec_first(
-                format!(
-                    "SELECT gtid, binlog_file, binlog_pos, catchup_pending, CAST(last_catchup_at AS CHAR), last_catchup_rows
-                     FROM {} WHERE stream = ?",
-                    outbox_mysql::setup::ident(&checkpoint)
-                ),
-                (&names.table,),
-            )
-            .await
-            .ok()
-            .flatten();
+        let stored: Option<StatusRow> = conn.exec_first(checkpoint.read_status(), (&names.table,)).await.ok().flatten();
         let stored_found = stored.is_some();
         match stored {
             Some((gtid, file, offset, pending, last_at, last_rows)) => {

@@ -26,6 +26,7 @@ use crate::error::Error;
 use crate::lease::OwnerLease;
 use crate::names::StreamNames;
 use crate::record::{InvalidRow, OutboxRecord, RawRow};
+use crate::replay::ReplayFilter;
 use crate::skip::SkipList;
 use crate::source::{DELETE_CHUNK, Probe, Source, SourceEvent, within};
 
@@ -140,12 +141,9 @@ pub(crate) struct PgSource {
     /// Transactions read and not yet confirmed: (xid, commit LSN). See [`visibility`].
     xids: std::collections::VecDeque<(u32, Lsn)>,
     deleter: cleanup::RowDeleter,
-    /// Every transaction whose commit starts below this was published and deleted by this
-    /// stream (stored with its delete); a replay skips their rows.
-    published: Option<Lsn>,
-    /// The transaction being read is one of those.
-    replaying: bool,
-    replay_skipped: u64,
+    /// Skips transactions whose commit starts below the published-up-to mark: this stream
+    /// published and deleted them (the mark is stored with the delete).
+    replay: ReplayFilter<Lsn>,
     skips: SkipList,
     metric_labels: [(&'static str, String); 3],
 }
@@ -210,9 +208,7 @@ impl PgSource {
             last_heard: tokio::time::Instant::now(),
             xids: std::collections::VecDeque::new(),
             deleter: cleanup::RowDeleter::new(&names.table).recording_in(checkpoint_table, &names.table),
-            published: stored.published,
-            replaying: false,
-            replay_skipped: 0,
+            replay: ReplayFilter::new(stored.published),
             skips: stored.skips,
             metric_labels,
         })
@@ -313,14 +309,7 @@ impl Source for PgSource {
             let event = match change {
                 Change::Begin { final_lsn, xid } => {
                     self.xids.push_back((xid, final_lsn));
-                    let replaying = self.published.is_some_and(|p| final_lsn < p);
-                    if self.replaying && !replaying && self.replay_skipped > 0 {
-                        tracing::info!(
-                            skipped = self.replay_skipped,
-                            "replay done: rows of transactions this stream had already published were not sent again"
-                        );
-                    }
-                    self.replaying = replaying;
+                    self.replay.begin(|published| final_lsn < *published);
                     SourceEvent::Begin { label: final_lsn.to_string() }
                 }
                 Change::Relation(rel) => {
@@ -344,8 +333,7 @@ impl Source for PgSource {
                             continue;
                         }
                     };
-                    if self.replaying {
-                        self.replay_skipped += 1;
+                    if self.replay.skip_row() {
                         metrics::counter!(crate::metrics::SKIPPED_REPLAYED_ROWS, &self.metric_labels).increment(1);
                         continue;
                     }
@@ -390,7 +378,7 @@ impl Source for PgSource {
                     );
                 }
             }
-            self.published = self.published.max(Some(upto));
+            self.replay.finished(upto);
         }
         self.xids.drain(..covered.len());
         // Only now, with the delete committed, may the slot forget these transactions.
