@@ -1,0 +1,219 @@
+//! The configuration's unit tests: defaults, override layers, `${VAR}` expansion and the errors
+//! that name a setting without showing a secret.
+
+use super::sections::{DEFAULT_PARTITIONS, DEFAULT_SHARDS, hostname};
+use super::stream::Compression;
+use super::*;
+use crate::names::StreamId;
+
+const MINIMAL: &str = r#"
+    [[source]]
+    name = "app"
+    kind = "postgres"
+    url = "postgres://u:pw@localhost/app"
+"#;
+
+#[test]
+fn defaults() {
+    let c = Config::from_toml(MINIMAL).unwrap();
+    let s = &c.sources[0];
+    assert_eq!((s.shards, s.partitions), (DEFAULT_SHARDS, DEFAULT_PARTITIONS));
+    assert_eq!(s.settings_for(StreamId { shard: 0, partition: 0 }), StreamSettings::default());
+    assert!(c.coordination.is_none());
+}
+
+#[test]
+fn overrides_apply_shard_then_partition() {
+    let c = Config::from_toml(&format!(
+        "{MINIMAL}
+        partitions = 2
+        [source.defaults]
+        linger_ms = 10
+        [[source.override]]
+        shard = 1
+        linger_ms = 0
+        compression = \"zstd\"
+        [[source.override]]
+        shard = 1
+        partition = 1
+        compression = \"none\"
+        "
+    ))
+    .unwrap();
+    let s = &c.sources[0];
+    assert_eq!(s.settings_for(StreamId { shard: 0, partition: 0 }).linger_ms, 10);
+    let a = s.settings_for(StreamId { shard: 1, partition: 0 });
+    assert_eq!((a.linger_ms, a.compression), (0, Compression::Zstd));
+    let b = s.settings_for(StreamId { shard: 1, partition: 1 });
+    assert_eq!((b.linger_ms, b.compression), (0, Compression::None));
+    let names = |shard, partition| -> Vec<String> {
+        s.layers_for(StreamId { shard, partition }).into_iter().map(|(name, _)| name).collect()
+    };
+    assert_eq!(names(0, 0), ["defaults"]);
+    assert_eq!(names(1, 0), ["defaults", "override[0] (shard 1)"]);
+    assert_eq!(names(1, 1), ["defaults", "override[0] (shard 1)", "override[1] (shard 1, partition 1)"]);
+}
+
+#[test]
+fn a_slot_prefix_renames_the_slots_only() {
+    let c = Config::from_toml(&format!("{MINIMAL}slot_prefix = \"outbox_billing\"")).unwrap();
+    let names = c.sources[0].stream_names(StreamId { shard: 1, partition: 0 });
+    assert_eq!((names.table.as_str(), names.slot.as_str()), ("outbox_1_0", "outbox_billing_1_0"));
+    let err = Config::from_toml(&format!("{MINIMAL}slot_prefix = \"Billing\"")).unwrap_err().to_string();
+    assert!(err.starts_with("source[0].slot_prefix:"), "{err}");
+    let mysql = MINIMAL.replace("postgres", "mysql");
+    let err = Config::from_toml(&format!("{mysql}slot_prefix = \"x\"")).unwrap_err().to_string();
+    assert!(err.contains("only PostgreSQL sources"), "{err}");
+}
+
+#[test]
+fn errors_name_the_field() {
+    let err = |extra: &str| Config::from_toml(&format!("{MINIMAL}{extra}")).unwrap_err().to_string();
+    assert!(err("shards = 0").starts_with("source[0].shards:"));
+    assert!(err("[[source.override]]\nshard = 5").contains("source[0].override[0].shard"));
+    assert!(err("[source.defaults]\non_bad_row = \"dead-letter\"").contains("dead_letter_topic"));
+    assert!(err("bogus = 1").contains("unknown field"));
+    assert!(err("[source.defaults]\nmax_in_flight_bytes = 0").contains("max_in_flight_bytes"));
+    assert!(err("[source.defaults]\nhalt_retry_ms = 50").contains("defaults.halt_retry_ms: must be between 100"));
+    let e = Config::from_toml("[kafka.properties]\nacks = \"1\"\n[[source]]\nname=\"a\"\nkind=\"postgres\"\nurl=\"x\"")
+        .unwrap_err();
+    assert!(e.to_string().contains("kafka.properties.\"acks\""), "{e}");
+}
+
+/// Values that look set but name nothing usable are refused with the field and the fix.
+#[test]
+fn blank_brokers_topics_and_instance_names_are_refused() {
+    // Not the process environment: OUTBOX_KAFKA_BROKERS would replace the brokers tested.
+    let err = |text: String| with_env(&text, &[]).unwrap_err().to_string();
+    let quote = |s: &str| toml::Value::String(s.into()).to_string();
+    for brokers in [" , ", "", "a:9092,,b:9092", "a:9092, \t"] {
+        let e = err(format!("[kafka]\nbrokers = {}\n{MINIMAL}", quote(brokers)));
+        assert!(e.starts_with("kafka.brokers:") && e.contains("host:port"), "{brokers:?}: {e}");
+    }
+    for topic in ["   ", "dead letters", "dlq/x", "..", "é", &"t".repeat(250)] {
+        let e = err(format!(
+            "{MINIMAL}\n[source.defaults]\non_bad_row = \"dead-letter\"\ndead_letter_topic = {}",
+            quote(topic)
+        ));
+        assert!(e.contains("defaults.dead_letter_topic") && e.contains("[a-zA-Z0-9._-]"), "{topic:?}: {e}");
+    }
+    let ok = format!("{MINIMAL}\n[source.defaults]\non_bad_row = \"dead-letter\"\ndead_letter_topic = \"app.dlq_1-x\"");
+    assert!(with_env(&ok, &[]).is_ok());
+    for instance in ["a\tb", "a b", "a\nb", "a\u{0}b", "a\u{a0}b"] {
+        let e = err(format!(
+            "[coordination]\nkind = \"zookeeper\"\nconnect = \"zk:2181\"\ninstance = {}\n{MINIMAL}",
+            quote(instance)
+        ));
+        assert!(e.starts_with("coordination.instance:"), "{instance:?}: {e}");
+    }
+}
+
+/// The address published for `status`: `advertise`, else `listen` with this host's name for
+/// an unspecified address; a malformed or orphaned `advertise` names the field.
+#[test]
+fn the_metrics_address_published_for_status() {
+    let load = |metrics: &str| with_env(&format!("[metrics]\n{metrics}\n{MINIMAL}"), &[]);
+    let c = load("listen = \"127.0.0.1:9187\"").unwrap();
+    assert_eq!(c.metrics.advertised_address().as_deref(), Some("127.0.0.1:9187"));
+    assert!(!c.metrics.ready_when_halted, "a halt is not ready by default");
+    let c = load("listen = \"0.0.0.0:9187\"\nready_when_halted = true").unwrap();
+    assert_eq!(c.metrics.advertised_address(), Some(format!("{}:9187", hostname())));
+    assert!(c.metrics.ready_when_halted);
+    let c = load("listen = \"0.0.0.0:9187\"\nadvertise = \"10.0.0.7:9187\"").unwrap();
+    assert_eq!(c.metrics.advertised_address().as_deref(), Some("10.0.0.7:9187"));
+    assert_eq!(load("").unwrap().metrics.advertised_address(), None);
+    for bad in ["10.0.0.7", "h:0", ":9187", "a b:1", "h:port"] {
+        let e = load(&format!("listen = \"0.0.0.0:9187\"\nadvertise = \"{bad}\"")).unwrap_err().to_string();
+        assert!(e.starts_with("metrics.advertise:") && e.contains("host:port"), "{bad:?}: {e}");
+    }
+    let e = load("advertise = \"h:1\"").unwrap_err().to_string();
+    assert!(e.starts_with("metrics.advertise:") && e.contains("metrics.listen"), "{e}");
+}
+
+/// The properties the producer fixes, and the message timeout it bounds, are refused under
+/// every librdkafka name.
+#[test]
+fn reserved_kafka_properties_are_refused_under_their_aliases() {
+    let with_property = |key: &str| {
+        Config::from_toml(&format!("[kafka.properties]\n{key:?} = \"1\"\n{MINIMAL}")).map_err(|e| e.to_string())
+    };
+    for key in ["message.timeout.ms", "delivery.timeout.ms", "Delivery.Timeout.Ms"] {
+        let e = with_property(key).unwrap_err();
+        assert!(e.contains(key) && e.contains("kafka.message_timeout_ms"), "{e}");
+    }
+    for (key, canonical) in [
+        ("acks", "acks"),
+        ("request.required.acks", "acks"),
+        ("max.in.flight", "max.in.flight.requests.per.connection"),
+        ("max.in.flight.requests.per.connection", "max.in.flight.requests.per.connection"),
+        ("enable.idempotence", "enable.idempotence"),
+        ("partitioner", "partitioner"),
+    ] {
+        let e = with_property(key).unwrap_err();
+        assert!(e.contains(&format!("{key:?}")) && e.contains("fixed"), "{e}");
+        assert_eq!(e.contains("alias"), key != canonical, "{e}");
+    }
+    assert!(with_property("batch.size").is_ok());
+}
+
+#[test]
+fn debug_never_shows_the_password() {
+    let c = Config::from_toml(MINIMAL).unwrap();
+    assert!(!format!("{c:?}").contains("pw@"));
+}
+
+/// `${VAR}` references in `text` read from `vars` only.
+fn with_env(text: &str, vars: &[(&str, &str)]) -> Result<Config, ConfigError> {
+    let vars: Vec<(String, String)> = vars.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+    Config::from_toml_with(text, &|name| vars.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone()))
+}
+
+/// [`MINIMAL`] with the password from `${PW}`.
+fn from_env() -> String {
+    MINIMAL.replace(":pw@", ":${PW}@")
+}
+
+#[test]
+fn env_expansion_names_an_unset_variable_and_where_it_is_used() {
+    let e = with_env(&from_env(), &[]).unwrap_err().to_string();
+    assert!(e.contains("${PW}") && e.contains("source[0].url"), "{e}");
+    let c = with_env(&from_env(), &[("PW", "plain")]).unwrap();
+    assert_eq!(c.sources[0].url.expose(), "postgres://u:plain@localhost/app");
+    assert!(with_env("no = \"vars\"", &[]).unwrap_err().to_string().contains("unknown field"));
+}
+
+/// An environment value is a string's content, whatever it holds: quotes and backslashes
+/// do not break the file, and nothing in it becomes a key.
+#[test]
+fn env_values_are_string_contents_never_toml() {
+    for pw in [r#"a"b"#, r"a\b", "a\"\nshards = 9\n#", "a'b\n[[source]]"] {
+        let c = with_env(&from_env(), &[("PW", pw)]).unwrap_or_else(|e| panic!("{pw:?}: {e}"));
+        assert_eq!(c.sources.len(), 1, "{pw:?}");
+        assert_eq!(c.sources[0].shards, DEFAULT_SHARDS, "{pw:?} injected a key");
+        assert_eq!(c.sources[0].url.expose(), format!("postgres://u:{pw}@localhost/app"));
+    }
+    // Only string values expand: a reference cannot stand for a number or a table.
+    assert!(with_env(&format!("{MINIMAL}shards = ${{N}}"), &[("N", "3")]).is_err());
+    let c = with_env("[[source]]\nname = \"app\"\nkind = \"${KIND}\"\nurl = \"x\"", &[("KIND", "mysql")]).unwrap();
+    assert_eq!(c.sources[0].kind, SourceKind::Mysql);
+}
+
+/// No error about the file shows a secret: neither an expanded value nor the text of the
+/// line it is on.
+#[test]
+fn config_errors_never_show_secret_values() {
+    let secret = "s3cret-value";
+    let cases: Vec<(String, Vec<(&str, &str)>)> = vec![
+        // A syntax error on the line of a literal password.
+        (format!("[[source]]\nname = \"a\"\nkind = \"postgres\"\nurl = \"postgres://u:{secret}@h/db\" x"), vec![]),
+        // An expanded value of the wrong kind.
+        (format!("{MINIMAL}\n[source.defaults]\nmode = \"${{S}}\""), vec![("S", secret)]),
+        (format!("{}\n[metrics]\nlisten = \"${{S}}\"", from_env()), vec![("PW", "x"), ("S", secret)]),
+        (format!("{}\nbogus = \"${{S}}\"", from_env()), vec![("PW", secret), ("S", secret)]),
+    ];
+    for (text, vars) in cases {
+        let e = with_env(&text, &vars).unwrap_err().to_string();
+        assert!(!e.contains(secret), "the error shows the secret: {e}");
+        assert!(e.contains("line "), "the error says where: {e}");
+    }
+}
