@@ -12,9 +12,11 @@
 //!   cannot change what is published.
 //! * [`Source::finish`] is called with the rows of a *complete prefix* of transactions — every
 //!   record acknowledged by Kafka — and the position of the last one. It deletes the rows and
-//!   stores the position (and the published-up-to mark) in one step where the database allows,
-//!   then moves the log position (slot or checkpoint). Duplicates are possible only for rows
-//!   acknowledged by Kafka whose delete had not committed.
+//!   stores the position (and the published-up-to mark) in one step where the database allows;
+//!   [`Source::finished`] then moves the log position (slot, replay mark). The finish runs
+//!   beside reading (pipelined), one at a time and in order, so the stored position never
+//!   passes an undeleted row. Duplicates are possible only for rows acknowledged by Kafka
+//!   whose delete had not committed.
 //! * The table is the safety net: [`Source::probe`] and [`Source::existing`] let the loop's
 //!   sweep find rows the log never carried (a statement-logged session, `sql_log_bin=0`, rows
 //!   written before the slot existed) once the stream is past every commit that could hold
@@ -24,6 +26,7 @@
 
 use std::fmt;
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::dberror::Classify;
@@ -70,11 +73,22 @@ pub(crate) trait Source: Send {
 
     fn next(&mut self) -> impl Future<Output = Result<Option<SourceEvent<Self::Position>>, Error>> + Send;
 
-    /// Deletes `ids`, then stores `upto`. Returns the number of rows deleted. Called again
-    /// with the same prefix in the next session when it failed (see
-    /// [`crate::streamer::StreamMemory`]), before anything is read: later reads must then skip
-    /// what `upto` covers.
-    fn finish(&mut self, ids: &[i64], upto: Self::Position) -> impl Future<Output = Result<u64, Error>> + Send;
+    /// Deletes `ids`, then stores `upto`; the future answers the number of rows deleted. It
+    /// owns what it needs (a shared SQL session, the statements), so it runs while the loop
+    /// goes on reading: the loop starts one finish at a time, in order, and calls
+    /// [`Source::finished`] once it succeeded, before starting the next. Other calls
+    /// (`current_rows`, `existing`, `probe`) may run meanwhile; a source whose SQL session
+    /// cannot serve two at once serialises them. Called again with the same prefix in the
+    /// next session when it failed (see [`crate::streamer::StreamMemory`]), before anything is
+    /// read: later reads must then skip what `upto` covers.
+    fn finish(
+        &mut self,
+        ids: Arc<[i64]>,
+        upto: Self::Position,
+    ) -> impl Future<Output = Result<u64, Error>> + Send + 'static + use<Self>;
+
+    /// A finish up to `upto` committed: the log position (slot, replay mark) may move past it.
+    fn finished(&mut self, upto: Self::Position);
 
     /// Stores an idle position (see [`SourceEvent::Idle`]); nothing is in flight.
     fn confirm_idle(&mut self, position: Self::Position);

@@ -6,6 +6,12 @@
 //!        └──────────── Source::finish(ids, position): DELETE, then move slot ◀┘
 //! ```
 //!
+//! The finish of an acknowledged prefix runs beside reading (one more `select!` branch): the
+//! loop goes on reading and publishing while the database deletes. One finish runs at a time,
+//! in order; the next prefix waits for it, so the stored position never passes an undeleted
+//! row. While one runs, acknowledged rows gather for the next; past
+//! [`READY_ROWS_PER_CLEANUP_ROWS`] times `cleanup_max_rows` of them, reading pauses.
+//!
 //! Records are produced without waiting for each other; acknowledgements are released in
 //! order by [`AckTracker`]. A sink with no room ([`Offer::Full`]) is waited on as one branch
 //! of the loop's `select!`: meanwhile acknowledgements, cleanup and shutdown are served, and
@@ -15,6 +21,7 @@
 //! shard-partition with a message naming the row and the fix.
 
 use std::collections::{HashSet, VecDeque};
+use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use futures::StreamExt;
@@ -33,6 +40,7 @@ use crate::record::{InvalidRow, OutboxRecord};
 use crate::sink::{Failure, Sink, Verdict};
 use crate::source::{Source, SourceEvent};
 use crate::sweep::{Step, Sweep};
+use cleanup::{Cleaning, running};
 use handoff::{Body, InFlight, Pending};
 
 /// The header naming the owner epoch under ZooKeeper coordination.
@@ -46,6 +54,11 @@ const FINISH_OPEN_TXN: Duration = Duration::from_secs(2);
 /// meanwhile ends the session at once ([`OwnerLease::ended`](crate::lease::OwnerLease::ended)),
 /// which frees the slot for the next owner.
 const NOTHING_TO_CLEAN: Duration = Duration::from_secs(3600);
+
+/// While a finish runs, reading pauses once this many times `cleanup_max_rows` acknowledged
+/// rows wait for the next one: a database slower to delete than to insert slows the stream
+/// instead of growing the list.
+const READY_ROWS_PER_CLEANUP_ROWS: usize = 4;
 
 /// Who this loop streams for: labels for logs, metrics and headers.
 #[derive(Debug, Clone)]
@@ -183,8 +196,10 @@ pub(crate) async fn run_session<S: Source, K: Sink>(
     memory.last_halt = None;
     tracing::debug!(sink = K::NAME, transactional = K::TRANSACTIONAL, "session starts");
     if let Some((ids, upto)) = memory.unfinished.take() {
-        match source.finish(&ids, upto.clone()).await {
+        let ids: Arc<[i64]> = ids.into();
+        match source.finish(ids.clone(), upto.clone()).await {
             Ok(deleted) => {
+                source.finished(upto);
                 tracing::info!(
                     rows = ids.len(),
                     deleted,
@@ -194,7 +209,7 @@ pub(crate) async fn run_session<S: Source, K: Sink>(
                 memory.past_halt(labels);
             }
             Err(e) => {
-                memory.unfinished = Some((ids, upto));
+                memory.unfinished = Some((ids.to_vec(), upto));
                 if tokio::time::timeout(Duration::from_secs(5), source.close()).await.is_err() {
                     tracing::warn!("closing the database sessions timed out; dropped them");
                 }
@@ -208,6 +223,7 @@ pub(crate) async fn run_session<S: Source, K: Sink>(
         sink,
         memory,
         tracker: AckTracker::new(),
+        cleaning: None,
         deliveries: FuturesUnordered::new(),
         waiting: VecDeque::new(),
         in_flight_bytes: 0,
@@ -244,6 +260,8 @@ struct Session<'a, P, K: Sink> {
     sink: &'a K,
     memory: &'a mut StreamMemory<P>,
     tracker: AckTracker<P>,
+    /// The finish running beside reading, if any.
+    cleaning: Option<Cleaning<P>>,
     deliveries: FuturesUnordered<InFlight<K::Delivery>>,
     /// Records the sink had no room for, in order; nothing is read while any waits.
     waiting: VecDeque<Pending>,
@@ -346,9 +364,16 @@ impl<P: Clone + std::fmt::Display + Send + Sync + 'static, K: Sink> Session<'_, 
             if cleanup.deadline() != due {
                 cleanup.as_mut().reset(due);
             }
-            // Priorities: 1 shutdown, 2 acknowledgements, 3 room in the sink for waiting records,
-            // 4 cleanup, 5 the sweep (between transactions only), 6 new changes.
+            // Priorities: 1 shutdown, 2 acknowledgements, 3 a finish that ended, 4 room in the
+            // sink for waiting records, 5 the next cleanup, 6 the sweep (between transactions
+            // only), 7 new changes.
             let sink = self.sink;
+            let cleaning_runs = self.cleaning.is_some();
+            let ready_limit = self.settings.cleanup_max_rows.saturating_mul(READY_ROWS_PER_CLEANUP_ROWS);
+            let may_read = self.in_flight_bytes < budget
+                && self.waiting.is_empty()
+                && !(cleaning_runs && self.tracker.ready_rows() >= ready_limit);
+            let cleaning = &mut self.cleaning;
             tokio::select! {
                 biased;
                 changed = shutdown.changed(), if finish_by.is_none() => {
@@ -367,17 +392,20 @@ impl<P: Clone + std::fmt::Display + Send + Sync + 'static, K: Sink> Session<'_, 
                 Some(d) = self.deliveries.next(), if !self.deliveries.is_empty() => {
                     self.settle_one(d).await?;
                 }
+                result = running(cleaning), if cleaning_runs => {
+                    self.cleaned(source, result)?;
+                }
                 _ = sink.ready(), if !self.waiting.is_empty() => {
                     self.flush_waiting().await?;
                 }
-                _ = &mut cleanup => {
+                _ = &mut cleanup, if !cleaning_runs => {
                     last_cleanup = tokio::time::Instant::now();
-                    self.cleanup(source).await?;
+                    self.start_cleanup(source)?;
                 }
                 _ = sweep.tick(), if S::SWEEPS && self.open.is_none() && finish_by.is_none() => {
                     self.sweep(source).await?;
                 }
-                event = source.next(), if self.in_flight_bytes < budget && self.waiting.is_empty() => {
+                event = source.next(), if may_read => {
                     match event? {
                         Some(SourceEvent::Drained) => return Ok(()),
                         Some(event) => self.on_event(source, event).await?,
@@ -386,7 +414,7 @@ impl<P: Clone + std::fmt::Display + Send + Sync + 'static, K: Sink> Session<'_, 
                 }
             }
             if self.tracker.ready_rows() >= self.settings.cleanup_max_rows {
-                self.cleanup(source).await?;
+                self.start_cleanup(source)?;
             }
         }
     }
@@ -425,7 +453,12 @@ impl<P: Clone + std::fmt::Display + Send + Sync + 'static, K: Sink> Session<'_, 
                 self.tracker.commit(seq, position);
             }
             SourceEvent::Idle(position) => {
-                if self.tracker.is_idle() && self.open.is_none() && self.deliveries.is_empty() {
+                // Not while a finish runs: the position would pass rows not yet deleted.
+                if self.tracker.is_idle()
+                    && self.open.is_none()
+                    && self.deliveries.is_empty()
+                    && self.cleaning.is_none()
+                {
                     source.confirm_idle(position.clone());
                     self.done = Some(position);
                     // Nothing is pending up to here: a halt that named no row is behind.
@@ -704,40 +737,6 @@ impl<P: Clone + std::fmt::Display + Send + Sync + 'static, K: Sink> Session<'_, 
         self.memory.topics_ok.insert(topic);
     }
 
-    async fn cleanup<S: Source<Position = P>>(&mut self, source: &mut S) -> Result<(), Error> {
-        self.labels.lease.check().map_err(Error::fenced)?;
-        let Some((ids, position)) = self.tracker.take_ready() else { return Ok(()) };
-        // After a failed finish (the drain tries again), the earlier prefix goes first.
-        let ids = match self.memory.unfinished.take() {
-            Some((mut earlier, _)) => {
-                earlier.extend(ids);
-                earlier
-            }
-            None => ids,
-        };
-        let deleted = match source.finish(&ids, position.clone()).await {
-            Ok(deleted) => deleted,
-            Err(e) => {
-                self.memory.unfinished = Some((ids, position));
-                return Err(e);
-            }
-        };
-        // A suspect is sent alone until its row is deleted (a replay sends it again).
-        if !self.memory.suspects.is_empty() {
-            for id in &ids {
-                self.memory.suspects.remove(id);
-            }
-        }
-        self.done = Some(position);
-        counter!(m::DELETED_ROWS, &self.metric_labels).increment(deleted);
-        // Rows published by this session and deleted: past the halt (a prefix of transactions
-        // without rows proves nothing — a retry first replays transactions published before).
-        if !ids.is_empty() {
-            self.memory.past_halt(self.labels);
-        }
-        Ok(())
-    }
-
     /// One step of the sweep (see [`crate::sweep`]); runs between transactions.
     async fn sweep<S: Source<Position = P>>(&mut self, source: &mut S) -> Result<(), Error> {
         match self.sweep.step(self.done.as_ref(), S::reached) {
@@ -810,7 +809,7 @@ impl<P: Clone + std::fmt::Display + Send + Sync + 'static, K: Sink> Session<'_, 
                 }
             }
         }
-        let cleaned = self.cleanup(source).await;
+        let cleaned = self.cleanup_now(source).await;
         match first_error {
             Some(e) => Err(e),
             None => cleaned,
@@ -842,6 +841,7 @@ fn kind_labels(base: &[(&'static str, String); 3], kind: &'static str) -> [(&'st
     [a, b, c, ("kind", kind.to_string())]
 }
 
+mod cleanup;
 mod handoff;
 #[cfg(test)]
 mod tests;

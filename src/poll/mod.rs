@@ -194,7 +194,8 @@ struct Probe {
 /// so [`Source::next`] stays cancellation-safe; deletes run on a second connection.
 #[derive(Debug)]
 pub struct PollSource<T: PollTable> {
-    cleaner: T,
+    /// Deletes beside reading (see [`Source::finish`]); the sweep's reads wait for it.
+    cleaner: Arc<tokio::sync::Mutex<T>>,
     requests: mpsc::Sender<Request>,
     responses: mpsc::Receiver<Result<Response, Error>>,
     worker: tokio::task::JoinHandle<()>,
@@ -241,7 +242,7 @@ impl<T: PollTable> PollSource<T> {
         });
         let now = Instant::now();
         Self {
-            cleaner,
+            cleaner: Arc::new(tokio::sync::Mutex::new(cleaner)),
             requests,
             responses,
             worker,
@@ -441,12 +442,22 @@ impl<T: PollTable> Source for PollSource<T> {
         }
     }
 
-    async fn finish(&mut self, ids: &[i64], upto: PollPosition) -> Result<u64, Error> {
-        let deleted = if ids.is_empty() { 0 } else { self.cleaner.delete(ids).await? };
+    fn finish(
+        &mut self,
+        ids: Arc<[i64]>,
+        _upto: PollPosition,
+    ) -> impl Future<Output = Result<u64, Error>> + Send + 'static + use<T> {
+        let (cleaner, rows_sent) = (self.cleaner.clone(), self.settings.rows_sent.clone());
+        async move {
+            let deleted = if ids.is_empty() { 0 } else { cleaner.lock().await.delete(&ids).await? };
+            rows_sent.fetch_add(ids.len() as u64, Ordering::Relaxed);
+            Ok(deleted)
+        }
+    }
+
+    fn finished(&mut self, upto: PollPosition) {
         // A prefix an earlier session left carries that session's count: never past ours.
         self.finished = self.finished.max(upto.rows_through.min(self.emitted));
-        self.settings.rows_sent.fetch_add(ids.len() as u64, Ordering::Relaxed);
-        Ok(deleted)
     }
 
     fn confirm_idle(&mut self, _position: PollPosition) {}
@@ -456,14 +467,14 @@ impl<T: PollTable> Source for PollSource<T> {
     }
 
     async fn current_rows(&mut self, ids: &[i64]) -> Result<Vec<PolledRow>, Error> {
-        self.cleaner.rows(ids).await
+        self.cleaner.lock().await.rows(ids).await
     }
 
     async fn existing(&mut self, ids: &[i64]) -> Result<Vec<i64>, Error> {
         if ids.is_empty() {
             return Ok(Vec::new());
         }
-        self.cleaner.existing(ids).await
+        self.cleaner.lock().await.existing(ids).await
     }
 
     async fn probe(&mut self, _below: Option<i64>, _limit: usize) -> Result<source::Probe<PollPosition>, Error> {

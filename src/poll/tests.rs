@@ -107,6 +107,12 @@ fn source_rescanning_every(db: &Fake, batch: u32, drain_upto: Option<i64>, every
 
 /// Reads one batch and deletes it, as the session does once Kafka acknowledged it. Returns the
 /// ids, or `None` when the source reported the drain complete.
+/// Finishes a prefix as the streamer loop does: the delete, then `finished`.
+async fn finish(src: &mut PollSource<Fake>, ids: &[i64], position: PollPosition) {
+    src.finish(ids.into(), position).await.unwrap();
+    src.finished(position);
+}
+
 async fn batch(src: &mut PollSource<Fake>) -> Option<Vec<i64>> {
     let mut ids = Vec::new();
     loop {
@@ -114,7 +120,7 @@ async fn batch(src: &mut PollSource<Fake>) -> Option<Vec<i64>> {
             SourceEvent::Begin { .. } | SourceEvent::Idle(_) => {}
             SourceEvent::Row(row) => ids.push(row.unwrap().id),
             SourceEvent::Commit(position) => {
-                src.finish(&ids, position).await.unwrap();
+                finish(src, &ids, position).await;
                 return Some(ids);
             }
             SourceEvent::Drained => return None,
@@ -243,7 +249,7 @@ async fn a_drain_reads_full_batches_on_from_the_last_id() {
         held.push((ids, position));
     }
     for (ids, position) in held {
-        src.finish(&ids, position).await.unwrap();
+        finish(&mut src, &ids, position).await;
     }
     assert!(db.0.lock().unwrap().rows.is_empty());
     assert_eq!(db.reads()[..3], [BEFORE_EVERY_ID, 4, 8], "reads went on from the last id");
@@ -265,7 +271,7 @@ async fn polling_reads_in_lock_step() {
     db.commit("slow");
     let waited = tokio::time::timeout(Duration::from_millis(200), src.next()).await;
     assert!(waited.is_err(), "no read while the first batch is not deleted");
-    src.finish(&ids, position).await.unwrap();
+    finish(&mut src, &ids, position).await;
     assert_eq!(next_batch(&mut src).await, vec![1, 6, 7, 8], "the late row first, in id order");
 }
 

@@ -169,11 +169,18 @@ struct SourceLog {
     finished: Vec<(Vec<i64>, u64)>,
     /// `finish` calls to fail before one succeeds.
     fail_finish: usize,
+    /// Each finish waits for a notification first (a slow database).
+    hold_finish: Option<Arc<Notify>>,
+    /// Positions passed to `finished`, in order.
+    confirmed: Vec<u64>,
+    finishes_started: usize,
 }
 
 struct FakeSource {
     events: mpsc::UnboundedReceiver<SourceEvent<u64>>,
     log: Arc<Mutex<SourceLog>>,
+    /// The SQL session: a finish holds it while it runs, and reading rows back waits for it.
+    session: Arc<tokio::sync::Mutex<()>>,
 }
 
 impl Source for FakeSource {
@@ -187,14 +194,34 @@ impl Source for FakeSource {
         Ok(event)
     }
 
-    async fn finish(&mut self, ids: &[i64], upto: u64) -> Result<u64, Error> {
-        let mut log = lock(&self.log);
-        if log.fail_finish > 0 {
-            log.fail_finish -= 1;
-            return Err(Error::transient("the fake database is away"));
+    fn finish(
+        &mut self,
+        ids: Arc<[i64]>,
+        upto: u64,
+    ) -> impl Future<Output = Result<u64, Error>> + Send + 'static + use<> {
+        let (log, session) = (self.log.clone(), self.session.clone());
+        async move {
+            let _session = session.lock().await;
+            let hold = {
+                let mut log = lock(&log);
+                log.finishes_started += 1;
+                log.hold_finish.clone()
+            };
+            if let Some(hold) = hold {
+                hold.notified().await;
+            }
+            let mut log = lock(&log);
+            if log.fail_finish > 0 {
+                log.fail_finish -= 1;
+                return Err(Error::transient("the fake database is away"));
+            }
+            log.finished.push((ids.to_vec(), upto));
+            Ok(ids.len() as u64)
         }
-        log.finished.push((ids.to_vec(), upto));
-        Ok(ids.len() as u64)
+    }
+
+    fn finished(&mut self, upto: u64) {
+        lock(&self.log).confirmed.push(upto);
     }
 
     fn confirm_idle(&mut self, _position: u64) {}
@@ -202,6 +229,7 @@ impl Source for FakeSource {
     async fn close(self) {}
 
     async fn current_rows(&mut self, _ids: &[i64]) -> Result<Vec<PolledRow>, Error> {
+        let _session = self.session.lock().await;
         Ok(Vec::new())
     }
 
@@ -250,7 +278,7 @@ fn start_with(
     let (events, rx) = mpsc::unbounded_channel();
     let log = Arc::new(Mutex::new(log));
     let (stop, mut stop_rx) = watch::channel(false);
-    let source = FakeSource { events: rx, log: log.clone() };
+    let source = FakeSource { events: rx, log: log.clone(), session: Arc::default() };
     let sink = sink.clone();
     let task = tokio::spawn(async move {
         let labels = StreamLabels {
@@ -591,4 +619,96 @@ async fn a_drained_catch_up_ends_once_everything_is_deleted() {
     let (result, _) = session.ended().await;
     result.unwrap();
     assert_eq!(lock(&log).finished, [(vec![1, 2], 10)]);
+}
+
+// ---- cleanup beside reading -------------------------------------------------------------
+
+/// A session whose database answers a finish only when `notify_one` says so, with the
+/// finish of transaction 10 (row 1) running.
+async fn with_a_slow_finish_running(settings: StreamSettings) -> (Arc<FakeSink>, Arc<Notify>, Session) {
+    let sink = FakeSink::with(|s| s.auto_ack = true);
+    let hold = Arc::new(Notify::new());
+    let log = SourceLog { hold_finish: Some(hold.clone()), ..SourceLog::default() };
+    let session = start_with(&sink, settings, StreamMemory::default(), log);
+    session.txn(10, &[1]);
+    until("the first finish runs", || lock(&session.log).finishes_started == 1).await;
+    (sink, hold, session)
+}
+
+#[tokio::test(start_paused = true)]
+async fn reading_goes_on_while_a_slow_finish_runs_and_finishes_stay_in_order() {
+    let (sink, hold, session) = with_a_slow_finish_running(settings()).await;
+    session.txn(20, &[2]);
+    session.txn(30, &[3]);
+    session.send(SourceEvent::Idle(40));
+    until("later transactions are published meanwhile", || sink.ids() == [1, 2, 3]).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    {
+        let log = lock(&session.log);
+        assert_eq!(log.finishes_started, 1, "one finish at a time");
+        assert!(log.finished.is_empty() && log.confirmed.is_empty(), "no position passes the running delete");
+    }
+    hold.notify_one();
+    until("the first prefix is finished", || session.finished() == [(vec![1], 10)]).await;
+    hold.notify_one();
+    until("the rest follows in one finish", || session.finished().len() == 2).await;
+    assert_eq!(session.finished()[1], (vec![2, 3], 30));
+    assert_eq!(lock(&session.log).confirmed, [10, 30], "positions confirmed in order, each after its delete");
+    session.stop().await.0.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn shutdown_waits_for_a_running_finish_then_finishes_the_rest() {
+    let (sink, hold, session) = with_a_slow_finish_running(settings()).await;
+    session.txn(20, &[2]);
+    until("the second row is sent", || sink.ids() == [1, 2]).await;
+    let _ = session.stop.send(true);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(!session.task.is_finished(), "the session waits for its delete");
+    hold.notify_one();
+    until("the first prefix is finished", || session.finished().len() == 1).await;
+    hold.notify_one();
+    let log = session.log.clone();
+    let (result, memory) = session.ended().await;
+    result.unwrap();
+    assert_eq!(lock(&log).finished, [(vec![1], 10), (vec![2], 20)]);
+    assert!(memory.unfinished.is_none());
+}
+
+#[tokio::test(start_paused = true)]
+async fn reading_pauses_while_acknowledged_rows_pile_up_behind_a_slow_finish() {
+    let limit = 2 * READY_ROWS_PER_CLEANUP_ROWS;
+    let (sink, hold, session) = with_a_slow_finish_running(StreamSettings { cleanup_max_rows: 2, ..settings() }).await;
+    for id in 2..=30 {
+        session.txn(10 + id as u64, &[id]);
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let sent = sink.ids().len();
+    assert!(sent < 30, "reading paused behind the running finish ({sent} rows sent)");
+    assert!(sent > limit, "{sent} rows sent: reading went on up to the limit");
+    until("everything is deleted once the database answers", || {
+        hold.notify_one();
+        session.deleted().len() == 30
+    })
+    .await;
+    assert_eq!(session.deleted(), (1..=30).collect::<Vec<i64>>(), "in order");
+    session.stop().await.0.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_bad_row_read_back_while_a_finish_holds_the_sql_session_waits_for_it() {
+    let (sink, hold, session) = with_a_slow_finish_running(settings()).await;
+    session.begin(20);
+    session.send(SourceEvent::Row(Err(InvalidRow::new(Some(2), "topic", "is NULL"))));
+    session.row(3);
+    session.send(SourceEvent::Commit(20));
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(sink.ids(), [1], "the bad row waits for the table, which waits for the delete");
+    // The finish runs on its own: once the database answers it, the row is read back (gone
+    // from the table: skipped) and the stream goes on.
+    hold.notify_one();
+    until("the stream goes on", || sink.ids() == [1, 3]).await;
+    hold.notify_one();
+    until("both prefixes are finished", || session.deleted() == [1, 3]).await;
+    session.stop().await.0.unwrap();
 }

@@ -22,12 +22,15 @@
 
 use std::collections::VecDeque;
 use std::fmt;
+use std::future::Future;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use outbox_mysql::binlog::{BinlogChange, BinlogError, BinlogReader, BinlogTarget, Cell, Flavor, Position, TxnId};
 use outbox_mysql::mysql_async::prelude::Queryable;
 use outbox_mysql::mysql_async::{Conn, Error as MyError, IsolationLevel, Opts, OptsBuilder, TxOpts};
 use outbox_mysql::setup::ident;
+use tokio::sync::Mutex;
 
 use super::checkpoint::{Checkpoint, SessionRow};
 use super::xa::XaHolds;
@@ -97,7 +100,9 @@ pub(crate) fn stream_lock(database: &str, table: &str) -> String {
 #[derive(Debug)]
 pub(crate) struct MySource {
     reader: BinlogReader,
-    sql: Conn,
+    /// The SQL session: the finish running beside reading holds it while it deletes, and the
+    /// sweep's and bad rows' reads wait for it.
+    sql: Arc<Mutex<Conn>>,
     table: String,
     checkpoint: Checkpoint,
     epoch: i64,
@@ -219,7 +224,7 @@ impl MySource {
         let reader = BinlogReader::start(target, position).await.map_err(binlog_error)?;
         Ok(Self {
             reader,
-            sql,
+            sql: Arc::new(Mutex::new(sql)),
             table: names.table.clone(),
             checkpoint,
             epoch,
@@ -410,37 +415,53 @@ impl Source for MySource {
         }
     }
 
-    async fn finish(&mut self, ids: &[i64], upto: MyPosition) -> Result<u64, Error> {
-        if ids.is_empty() && self.last_stored.elapsed() < IDLE_STORE_INTERVAL {
-            return Ok(0);
+    fn finish(
+        &mut self,
+        ids: Arc<[i64]>,
+        upto: MyPosition,
+    ) -> impl Future<Output = Result<u64, Error>> + Send + 'static + use<> {
+        // An idle stream stores its position only now and then.
+        let store = !ids.is_empty() || self.last_stored.elapsed() >= IDLE_STORE_INTERVAL;
+        if store {
+            self.last_stored = Instant::now();
         }
-        // READ COMMITTED: InnoDB then locks only the rows deleted, no gaps, so the cleanup can
-        // never deadlock with the application's inserts into the same table (under the default
-        // REPEATABLE READ it can, and InnoDB may pick the application's transaction as victim).
-        let mut opts = TxOpts::default();
-        opts.with_isolation_level(IsolationLevel::ReadCommitted);
-        let mut tx = within("starting the cleanup transaction", self.sql.start_transaction(opts)).await?;
-        let mut deleted = 0;
-        for chunk in ids.chunks(DELETE_CHUNK) {
-            within("deleting published rows", tx.query_drop(outbox_mysql::cleanup::delete_by_ids(&self.table, chunk)))
-                .await?;
-            deleted += tx.affected_rows();
+        let sql = self.sql.clone();
+        let (table, statement, epoch) = (self.table.clone(), self.checkpoint.store(), self.epoch);
+        async move {
+            if !store {
+                return Ok(0);
+            }
+            let mut conn = sql.lock().await;
+            // READ COMMITTED: InnoDB then locks only the rows deleted, no gaps, so the cleanup
+            // can never deadlock with the application's inserts into the same table (under the
+            // default REPEATABLE READ it can, and InnoDB may pick the application's transaction
+            // as victim).
+            let mut opts = TxOpts::default();
+            opts.with_isolation_level(IsolationLevel::ReadCommitted);
+            let mut tx = within("starting the cleanup transaction", conn.start_transaction(opts)).await?;
+            let mut deleted = 0;
+            for chunk in ids.chunks(DELETE_CHUNK) {
+                within("deleting published rows", tx.query_drop(outbox_mysql::cleanup::delete_by_ids(&table, chunk)))
+                    .await?;
+                deleted += tx.affected_rows();
+            }
+            let resume = &upto.resume;
+            let done_gtid = if upto.resume == upto.done { None } else { upto.done.gtid_text() };
+            let params = (resume.gtid_text(), resume.file(), resume.offset(), done_gtid, epoch, &table, epoch);
+            within("storing the position", tx.exec_drop(statement, params)).await?;
+            if tx.affected_rows() == 0 {
+                let _ = tx.rollback().await;
+                return Err(fenced(&table, epoch));
+            }
+            within("committing delete and position", tx.commit()).await?;
+            Ok(deleted)
         }
-        let resume = &upto.resume;
-        let done_gtid = if upto.resume == upto.done { None } else { upto.done.gtid_text() };
-        let params =
-            (resume.gtid_text(), resume.file(), resume.offset(), done_gtid, self.epoch, &self.table, self.epoch);
-        within("storing the position", tx.exec_drop(self.checkpoint.store(), params)).await?;
-        if tx.affected_rows() == 0 {
-            let _ = tx.rollback().await;
-            return Err(fenced(&self.table, self.epoch));
-        }
-        within("committing delete and position", tx.commit()).await?;
-        self.last_stored = Instant::now();
+    }
+
+    fn finished(&mut self, upto: MyPosition) {
         // A prefix a failed session left is finished before anything is read: the reader
         // started before `upto` and must skip what it covers (a no-op once it read past it).
         self.replay.finished(upto.done);
-        Ok(deleted)
     }
 
     fn confirm_idle(&mut self, _position: MyPosition) {
@@ -449,13 +470,15 @@ impl Source for MySource {
 
     async fn close(self) {
         self.reader.close().await;
-        let _ = self.sql.disconnect().await;
+        if let Ok(sql) = Arc::try_unwrap(self.sql) {
+            let _ = sql.into_inner().disconnect().await;
+        }
     }
 
     async fn current_rows(&mut self, ids: &[i64]) -> Result<Vec<PolledRow>, Error> {
         // A locking read waits for the inserting transaction, which the binlog may show before
         // InnoDB has made it visible.
-        super::poll::rows_by_id(&mut self.sql, &self.table, ids, true).await
+        super::poll::rows_by_id(&mut *self.sql.lock().await, &self.table, ids, true).await
     }
 
     async fn existing(&mut self, ids: &[i64]) -> Result<Vec<i64>, Error> {
@@ -463,27 +486,27 @@ impl Source for MySource {
             return Ok(Vec::new());
         }
         let sql = format!("SELECT id FROM {} WHERE id IN ({}) ORDER BY id", ident(&self.table), id_list(ids));
-        within("checking rows", self.sql.query(sql)).await
+        within("checking rows", self.sql.lock().await.query(sql)).await
     }
 
     async fn probe(&mut self, below: Option<i64>, limit: usize) -> Result<Probe<MyPosition>, Error> {
+        let mut conn = self.sql.lock().await;
         let candidates: Vec<i64> = match below {
             Some(below) => {
                 let sql = format!(
                     "SELECT id FROM {} FORCE INDEX (PRIMARY) WHERE id <= ? ORDER BY id LIMIT ?",
                     ident(&self.table)
                 );
-                within("sweeping the table", self.sql.exec(sql, (below, limit as u64))).await?
+                within("sweeping the table", conn.exec(sql, (below, limit as u64))).await?
             }
             None => Vec::new(),
         };
         let max: Option<Option<i64>> =
-            within("sweeping the table", self.sql.query_first(format!("SELECT MAX(id) FROM {}", ident(&self.table))))
+            within("sweeping the table", conn.query_first(format!("SELECT MAX(id) FROM {}", ident(&self.table))))
                 .await?;
         // Read after the rows: a transaction is written to the binlog before InnoDB makes it
         // visible, so every commit the reads saw ends at or before this offset.
-        let (file, offset) =
-            within("reading the binlog position", outbox_mysql::setup::binlog_end(&mut self.sql)).await?;
+        let (file, offset) = within("reading the binlog position", outbox_mysql::setup::binlog_end(&mut conn)).await?;
         let mark = Position::File { file, offset };
         Ok(Probe { candidates, max_id: max.flatten(), mark: MyPosition { resume: mark.clone(), done: mark } })
     }

@@ -12,12 +12,15 @@
 //! running keeps working; a required column dropped or retyped halts this shard-partition
 //! with an error naming the column.
 
+use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
 use outbox_postgres::connect::PgTarget;
 use outbox_postgres::pgoutput::{Relation, Value, oid};
 use outbox_postgres::stream::{Change, ReplicationStream, StreamError};
 use outbox_postgres::{Lsn, cleanup, slot, values};
+use tokio::sync::Mutex;
 use tokio_postgres::Client;
 use tokio_postgres::error::SqlState;
 
@@ -128,7 +131,8 @@ impl ColumnMap {
 #[derive(Debug)]
 pub(crate) struct PgSource {
     stream: ReplicationStream,
-    sql: Client,
+    /// Shared with the finish running beside reading (tokio-postgres pipelines the two).
+    sql: Arc<Client>,
     names: StreamNames,
     checkpoint_table: String,
     columns: Option<ColumnMap>,
@@ -140,7 +144,8 @@ pub(crate) struct PgSource {
     last_heard: tokio::time::Instant,
     /// Transactions read and not yet confirmed: (xid, commit LSN). See [`visibility`].
     xids: std::collections::VecDeque<(u32, Lsn)>,
-    deleter: cleanup::RowDeleter,
+    /// The finish's prepared deletes; one finish runs at a time.
+    deleter: Arc<Mutex<cleanup::RowDeleter>>,
     /// Skips transactions whose commit starts below the published-up-to mark: this stream
     /// published and deleted them (the mark is stored with the delete).
     replay: ReplayFilter<Lsn>,
@@ -200,36 +205,79 @@ impl PgSource {
         let stream = ReplicationStream::start(cfg).await.map_err(|e| stream_error(&names.slot, e))?;
         Ok(Self {
             stream,
-            sql,
+            sql: Arc::new(sql),
             names: names.clone(),
             checkpoint_table: checkpoint_table.to_string(),
             columns: None,
             silence_limit,
             last_heard: tokio::time::Instant::now(),
             xids: std::collections::VecDeque::new(),
-            deleter: cleanup::RowDeleter::new(&names.table).recording_in(checkpoint_table, &names.table),
+            deleter: Arc::new(Mutex::new(
+                cleanup::RowDeleter::new(&names.table).recording_in(checkpoint_table, &names.table),
+            )),
             replay: ReplayFilter::new(stored.published),
             skips: stored.skips,
             metric_labels,
         })
     }
+}
+
+/// What a finish needs, owned, so it runs beside reading.
+struct Finish {
+    sql: Arc<Client>,
+    deleter: Arc<Mutex<cleanup::RowDeleter>>,
+    table: String,
+    checkpoint_table: String,
+}
+
+impl Finish {
+    /// Deletes `ids` and stores `upto` as the published-up-to mark; `covered` are the
+    /// transactions up to `upto` (see [`visibility`]).
+    async fn run(self, ids: Arc<[i64]>, upto: Lsn, covered: Vec<u32>) -> Result<u64, Error> {
+        if ids.is_empty() {
+            return Ok(0);
+        }
+        let mut deleter = self.deleter.lock().await;
+        // The published-up-to mark is stored with the delete only when every row was
+        // deleted: a row of a transaction committed but not yet visible is not, and a crash
+        // before the second try must not leave it behind a mark.
+        let (mut deleted, recorded) = self.delete(&mut deleter, &ids, upto, true).await?;
+        if !recorded {
+            visibility::wait(&self.sql, &covered).await?;
+            let (again, _) = self.delete(&mut deleter, &ids, upto, false).await?;
+            deleted += again;
+            if (deleted as usize) < ids.len() {
+                tracing::debug!(
+                    published = ids.len(),
+                    deleted,
+                    "some published rows were already gone (deleted by someone else)"
+                );
+            }
+        }
+        Ok(deleted)
+    }
 
     /// Deletes `ids` in chunks; the last one also stores `upto` as the published-up-to mark —
     /// with `require_all`, only if every row was deleted. Returns (deleted, mark stored).
-    async fn delete(&mut self, ids: &[i64], upto: Lsn, require_all: bool) -> Result<(u64, bool), Error> {
-        let what = format!("deleting published rows from {}", self.names.table);
+    async fn delete(
+        &self,
+        deleter: &mut cleanup::RowDeleter,
+        ids: &[i64],
+        upto: Lsn,
+        require_all: bool,
+    ) -> Result<(u64, bool), Error> {
+        let what = format!("deleting published rows from {}", self.table);
         let (earlier, last) = ids.split_at(ids.len() - ids.len().min(DELETE_CHUNK));
         let mut deleted = 0;
         for chunk in earlier.chunks(DELETE_CHUNK) {
-            deleted += within(&what, self.deleter.delete(&self.sql, chunk)).await?;
+            deleted += within(&what, deleter.delete(&self.sql, chunk)).await?;
         }
         let record = !require_all || deleted as usize == earlier.len();
         let lsn = upto.to_pg_string();
-        let (n, stored) =
-            within(&what, self.deleter.delete_and_record(&self.sql, last, &lsn, record, require_all)).await?;
+        let (n, stored) = within(&what, deleter.delete_and_record(&self.sql, last, &lsn, record, require_all)).await?;
         if record && !stored && (!require_all || n as usize == last.len()) {
             return Err(Error::definite(
-                format!("{} has no row for {}", self.checkpoint_table, self.names.table),
+                format!("{} has no row for {}", self.checkpoint_table, self.table),
                 "run `outbox-streamer setup`",
             ));
         }
@@ -357,33 +405,26 @@ impl Source for PgSource {
         }
     }
 
-    async fn finish(&mut self, ids: &[i64], upto: Lsn) -> Result<u64, Error> {
+    fn finish(
+        &mut self,
+        ids: Arc<[i64]>,
+        upto: Lsn,
+    ) -> impl Future<Output = Result<u64, Error>> + Send + 'static + use<> {
         let covered: Vec<u32> = self.xids.iter().take_while(|(_, lsn)| *lsn < upto).map(|(x, _)| *x).collect();
-        let mut deleted = 0;
-        if !ids.is_empty() {
-            // The published-up-to mark is stored with the delete only when every row was
-            // deleted: a row of a transaction committed but not yet visible is not, and a
-            // crash before the second try must not leave it behind a mark.
-            let (n, recorded) = self.delete(ids, upto, true).await?;
-            deleted = n;
-            if !recorded {
-                visibility::wait(&self.sql, &covered).await?;
-                let (again, _) = self.delete(ids, upto, false).await?;
-                deleted += again;
-                if (deleted as usize) < ids.len() {
-                    tracing::debug!(
-                        published = ids.len(),
-                        deleted,
-                        "some published rows were already gone (deleted by someone else)"
-                    );
-                }
-            }
-            self.replay.finished(upto);
-        }
-        self.xids.drain(..covered.len());
+        let finish = Finish {
+            sql: self.sql.clone(),
+            deleter: self.deleter.clone(),
+            table: self.names.table.clone(),
+            checkpoint_table: self.checkpoint_table.clone(),
+        };
+        finish.run(ids, upto, covered)
+    }
+
+    fn finished(&mut self, upto: Lsn) {
+        self.xids.retain(|(_, lsn)| *lsn >= upto);
+        self.replay.finished(upto);
         // Only now, with the delete committed, may the slot forget these transactions.
         self.stream.confirm(upto);
-        Ok(deleted)
     }
 
     fn confirm_idle(&mut self, position: Lsn) {
