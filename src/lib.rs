@@ -22,7 +22,6 @@
 //!   record and every record before it were acknowledged. See `docs/architecture.md`.
 
 pub(crate) mod ack;
-pub(crate) mod bench;
 pub(crate) mod catchup;
 pub mod cli;
 pub(crate) mod config;

@@ -2,12 +2,13 @@
 
 use std::process::ExitCode;
 
+use clap::Parser;
 use outbox_streamer::cli::{Cli, execute};
 
 fn main() -> ExitCode {
     quiet_on_closed_stdout();
     outbox_streamer::tls::install_crypto_provider();
-    let cli = Cli::parse_args();
+    let cli = Cli::parse();
     outbox_streamer::cli::init_logging(cli.log_format, &cli.command);
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,

@@ -7,7 +7,6 @@ mod support;
 
 mod accounts;
 mod bad_rows;
-mod bench;
 mod config_cli;
 mod coordination;
 mod examples;

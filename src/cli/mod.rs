@@ -1,5 +1,4 @@
-//! Command-line parsing and dispatch: `setup`, `run`, `status`, `bench`, `skip`, `teardown`,
-//! `config`.
+//! Command-line parsing and dispatch: `setup`, `run`, `status`, `skip`, `teardown`, `config`.
 
 mod admin;
 mod effective;
@@ -19,30 +18,14 @@ use crate::config::Config;
 #[derive(Debug, Parser)]
 #[command(name = "outbox-streamer", version, about = "Streams transactional-outbox rows to Kafka in commit order")]
 pub struct Cli {
-    /// The TOML configuration file (`bench` reads none: it writes its own).
+    /// The TOML configuration file.
     #[arg(long, short, env = "OUTBOX_CONFIG", default_value = "outbox-streamer.toml", global = true)]
     pub config: PathBuf,
-    /// Whether `--config` or `OUTBOX_CONFIG` was given (set by [`Cli::parse_args`]).
-    #[arg(skip)]
-    pub config_given: bool,
     /// Log format on stderr.
     #[arg(long, value_enum, default_value_t = LogFormat::Text, global = true)]
     pub log_format: LogFormat,
     #[command(subcommand)]
     pub command: Command,
-}
-
-impl Cli {
-    /// Parses the process's arguments (exiting with clap's message on an error), noting whether
-    /// the configuration file was named or left at its default.
-    pub fn parse_args() -> Self {
-        use clap::{CommandFactory, FromArgMatches, parser::ValueSource};
-        let matches = Self::command().get_matches();
-        let mut cli = Self::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
-        cli.config_given =
-            matches!(matches.value_source("config"), Some(ValueSource::CommandLine | ValueSource::EnvVariable));
-        cli
-    }
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -113,8 +96,13 @@ pub enum Command {
         #[arg(long, value_name = "HOST:PORT")]
         metrics_address: Option<String>,
     },
-    /// Measure throughput and latency against the running services (`scripts/services env`).
-    Bench(crate::bench::BenchArgs),
+    /// Moved out of this binary: the bench is `outbox-bench` (docs/benchmarks.md). Kept hidden
+    /// only to say so: it runs nothing and links none of the bench.
+    #[command(hide = true, disable_help_flag = true)]
+    Bench {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
     /// Tell a stopped or halted shard-partition not to publish a row, a transaction's
     /// unidentifiable rows, or its whole backlog (refused while the stream runs).
     Skip {
@@ -234,28 +222,31 @@ pub async fn execute(cli: Cli) -> anyhow::Result<ExitCode> {
             effective::effective(&load()?, &cli.config, json)?;
             Ok(ExitCode::SUCCESS)
         }
-        Command::Bench(args) => {
-            if cli.config_given {
-                eprintln!(
-                    "note: bench ignores --config and OUTBOX_CONFIG: it creates its own database, login, topic and config from `scripts/services env`"
-                );
-            }
-            let mut failed = false;
-            for report in crate::bench::bench_command(args).await? {
-                let broken = report.lost + report.duplicated + report.out_of_order;
-                if report.mode == crate::bench::BenchMode::Cdc && broken > 0 {
-                    eprintln!(
-                        "error: {}: a fault-free CDC run must lose, duplicate and reorder nothing: lost {}, duplicated {}, out of order {}",
-                        report.scenario, report.lost, report.duplicated, report.out_of_order
-                    );
-                    failed = true;
-                }
-                if report.lost > 0 {
-                    eprintln!("error: {}: {} rows lost", report.scenario, report.lost);
-                    failed = true;
-                }
-            }
-            Ok(if failed { ExitCode::FAILURE } else { ExitCode::SUCCESS })
-        }
+        Command::Bench { args } => anyhow::bail!("{}", bench_moved(&args)),
+    }
+}
+
+/// What `outbox-streamer bench …` says since the bench became its own binary.
+fn bench_moved(args: &[String]) -> String {
+    let args: String = args.iter().map(|a| format!(" {a}")).collect();
+    format!(
+        "bench is no longer part of outbox-streamer: run `outbox-bench{args}` (in a checkout: `cargo build --bin outbox-streamer && cargo run -p outbox-bench --{args}`); see docs/benchmarks.md"
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    /// `outbox-streamer bench …` takes any flags and names the command that replaced it.
+    #[test]
+    fn bench_says_where_it_moved() {
+        let cli = Cli::try_parse_from(["outbox-streamer", "bench", "--quick", "--db", "mariadb"]).expect("parses");
+        let Command::Bench { args } = cli.command else { panic!("parsed as {:?}", cli.command) };
+        let message = bench_moved(&args);
+        assert!(message.contains("run `outbox-bench --quick --db mariadb`"), "{message}");
+        assert!(message.contains("cargo run -p outbox-bench -- --quick --db mariadb"), "{message}");
     }
 }

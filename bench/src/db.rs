@@ -19,7 +19,7 @@ use super::procstat;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
 #[serde(rename_all = "lowercase")]
-pub enum DbKind {
+pub(crate) enum DbKind {
     Postgres,
     Mariadb,
 }
@@ -27,7 +27,7 @@ pub enum DbKind {
 /// A transaction left open for the whole run, the classic polling pathology.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
 #[serde(rename_all = "lowercase")]
-pub enum HoldOpen {
+pub(crate) enum HoldOpen {
     /// Holds a snapshot (REPEATABLE READ): dead rows cannot be cleaned up behind it.
     Reader,
     /// Inserted an outbox row and has not committed.

@@ -1,28 +1,6 @@
-//! `outbox-streamer bench`: a measured run against the running services.
-//!
-//! One run: a fresh database and least-privilege role, `setup`, a fresh topic, the streamer
-//! under test as a child process (`--mode cdc`) or none at all (`--mode ceiling`, the
-//! database's own insert rate under the same load), writers at a target rate for a duration,
-//! and a checking consumer. Reported: sustained messages/s, latency from COMMIT returned to
-//! record consumed (one clock), streamer CPU seconds and peak RSS, database CPU seconds per
-//! 1,000 messages, WAL bytes per message, and lost / duplicated / out-of-commit-order counts.
-//!
-//! Reads `OUTBOX_PG_URL`, `OUTBOX_KAFKA_BROKERS` and `OUTBOX_SERVICES_DIR` (for the database
-//! server's pid) as `scripts/services env` prints them; the global `--config` is not read.
-//!
-//! A run leaves nothing behind: its database, login and topic are dropped at the end, and its
-//! streamer config and log live in a private temporary directory ([`private_dir`]) that is
-//! removed (a failed run keeps the log there and says where). The config file holds no
-//! password: the streamer reads it from its environment.
-
-mod charts;
-mod check;
-mod db;
-mod load;
-mod neighbours;
-mod private_dir;
-mod procstat;
-pub(crate) mod scenario;
+//! One measured run: the run's database, topic and streamer config, `outbox-streamer setup`,
+//! the streamer under test as a child process, the writers, the checking consumer, and the
+//! figures of the [`Report`].
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -31,15 +9,13 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
-use clap::{Args, ValueEnum};
 use outbox_kafka::reader::TopicReader;
 use outbox_postgres::connect::PgTarget;
-use serde::Serialize;
 
-use crate::config::Config;
-use db::BenchDb;
-pub(crate) use db::{DbKind, HoldOpen};
-use private_dir::PrivateDir;
+use crate::db::BenchDb;
+use crate::private_dir::PrivateDir;
+use crate::report::{Report, print_markdown};
+use crate::{BenchArgs, BenchMode, DbKind, check, load, neighbours, procstat};
 
 /// Where the streamer under test serves its metrics; the report quotes its own latency view.
 const BENCH_METRICS_PORT: u16 = 29188;
@@ -48,221 +24,14 @@ const PASSWORD_VAR: &str = "OUTBOX_BENCH_STREAMER_PASSWORD";
 /// The streamer's config and log in the run's private directory.
 const CONFIG_FILE: &str = "outbox-streamer.toml";
 const STREAMER_LOG: &str = "streamer.log";
+/// The streamer's metrics the report quotes, by their names in docs/metrics.md: the bench
+/// reads them from `/metrics` as any scraper does (a unit test below checks the names).
+const POLL_QUERY_SECONDS: &str = "outbox_poll_query_seconds";
+const END_TO_END_LATENCY: &str = "outbox_end_to_end_latency_seconds";
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum BenchMode {
-    /// The streamer in CDC mode (logical replication, binlog).
-    Cdc,
-    /// The streamer in polling mode (`SELECT … ORDER BY id LIMIT n` → publish → `DELETE`).
-    Polling,
-    /// No streamer: the database's own insert rate under the same load.
-    Ceiling,
-}
-
-#[derive(Debug, Clone, Args)]
-pub struct BenchArgs {
-    #[arg(long, value_enum, default_value_t = BenchMode::Cdc)]
-    pub mode: BenchMode,
-    /// The database under test.
-    #[arg(long, value_enum, default_value_t = DbKind::Postgres)]
-    pub db: DbKind,
-    /// Target messages per second over all writers; 0 for as fast as possible.
-    #[arg(long, default_value_t = 1000)]
-    pub rate: u64,
-    #[arg(long, default_value_t = 20)]
-    pub duration_s: u64,
-    /// Writer connections.
-    #[arg(long, default_value_t = 4)]
-    pub writers: usize,
-    #[arg(long, default_value_t = 1)]
-    pub rows_per_txn: usize,
-    #[arg(long, default_value_t = 200)]
-    pub payload_bytes: usize,
-    /// Shard-partitions (tables, slots) the writers spread over.
-    #[arg(long, default_value_t = 1)]
-    pub partitions: u32,
-    /// The streamer's linger.ms.
-    #[arg(long, default_value_t = 1)]
-    pub linger_ms: u64,
-    /// The streamer's `cleanup_interval_ms` (default: the config default).
-    #[arg(long)]
-    pub cleanup_interval_ms: Option<u64>,
-    /// Keys shared by all writers, ids taken before the key is locked: measures deliveries out
-    /// of each key's commit order (see `bench/load.rs`).
-    #[arg(long)]
-    pub shared_keys: bool,
-    /// Keep a transaction open for the whole run (the classic polling pathology).
-    #[arg(long, value_enum)]
-    pub hold_open: Option<HoldOpen>,
-    /// A named scenario (see `--list-scenarios`) sets database, mode, rate, payload,
-    /// shard-partitions and backlog; any other name just labels a custom run.
-    #[arg(long, default_value = "custom")]
-    pub scenario: String,
-    /// Runs every scenario of a suite (`pg`, `mariadb`, `all`) and writes a Markdown table,
-    /// one JSON per run and SVG charts into `--out`.
-    #[arg(long)]
-    pub suite: Option<String>,
-    /// Lists the named scenarios and suites.
-    #[arg(long)]
-    pub list_scenarios: bool,
-    /// Backlog drain: insert this many rows with the streamer stopped, then time the drain.
-    #[arg(long)]
-    pub backlog: Option<usize>,
-    /// Where a suite writes its results.
-    #[arg(long, default_value = "target/bench/results")]
-    pub out: PathBuf,
-    /// Write the run's results as JSON to this file.
-    #[arg(long)]
-    pub json: Option<PathBuf>,
-    /// A short run (3 s at 500 msg/s) to check the harness itself.
-    #[arg(long)]
-    pub quick: bool,
-}
-
-/// The results of one run.
-#[derive(Debug, Serialize)]
-pub(crate) struct Report {
-    pub scenario: String,
-    pub mode: BenchMode,
-    pub db: DbKind,
-    pub target_rate: u64,
-    pub writers: usize,
-    pub rows_per_txn: usize,
-    pub payload_bytes: usize,
-    pub partitions: u32,
-    pub hold_open: Option<HoldOpen>,
-    pub shared_keys: bool,
-    pub messages: usize,
-    pub duration_s: f64,
-    pub throughput_msgs_per_s: f64,
-    pub latency_p50_ms: f64,
-    pub latency_p95_ms: f64,
-    pub latency_p99_ms: f64,
-    pub latency_max_ms: f64,
-    pub streamer_cpu_s: Option<f64>,
-    pub streamer_peak_rss_mb: Option<f64>,
-    pub db_cpu_s_per_1k: Option<f64>,
-    /// Other databases active on the server during the run, whose work `db_cpu_s_per_1k`
-    /// includes (see `bench/neighbours.rs`).
-    pub db_cpu_shared_with: Vec<String>,
-    /// WAL (PostgreSQL) or binlog (MariaDB) bytes per message.
-    pub wal_bytes_per_msg: f64,
-    pub lost: usize,
-    pub duplicated: usize,
-    pub out_of_order: usize,
-    pub throughput_per_second: Vec<u64>,
-    /// The streamer's own histogram (row created_at → Kafka ack): (upper bound s, cumulative count).
-    pub streamer_latency_buckets: Vec<(String, u64)>,
-    /// Polling: the mean duration of the oldest-rows query, and how many ran.
-    pub poll_query_mean_ms: Option<f64>,
-    pub poll_queries: Option<u64>,
-    /// Rows of a backlog drain, and the seconds from starting the streamer to the last record.
-    pub backlog: Option<usize>,
-    pub drain_s: Option<f64>,
-    /// Latency at every percent, 0 to 100 (for the distribution chart).
-    pub latency_quantiles_ms: Vec<f64>,
-}
-
-/// Runs what the flags ask for: the scenario list, a suite, or one run. Returns the reports
-/// of the runs made.
-pub(crate) async fn bench_command(args: BenchArgs) -> anyhow::Result<Vec<Report>> {
-    if args.list_scenarios {
-        for s in scenario::all() {
-            let load = if s.backlog.is_some() {
-                format!("backlog of {} rows", s.backlog.unwrap_or_default())
-            } else if s.rate == 0 {
-                "as fast as possible".into()
-            } else {
-                format!("{} msg/s", s.rate)
-            };
-            println!(
-                "{:<26} {:?} {:?}, {load}, {} B payload, {} shard-partition(s)",
-                s.name, s.db, s.mode, s.payload_bytes, s.partitions
-            );
-        }
-        println!("\nsuites: pg, mariadb, all (every scenario of that database, in this order)");
-        return Ok(Vec::new());
-    }
-    let Some(suite) = args.suite.clone() else {
-        let mut args = args;
-        if let Some(preset) = scenario::find(&args.scenario) {
-            preset.apply(&mut args);
-        }
-        return Ok(vec![bench(args).await?]);
-    };
-    let scenarios = scenario::suite(&suite)
-        .ok_or_else(|| anyhow::anyhow!("--suite {suite:?}: unknown; use pg, mariadb or all (--list-scenarios)"))?;
-    std::fs::create_dir_all(&args.out).with_context(|| format!("creating {}", args.out.display()))?;
-    let mut reports = Vec::new();
-    for (i, s) in scenarios.iter().enumerate() {
-        eprintln!("==> [{}/{}] {}", i + 1, scenarios.len(), s.name);
-        let mut run_args = args.clone();
-        s.apply(&mut run_args);
-        run_args.suite = None;
-        run_args.json = Some(args.out.join(format!("{}.json", s.name)));
-        reports.push(bench(run_args).await?);
-    }
-    write_suite(&suite, &reports, &args.out)?;
-    Ok(reports)
-}
-
-/// Pairs of CDC and polling runs of the same database and load: (load label, cdc, polling).
-pub(crate) fn pairs(runs: &[Report]) -> Vec<(String, &Report, &Report)> {
-    let mut out = Vec::new();
-    for cdc in runs.iter().filter(|r| charts::is_cdc(r)) {
-        let same = |p: &&Report| {
-            p.mode == BenchMode::Polling
-                && p.db == cdc.db
-                && p.target_rate == cdc.target_rate
-                && p.payload_bytes == cdc.payload_bytes
-                && p.partitions == cdc.partitions
-                && p.backlog == cdc.backlog
-        };
-        if let Some(polling) = runs.iter().find(same) {
-            let load = cdc.scenario.splitn(3, '-').nth(2).unwrap_or(&cdc.scenario).to_string();
-            out.push((format!("{:?} {load}", cdc.db).to_lowercase(), cdc, polling));
-        }
-    }
-    out
-}
-
-/// The suite's Markdown summary (every run, then the ratios) and its charts.
-fn write_suite(suite: &str, reports: &[Report], out: &Path) -> anyhow::Result<()> {
-    let mut md = format!("# Benchmark suite `{suite}`\n\n");
-    md.push_str(&markdown_header());
-    for r in reports {
-        md.push_str(&markdown_row(r));
-    }
-    for r in reports.iter().filter(|r| !r.db_cpu_shared_with.is_empty()) {
-        md.push_str(&format!("\n\\* {}: {}\n", r.scenario, neighbours::note(&r.db_cpu_shared_with)));
-    }
-    md.push_str("\n| load | CDC/polling msgs/s | CDC/polling p99 | CDC/polling DB CPU per msg | CDC/ceiling msgs/s |\n|---|---|---|---|---|\n");
-    for (load, cdc, polling) in pairs(reports) {
-        let ratio = |a: f64, b: f64| if b > 0.0 { format!("{:.2}", a / b) } else { "-".into() };
-        // Only a run as fast as possible compares with the database's own maximum.
-        let ceiling = reports
-            .iter()
-            .find(|r| r.mode == BenchMode::Ceiling && r.db == cdc.db)
-            .filter(|_| cdc.target_rate == 0 && cdc.backlog.is_none() && cdc.partitions == 1)
-            .map_or_else(|| "-".into(), |c| ratio(cdc.throughput_msgs_per_s, c.throughput_msgs_per_s));
-        md.push_str(&format!(
-            "| {load} | {} | {} | {} | {ceiling} |\n",
-            ratio(cdc.throughput_msgs_per_s, polling.throughput_msgs_per_s),
-            ratio(cdc.latency_p99_ms, polling.latency_p99_ms),
-            ratio(cdc.db_cpu_s_per_1k.unwrap_or(0.0), polling.db_cpu_s_per_1k.unwrap_or(0.0)),
-        ));
-    }
-    md.push_str("\nCharts: `latency.svg`, `throughput.svg`, `cdc-vs-polling.svg`.\n");
-    std::fs::write(out.join("README.md"), md)?;
-    charts::latency(reports, &out.join("latency.svg"))?;
-    charts::throughput(reports, &out.join("throughput.svg"))?;
-    charts::comparison(reports, &out.join("cdc-vs-polling.svg"))?;
-    eprintln!("results: {}", out.join("README.md").display());
-    Ok(())
-}
-
-pub(crate) async fn bench(mut args: BenchArgs) -> anyhow::Result<Report> {
+/// One run of `args` with the streamer binary `streamer`; prints its Markdown row and writes
+/// its JSON (`--json`).
+pub(crate) async fn bench(mut args: BenchArgs, streamer: &Path) -> anyhow::Result<Report> {
     if args.quick {
         args.duration_s = 3;
         args.rate = 500;
@@ -286,7 +55,7 @@ pub(crate) async fn bench(mut args: BenchArgs) -> anyhow::Result<Report> {
     let topic = format!("{run_id}-{}", std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_secs());
     let result = match outbox_kafka::admin::create_topic(&brokers, &topic, 3, 1).await {
         Ok(()) => {
-            let result = run(&args, &brokers, &services_dir, &dir, &db, &run_id, &topic).await;
+            let result = run(&args, streamer, &brokers, &services_dir, &dir, &db, &run_id, &topic).await;
             if let Err(e) = outbox_kafka::admin::delete_topic(&brokers, &topic).await {
                 eprintln!("warning: cannot delete the bench topic {topic}: {e}; delete it by hand");
             }
@@ -308,8 +77,10 @@ pub(crate) async fn bench(mut args: BenchArgs) -> anyhow::Result<Report> {
     Ok(report)
 }
 
+#[allow(clippy::too_many_arguments)]
 async fn run(
     args: &BenchArgs,
+    streamer_bin: &Path,
     brokers: &str,
     services_dir: &Path,
     dir: &PrivateDir,
@@ -332,11 +103,7 @@ async fn run(
         cleanup = args.cleanup_interval_ms.map_or_else(String::new, |ms| format!("cleanup_interval_ms = {ms}\n")),
     );
     let config_path = dir.write(CONFIG_FILE, &config_text).context("writing the streamer's config")?;
-    let config = Config::from_toml_with(&config_text, &|name| {
-        if name == PASSWORD_VAR { Some(db.streamer_password.clone()) } else { std::env::var(name).ok() }
-    })?;
-    let admin = crate::db::AdminLogin { url: &db.admin_url, password: None };
-    crate::cli::setup::setup(&config, false, Some(admin), &[]).await?;
+    setup(streamer_bin, &config_path, db).await?;
     let tables: Vec<String> = (0..args.partitions).map(|p| format!("{run_id}_0_{p}")).collect();
     db.separate_id_ranges(&tables).await?;
     if args.shared_keys {
@@ -361,7 +128,7 @@ async fn run(
     let consumed = Arc::new(AtomicUsize::new(0));
     if args.mode != BenchMode::Ceiling {
         let log = dir.file(STREAMER_LOG)?;
-        let child = Command::new(std::env::current_exe()?)
+        let child = Command::new(streamer_bin)
             .arg("--config")
             .arg(&config_path)
             .arg("run")
@@ -436,7 +203,7 @@ async fn run(
     }
     let write_secs = started.elapsed().as_secs_f64();
     let wal_after = db.log_bytes().await?;
-    let poll_stats = scrape(crate::metrics::POLL_QUERY_SECONDS).await;
+    let poll_stats = scrape(POLL_QUERY_SECONDS).await;
 
     let mut report = Report {
         scenario: args.scenario.clone(),
@@ -546,7 +313,7 @@ async fn run(
     }
     report.db_cpu_shared_with = neighbours.finish(&db).await;
     if streamer.is_some() {
-        report.streamer_latency_buckets = scrape(crate::metrics::END_TO_END_LATENCY)
+        report.streamer_latency_buckets = scrape(END_TO_END_LATENCY)
             .await
             .into_iter()
             .filter(|(name, _)| name.contains("_bucket{"))
@@ -568,6 +335,26 @@ async fn run(
         eprintln!();
     }
     Ok(report)
+}
+
+/// `outbox-streamer setup` of the run's config, run as the admin login. The login's URL and the
+/// streamer's password go through the environment, as `setup --help` asks, never on the
+/// command line; its report goes to this process's stdout and stderr.
+async fn setup(streamer_bin: &Path, config: &Path, db: &BenchDb) -> anyhow::Result<()> {
+    let status = tokio::process::Command::new(streamer_bin)
+        .arg("--config")
+        .arg(config)
+        .arg("setup")
+        .env("OUTBOX_SETUP_URL", &db.admin_url)
+        .env(PASSWORD_VAR, &db.streamer_password)
+        .stdin(Stdio::null())
+        .status()
+        .await
+        .with_context(|| format!("starting {} setup", streamer_bin.display()))?;
+    if !status.success() {
+        bail!("outbox-streamer setup failed ({status}); its messages are above");
+    }
+    Ok(())
 }
 
 /// The streamer under test; stopped with SIGTERM (and waited for) when dropped, also when
@@ -659,52 +446,24 @@ async fn wait_streaming(admin_url: &str, prefix: &str, partitions: u32) -> anyho
     }
 }
 
-fn print_markdown(r: &Report) {
-    print!("{}{}", markdown_header(), markdown_row(r));
-    if !r.db_cpu_shared_with.is_empty() {
-        println!("\n\\* {}", neighbours::note(&r.db_cpu_shared_with));
-    }
-}
-
-fn markdown_header() -> String {
-    "| scenario | db | mode | target/s | msgs | msgs/s | p50 ms | p95 ms | p99 ms | max ms | streamer CPU s | RSS MB | DB CPU s/1k | WAL B/msg | poll query ms | lost | dup | ooo |\n\
-     |---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"
-        .into()
-}
-
-fn markdown_row(r: &Report) -> String {
-    let opt = |v: Option<f64>, digits: usize| v.map_or_else(|| "-".into(), |x| format!("{x:.digits$}"));
-    let target = match (r.backlog, r.target_rate) {
-        (Some(rows), _) => format!("backlog {rows}"),
-        (None, 0) => "max".into(),
-        (None, rate) => rate.to_string(),
-    };
-    let latency = |ms: f64| if r.backlog.is_some() { "-".into() } else { format!("{ms:.1}") };
-    format!(
-        "| {} | {:?} | {:?} | {} | {} | {:.0} | {} | {} | {} | {} | {} | {} | {} | {:.0} | {} | {} | {} | {} |\n",
-        r.scenario,
-        r.db,
-        r.mode,
-        target,
-        r.messages,
-        r.throughput_msgs_per_s,
-        latency(r.latency_p50_ms),
-        latency(r.latency_p95_ms),
-        latency(r.latency_p99_ms),
-        latency(r.latency_max_ms),
-        opt(r.streamer_cpu_s, 2),
-        opt(r.streamer_peak_rss_mb, 0),
-        opt(r.db_cpu_s_per_1k, 3) + if r.db_cpu_shared_with.is_empty() { "" } else { " \\*" },
-        r.wal_bytes_per_msg,
-        opt(r.poll_query_mean_ms, 2),
-        r.lost,
-        r.duplicated,
-        r.out_of_order
-    )
-}
-
 /// A 20-cell progress bar for `done` in 0..=1.
 fn bar(done: f64) -> String {
     let cells = (done.clamp(0.0, 1.0) * 20.0).round() as usize;
     format!("[{}{}] {:>3.0}%", "#".repeat(cells), " ".repeat(20 - cells), done.clamp(0.0, 1.0) * 100.0)
+}
+
+#[cfg(test)]
+mod tests {
+    /// The metrics the report quotes are the streamer's documented histograms (the streamer's
+    /// own test keeps docs/metrics.md and its metric names in step).
+    #[test]
+    fn quoted_metrics_are_documented_histograms() {
+        let docs = include_str!("../../docs/metrics.md");
+        for name in [super::POLL_QUERY_SECONDS, super::END_TO_END_LATENCY] {
+            assert!(
+                docs.contains(&format!("| `{name}` | histogram |")),
+                "{name} is not a histogram in docs/metrics.md"
+            );
+        }
+    }
 }

@@ -6,7 +6,8 @@ use std::path::Path;
 use anyhow::anyhow;
 use plotters::prelude::*;
 
-use super::{BenchMode, Report};
+use crate::BenchMode;
+use crate::report::{Report, pairs};
 
 const SIZE: (u32, u32) = (960, 540);
 
@@ -75,7 +76,7 @@ pub(super) fn throughput(runs: &[Report], path: &Path) -> anyhow::Result<()> {
 
 /// CDC and polling bars per load: sustained rate, p99 latency, database CPU per 1,000.
 pub(super) fn comparison(runs: &[Report], path: &Path) -> anyhow::Result<()> {
-    let pairs = super::pairs(runs);
+    let pairs = pairs(runs);
     let root = SVGBackend::new(path, (SIZE.0, SIZE.1 * 3 / 2)).into_drawing_area();
     root.fill(&WHITE).map_err(chart_error)?;
     let panels = root.split_evenly((3, 1));

@@ -1,0 +1,233 @@
+//! `outbox-bench`: measured runs of the `outbox-streamer` binary against the running services.
+//!
+//! One run: a fresh database and least-privilege role, `outbox-streamer setup`, a fresh topic,
+//! the streamer under test as a child process (`--mode cdc` or `--mode polling`) or none at
+//! all (`--mode ceiling`, the database's own insert rate under the same load), writers at a
+//! target rate for a duration, and a checking consumer. Reported: sustained messages/s,
+//! latency from COMMIT returned to record consumed (one clock), streamer CPU seconds and peak
+//! RSS, database CPU seconds per 1,000 messages, WAL bytes per message, and lost / duplicated /
+//! out-of-commit-order counts. The process fails when a CDC run lost, duplicated or reordered
+//! a record, or any run lost one.
+//!
+//! Reads `OUTBOX_PG_URL` or `OUTBOX_MYSQL_URL`, `OUTBOX_KAFKA_BROKERS` and
+//! `OUTBOX_SERVICES_DIR` (for the database server's pid) as `scripts/services env` prints
+//! them, and no configuration file: it writes the streamer's.
+//!
+//! # What it knows of the streamer
+//!
+//! Only what an operator knows: the `outbox-streamer` binary (`--streamer-bin`, by default the
+//! one beside this binary), its `setup` and `run` commands, the configuration file format
+//! (docs/configuration.md) and two metric names (docs/metrics.md). It links none of the
+//! streamer's code, so the production binary carries no load generator and no chart library,
+//! and one bench binary can measure two builds of the streamer side by side.
+//!
+//! A run leaves nothing behind: its database, login and topic are dropped at the end, and its
+//! streamer config and log live in a private temporary directory ([`private_dir`]) that is
+//! removed (a failed run keeps the log there and says where). The config file holds no
+//! password: the streamer reads it from its environment.
+
+mod charts;
+mod check;
+mod db;
+mod load;
+mod neighbours;
+mod private_dir;
+mod procstat;
+mod report;
+mod run;
+mod scenario;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::{Context, bail};
+use clap::{Parser, ValueEnum};
+use serde::Serialize;
+
+use db::{DbKind, HoldOpen};
+use report::Report;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub(crate) enum BenchMode {
+    /// The streamer in CDC mode (logical replication, binlog).
+    Cdc,
+    /// The streamer in polling mode (`SELECT … ORDER BY id LIMIT n` → publish → `DELETE`).
+    Polling,
+    /// No streamer: the database's own insert rate under the same load.
+    Ceiling,
+}
+
+/// The command line of `outbox-bench`.
+#[derive(Debug, Clone, Parser)]
+#[command(
+    name = "outbox-bench",
+    version,
+    about = "Measures the outbox-streamer binary's throughput and latency against the running services (`scripts/services env`)"
+)]
+pub(crate) struct BenchArgs {
+    #[arg(long, value_enum, default_value_t = BenchMode::Cdc)]
+    pub mode: BenchMode,
+    /// The database under test.
+    #[arg(long, value_enum, default_value_t = DbKind::Postgres)]
+    pub db: DbKind,
+    /// Target messages per second over all writers; 0 for as fast as possible.
+    #[arg(long, default_value_t = 1000)]
+    pub rate: u64,
+    #[arg(long, default_value_t = 20)]
+    pub duration_s: u64,
+    /// Writer connections.
+    #[arg(long, default_value_t = 4)]
+    pub writers: usize,
+    #[arg(long, default_value_t = 1)]
+    pub rows_per_txn: usize,
+    #[arg(long, default_value_t = 200)]
+    pub payload_bytes: usize,
+    /// Shard-partitions (tables, slots) the writers spread over.
+    #[arg(long, default_value_t = 1)]
+    pub partitions: u32,
+    /// The streamer's linger.ms.
+    #[arg(long, default_value_t = 1)]
+    pub linger_ms: u64,
+    /// The streamer's `cleanup_interval_ms` (default: the config default).
+    #[arg(long)]
+    pub cleanup_interval_ms: Option<u64>,
+    /// Keys shared by all writers, ids taken before the key is locked: measures deliveries out
+    /// of each key's commit order (see `bench/src/load.rs`).
+    #[arg(long)]
+    pub shared_keys: bool,
+    /// Keep a transaction open for the whole run (the classic polling pathology).
+    #[arg(long, value_enum)]
+    pub hold_open: Option<HoldOpen>,
+    /// A named scenario (see `--list-scenarios`) sets database, mode, rate, payload,
+    /// shard-partitions and backlog; any other name just labels a custom run.
+    #[arg(long, default_value = "custom")]
+    pub scenario: String,
+    /// Runs every scenario of a suite (`pg`, `mariadb`, `all`) and writes a Markdown table,
+    /// one JSON per run and SVG charts into `--out`.
+    #[arg(long)]
+    pub suite: Option<String>,
+    /// Lists the named scenarios and suites.
+    #[arg(long)]
+    pub list_scenarios: bool,
+    /// Backlog drain: insert this many rows with the streamer stopped, then time the drain.
+    #[arg(long)]
+    pub backlog: Option<usize>,
+    /// Where a suite writes its results.
+    #[arg(long, default_value = "target/bench/results")]
+    pub out: PathBuf,
+    /// Write the run's results as JSON to this file.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+    /// A short run (3 s at 500 msg/s) to check the harness itself.
+    #[arg(long)]
+    pub quick: bool,
+    /// The `outbox-streamer` binary under test (default: the one beside this binary, where
+    /// cargo builds both, e.g. `target/release/`).
+    #[arg(long, value_name = "PATH")]
+    pub streamer_bin: Option<PathBuf>,
+}
+
+/// Runs what the flags ask for: the scenario list, a suite, or one run. Returns the reports
+/// of the runs made.
+async fn bench_command(args: BenchArgs) -> anyhow::Result<Vec<Report>> {
+    if args.list_scenarios {
+        for s in scenario::all() {
+            let load = if s.backlog.is_some() {
+                format!("backlog of {} rows", s.backlog.unwrap_or_default())
+            } else if s.rate == 0 {
+                "as fast as possible".into()
+            } else {
+                format!("{} msg/s", s.rate)
+            };
+            println!(
+                "{:<26} {:?} {:?}, {load}, {} B payload, {} shard-partition(s)",
+                s.name, s.db, s.mode, s.payload_bytes, s.partitions
+            );
+        }
+        println!("\nsuites: pg, mariadb, all (every scenario of that database, in this order)");
+        return Ok(Vec::new());
+    }
+    let streamer = streamer_bin(args.streamer_bin.clone())?;
+    eprintln!("streamer under test: {}", streamer.display());
+    let Some(suite) = args.suite.clone() else {
+        let mut args = args;
+        if let Some(preset) = scenario::find(&args.scenario) {
+            preset.apply(&mut args);
+        }
+        return Ok(vec![run::bench(args, &streamer).await?]);
+    };
+    let scenarios = scenario::suite(&suite)
+        .ok_or_else(|| anyhow::anyhow!("--suite {suite:?}: unknown; use pg, mariadb or all (--list-scenarios)"))?;
+    std::fs::create_dir_all(&args.out).with_context(|| format!("creating {}", args.out.display()))?;
+    let mut reports = Vec::new();
+    for (i, s) in scenarios.iter().enumerate() {
+        eprintln!("==> [{}/{}] {}", i + 1, scenarios.len(), s.name);
+        let mut run_args = args.clone();
+        s.apply(&mut run_args);
+        run_args.suite = None;
+        run_args.json = Some(args.out.join(format!("{}.json", s.name)));
+        reports.push(run::bench(run_args, &streamer).await?);
+    }
+    report::write_suite(&suite, &reports, &args.out)?;
+    Ok(reports)
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    init_logging();
+    match bench_command(BenchArgs::parse()).await {
+        Ok(reports) => verdict(&reports),
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Failure when a fault-free CDC run lost, duplicated or reordered a record, or any run lost
+/// one (polling may deliver out of commit order; `docs/polling.md`).
+fn verdict(reports: &[Report]) -> ExitCode {
+    let mut failed = false;
+    for report in reports {
+        let broken = report.lost + report.duplicated + report.out_of_order;
+        if report.mode == BenchMode::Cdc && broken > 0 {
+            eprintln!(
+                "error: {}: a fault-free CDC run must lose, duplicate and reorder nothing: lost {}, duplicated {}, out of order {}",
+                report.scenario, report.lost, report.duplicated, report.out_of_order
+            );
+            failed = true;
+        }
+        if report.lost > 0 {
+            eprintln!("error: {}: {} rows lost", report.scenario, report.lost);
+            failed = true;
+        }
+    }
+    if failed { ExitCode::FAILURE } else { ExitCode::SUCCESS }
+}
+
+/// The `outbox-streamer` binary under test: `--streamer-bin`, or the one beside this binary.
+fn streamer_bin(given: Option<PathBuf>) -> anyhow::Result<PathBuf> {
+    let path = match given {
+        Some(path) => path,
+        None => std::env::current_exe().context("locating the outbox-bench binary")?.with_file_name("outbox-streamer"),
+    };
+    if !path.is_file() {
+        bail!(
+            "{}: no outbox-streamer binary there; build it beside this one (`cargo build --bin outbox-streamer`, with --release for a release bench) or name it with --streamer-bin",
+            path.display()
+        );
+    }
+    Ok(path)
+}
+
+/// Logs on stderr (`RUST_LOG` filters, default `info`), as the streamer's own commands do.
+fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,rdkafka=warn"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .init();
+}
