@@ -271,6 +271,18 @@ pub(crate) fn in_scope<F: Future>(scope: Scope, task: F) -> impl Future<Output =
     SCOPE.scope(scope, task)
 }
 
+/// `task` with the caller's scope, if it has one: for a task spawned from a shard-partition's
+/// task (a task-local does not cross `tokio::spawn` by itself).
+pub(crate) fn with_current_scope<F: Future>(task: F) -> impl Future<Output = F::Output> {
+    let scope = SCOPE.try_with(Scope::clone).ok();
+    async move {
+        match scope {
+            Some(scope) => SCOPE.scope(scope, task).await,
+            None => task.await,
+        }
+    }
+}
+
 fn current_scope(backend: Backend) -> Scope {
     SCOPE.try_with(Scope::clone).unwrap_or_else(|_| Scope::unknown(backend))
 }
@@ -502,6 +514,16 @@ mod tests {
 
     fn my(code: u16, message: &str) -> ServerError {
         ServerError { code: Code::MySql(code), message: message.into(), detail: None, hint: None }
+    }
+
+    #[tokio::test]
+    async fn a_spawned_task_keeps_the_scope_it_was_given() {
+        let spawned = in_scope(scope(Backend::Postgres), async {
+            tokio::spawn(with_current_scope(async { current_scope(Backend::Postgres).table })).await.unwrap()
+        });
+        assert_eq!(spawned.await, "outbox_0_1", "the fix names the stream's table, not a placeholder");
+        let outside = tokio::spawn(with_current_scope(async { current_scope(Backend::Postgres).table }));
+        assert_eq!(outside.await.unwrap(), "<outbox table>");
     }
 
     fn scope(backend: Backend) -> Scope {

@@ -5,6 +5,7 @@
 use std::sync::Arc;
 
 use metrics::counter;
+use tracing::Instrument;
 
 use super::Session;
 use crate::error::Error;
@@ -50,7 +51,9 @@ impl<P: Clone + std::fmt::Display + Send + Sync + 'static, K: Sink> Session<'_, 
             }
             None => ids.into(),
         };
-        let run = AbortOnDrop(tokio::spawn(source.finish(ids.clone(), position.clone())));
+        // The task keeps the shard-partition's log span and the scope its errors' fixes name.
+        let finish = crate::dberror::with_current_scope(source.finish(ids.clone(), position.clone()));
+        let run = AbortOnDrop(tokio::spawn(finish.instrument(tracing::Span::current())));
         self.cleaning = Some(Cleaning { ids, position, run });
         Ok(())
     }
