@@ -1,10 +1,11 @@
-//! Fault scenarios written once and run on both databases: each function here takes a built
-//! [`World`] of either database; the `#[tokio::test]` wrappers that run it stay beside that
-//! database's other tests (`postgres_faults.rs`, `mysql_cdc.rs`), under the names they had, so
-//! `cargo test --test main postgres` and `… mysql` still select them.
+//! Scenarios written once and run on both databases — faults, and the behaviour every fault
+//! depends on (commit order under concurrent writers, a clean restart): each function here
+//! takes a [`World`] of either database; the `#[tokio::test]` wrappers that run it stay beside
+//! that database's other tests (`postgres_cdc.rs`, `postgres_faults.rs`, `mysql_cdc.rs`), under
+//! the names they had, so `cargo test --test main postgres` and `… mysql` still select them.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -275,5 +276,190 @@ pub(crate) async fn full_client_queue<D: Database>(world: WorldBuilder<D>) {
     assert_eq!(records.len(), ROWS, "no row was sent twice");
     streamer.wait_for_metric("outbox_sink_full_waits_total", &[], 1.0, ARRIVAL).await;
     w.wait_drained(&table).await;
+    assert!(streamer.stop());
+}
+
+/// Writers on their own connections commit transactions of one to four rows, each row keyed
+/// by a key whose counter the transaction increments under the counter's row lock (so per key
+/// the counter's order is the commit order); one transaction in eight rolls back, and the
+/// log moves to a new file while they write and again after. Every committed row arrives
+/// exactly once, with the database's log position in its header, and per key in commit order;
+/// no rolled-back row arrives. Needs a world of three Kafka partitions.
+///
+/// Run by `postgres_cdc::concurrent_writers_arrive_once_in_commit_order_per_key` and
+/// `mysql_cdc::mariadb_concurrent_writers_arrive_once_in_commit_order_per_key`.
+pub(crate) async fn concurrent_writers<D: Database>(w: World<D>) {
+    const KEYS: usize = 12;
+    const WRITERS: u64 = 8;
+    const TRANSACTIONS: usize = 60;
+    let table = w.table(0, 0);
+    let mut admin = w.db.connect().await;
+    D::execute(&mut admin, "CREATE TABLE key_seq (k VARCHAR(20) PRIMARY KEY, n BIGINT NOT NULL)").await;
+    let keys: Vec<String> = (0..KEYS).map(|k| format!("('key-{k}', 0)")).collect();
+    D::execute(&mut admin, &format!("INSERT INTO key_seq VALUES {}", keys.join(", "))).await;
+    let streamer = w.start("streamer.log");
+
+    let committed = Arc::new(AtomicUsize::new(0));
+    let mut writers = Vec::new();
+    for writer in 0..WRITERS {
+        let mut conn = w.db.connect().await;
+        let (table, topic, committed) = (table.clone(), w.topic.clone(), committed.clone());
+        writers.push(tokio::spawn(async move {
+            let mut seed = writer * 7919 + 1;
+            for txn_no in 0..TRANSACTIONS {
+                seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                let rows = 1 + (seed >> 33) % 4;
+                let mut keys: Vec<usize> = (0..rows).map(|i| ((seed >> (8 * i)) as usize) % KEYS).collect();
+                // Locked in one order by every writer: no deadlock.
+                keys.sort_unstable();
+                keys.dedup();
+                let rollback = txn_no % 8 == 3;
+                let state = if rollback { "rolled-back" } else { "committed" };
+                D::execute(&mut conn, "BEGIN").await;
+                for k in &keys {
+                    let key = format!("key-{k}");
+                    D::execute(&mut conn, &format!("UPDATE key_seq SET n = n + 1 WHERE k = '{key}'")).await;
+                    let n = D::query_number(&mut conn, &format!("SELECT n FROM key_seq WHERE k = '{key}'")).await;
+                    D::execute(
+                        &mut conn,
+                        &format!(
+                            "INSERT INTO {table} (topic, msg_key, payload) VALUES ('{topic}', '{key}', '{key}:{n}:{state}')"
+                        ),
+                    )
+                    .await;
+                }
+                D::execute(&mut conn, if rollback { "ROLLBACK" } else { "COMMIT" }).await;
+                if !rollback {
+                    committed.fetch_add(keys.len(), Ordering::SeqCst);
+                }
+            }
+        }));
+    }
+    // A new log file in the middle of the stream.
+    D::execute(&mut admin, D::NEW_LOG_FILE).await;
+    for writer in writers {
+        writer.await.unwrap();
+    }
+    D::execute(&mut admin, D::NEW_LOG_FILE).await;
+    let expected = committed.load(Ordering::SeqCst);
+    let records = kafka::read_at_least(&w.topic, w.kafka_partitions, expected, ARRIVAL).await;
+    assert_eq!(records.len(), expected, "every committed row exactly once in a fault-free run");
+    for r in &records {
+        let position = r.header(D::POSITION_HEADER);
+        assert!(D::is_position(position), "{} is a {} log position: {position}", D::POSITION_HEADER, D::NAME);
+    }
+    kafka::assert_commit_order_per_key(&records);
+    w.wait_drained(&table).await;
+    assert!(streamer.stop(), "streamer exits 0 on SIGTERM");
+}
+
+/// A clean restart resumes where the first run stopped: nothing is published twice, even
+/// with the second run starting in a log file the first never saw, and every record's headers
+/// are complete. Rows are written through the enqueue routine to two shards (each shard's rows
+/// under one key, so they share a Kafka partition and show their order), plus one row with an
+/// explicit `kafka_partition`. `between_runs` checks what the first run stored while no
+/// streamer runs. Needs a world of two shards and four Kafka partitions.
+///
+/// Run by `postgres_cdc::restart_resumes_without_republishing_and_headers_are_complete`,
+/// `mysql_cdc::mariadb_restart_resumes_from_the_stored_checkpoint` and
+/// `mysql_cdc::mariadb_restart_resumes_from_a_file_offset_checkpoint`.
+pub(crate) async fn restart_resumes<D: Database>(w: World<D>, between_runs: impl AsyncFnOnce(&World<D>)) {
+    const ROWS: i32 = 50;
+    const EXPLICIT: i32 = 3;
+    let partitions = w.kafka_partitions;
+    let mut conn = w.db.connect().await;
+    let mut send = async |rows: std::ops::Range<i32>| {
+        for i in rows {
+            let shard = i % 2;
+            let row = Row::new(&w.topic, format!("p{i}"))
+                .key(format!("shard-{shard}"))
+                .headers(&format!(r#"{{"trace-id":"t{i}"}}"#));
+            D::enqueue(&mut conn, &w.prefix, &row, shard).await;
+        }
+    };
+    send(0..ROWS).await;
+    let explicit = Row::new(&w.topic, "explicit").key("x").kafka_partition(EXPLICIT);
+    D::insert(&mut w.db.connect().await, &w.table(0, 0), &[explicit]).await;
+    let first = w.start("first.log");
+    let records = kafka::read_at_least(&w.topic, partitions, ROWS as usize + 1, ARRIVAL).await;
+    assert_eq!(records.len(), ROWS as usize + 1);
+    w.wait_drained(&w.table(0, 0)).await;
+    w.wait_drained(&w.table(1, 0)).await;
+    assert!(first.stop(), "clean exit on SIGTERM");
+    between_runs(&w).await;
+    // The second run starts in a log file the first never saw.
+    D::execute(&mut w.db.connect().await, D::NEW_LOG_FILE).await;
+
+    send(ROWS..2 * ROWS).await;
+    let second = w.start("second.log");
+    let total = 2 * ROWS as usize + 1;
+    let records = kafka::read_at_least(&w.topic, partitions, total, ARRIVAL).await;
+    assert_eq!(records.len(), total, "no row published twice across a clean restart");
+    let mut by_shard: HashMap<String, Vec<(i32, i64, String)>> = HashMap::new();
+    for r in &records {
+        assert!(r.header("outbox-id").parse::<i64>().is_ok());
+        let position = r.header(D::POSITION_HEADER);
+        assert!(D::is_position(position), "{} is a {} log position: {position}", D::POSITION_HEADER, D::NAME);
+        let shard = r.header("outbox-shard");
+        assert!(shard == "0" || shard == "1");
+        assert_eq!(r.header("outbox-partition"), "0");
+        if r.payload_str() == "explicit" {
+            assert_eq!(r.partition, EXPLICIT, "kafka_partition column honoured");
+        } else {
+            let i: i32 = r.payload_str()[1..].parse().unwrap();
+            assert_eq!(r.header("trace-id"), format!("t{i}"), "row headers become Kafka headers");
+            assert_eq!(shard, (i % 2).to_string(), "enqueue routed to the asked shard");
+            by_shard.entry(shard.to_string()).or_default().push((r.partition, r.offset, r.payload_str()));
+        }
+    }
+    for (shard, mut got) in by_shard {
+        got.sort();
+        let payloads: Vec<String> = got.into_iter().map(|(_, _, p)| p).collect();
+        let s: i32 = shard.parse().unwrap();
+        let want: Vec<String> = (0..2 * ROWS).filter(|i| i % 2 == s).map(|i| format!("p{i}")).collect();
+        assert_eq!(payloads, want, "shard {shard}: commit order");
+    }
+    w.wait_drained(&w.table(0, 0)).await;
+    w.wait_drained(&w.table(1, 0)).await;
+    assert!(second.stop());
+}
+
+/// A NULL topic halts its own shard-partition — `/streams` shows it halted and the other
+/// streaming — with one ERROR (not one per retry) that names the row, the column and the fix;
+/// the other shard keeps streaming, and the bad row and the row after it stay in the table.
+/// Needs a world of two shards.
+///
+/// Run by `postgres_faults::a_bad_row_halts_only_its_shard_partition` and
+/// `mysql_cdc::mariadb_a_bad_row_halts_naming_it`.
+pub(crate) async fn bad_row_halts_its_shard_partition<D: Database>(w: World<D>) {
+    let (t0, t1) = (w.table(0, 0), w.table(1, 0));
+    w.db.allow_null_topic(&t0).await;
+    let streamer = w.start("streamer.log");
+    let mut conn = w.db.connect().await;
+    let row = |payload: &str| Row::new(&w.topic, payload);
+    D::insert(&mut conn, &t0, &[row("s0-before")]).await;
+    let bad = D::insert(&mut conn, &t0, &[row("bad").without_topic()]).await[0];
+    D::insert(&mut conn, &t0, &[row("s0-after")]).await;
+    for i in 0..5 {
+        D::insert(&mut conn, &t1, &[row(&format!("s1-{i}"))]).await;
+    }
+    let records = kafka::read_at_least(&w.topic, w.kafka_partitions, 6, ARRIVAL).await;
+    let payloads: Vec<String> = records.iter().map(|r| r.payload_str()).collect();
+    let shard_0: Vec<&String> = payloads.iter().filter(|p| p.starts_with("s0-")).collect();
+    assert_eq!(shard_0, ["s0-before"], "nothing after the bad row on its shard-partition");
+    assert_eq!(payloads.iter().filter(|p| p.starts_with("s1-")).count(), 5, "the other shard keeps streaming");
+    w.wait_drained(&t1).await;
+    let log = streamer.wait_for_halt(ARRIVAL).await;
+    let errors: Vec<&str> = log.lines().filter(|l| l.contains("ERROR")).collect();
+    assert_eq!(errors.len(), 1, "one ERROR, not one per retry:\n{log}");
+    assert!(errors[0].contains(&format!("row id={bad}")) && errors[0].contains("column topic"), "{}", errors[0]);
+    assert!(
+        errors[0].contains(&format!("WHERE id = {bad}")) && errors[0].contains(&format!("--id {bad}")),
+        "the error names the fix: {}",
+        errors[0]
+    );
+    let (s0, s1) = (format!("test.{t0}"), format!("test.{t1}"));
+    streamer.wait_for_streams(&[(&s0, "halted"), (&s1, "streaming")], ARRIVAL).await;
+    assert_eq!(w.count(&t0).await, 2, "the bad row and the one after it stay in the table");
     assert!(streamer.stop());
 }

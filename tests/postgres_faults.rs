@@ -19,41 +19,11 @@ async fn sigkill_at_random_moments_loses_nothing() {
     faults::sigkill(w, 250, Duration::from_millis(20)).await;
 }
 
-/// A NULL topic halts its own shard-partition with one error naming the row and column; the
-/// other shard keeps streaming and the bad row stays in the table.
+/// A NULL topic halts its own shard-partition with one error naming the row, the column and
+/// the fix; the other shard keeps streaming ([`faults::bad_row_halts_its_shard_partition`]).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_bad_row_halts_only_its_shard_partition() {
-    let w = World::postgres("oh").shards(2).build().await;
-    let (t0, t1) = (w.table(0, 0), w.table(1, 0));
-    w.db.admin.batch_execute(&format!("ALTER TABLE {t0} ALTER COLUMN topic DROP NOT NULL")).await.unwrap();
-    let streamer = w.start("streamer.log");
-    let insert = |table: &str| format!("INSERT INTO {table} (topic, payload) VALUES ($1, $2) RETURNING id");
-    w.db.admin.execute(&insert(&t0), &[&w.topic as &(dyn ToSql + Sync), &b"s0-before".as_slice()]).await.unwrap();
-    let bad: i64 =
-        w.db.admin
-            .query_one(&format!("INSERT INTO {t0} (topic, payload) VALUES (NULL, 'bad') RETURNING id"), &[])
-            .await
-            .unwrap()
-            .get(0);
-    w.db.admin.execute(&insert(&t0), &[&w.topic as &(dyn ToSql + Sync), &b"s0-after".as_slice()]).await.unwrap();
-    for i in 0..5 {
-        w.db.admin
-            .execute(&insert(&t1), &[&w.topic as &(dyn ToSql + Sync), &format!("s1-{i}").as_bytes()])
-            .await
-            .unwrap();
-    }
-    let records = kafka::read_at_least(&w.topic, 1, 6, ARRIVAL).await;
-    let payloads: Vec<String> = records.iter().map(|r| r.payload_str()).collect();
-    assert!(payloads.contains(&"s0-before".to_string()));
-    assert!(!payloads.contains(&"s0-after".to_string()), "nothing after the bad row on its shard-partition");
-    assert_eq!(payloads.iter().filter(|p| p.starts_with("s1-")).count(), 5, "the other shard keeps streaming");
-    w.wait_drained(&t1).await;
-    let log = streamer.wait_for_halt(ARRIVAL).await;
-    let errors: Vec<&str> = log.lines().filter(|l| l.contains("ERROR")).collect();
-    assert_eq!(errors.len(), 1, "one ERROR, not one per retry:\n{log}");
-    assert!(errors[0].contains(&format!("row id={bad}")) && errors[0].contains("column topic"), "{}", errors[0]);
-    assert_eq!(w.db.count(&t0).await, 2, "the bad row and the one after it stay in the table");
-    assert!(streamer.stop());
+    faults::bad_row_halts_its_shard_partition(World::postgres("oh").shards(2).build().await).await;
 }
 
 /// [`faults::kafka_outage`].

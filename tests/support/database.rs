@@ -1,7 +1,8 @@
 //! What differs between the databases a scenario runs on, so a scenario is written once and
 //! run on PostgreSQL and on MariaDB: creating a fresh database with the least-privilege
-//! streamer login, writing rows in one transaction, counting what is left in an outbox table,
-//! and the log position a stream has confirmed.
+//! streamer login, writing rows in one transaction or through the enqueue routine, running a
+//! statement both dialects share, counting what is left in an outbox table, how a record names
+//! its log position, and the log position a stream has confirmed.
 
 use std::future::Future;
 
@@ -20,6 +21,8 @@ pub(crate) struct Row {
     pub payload: Vec<u8>,
     /// The `headers` column as JSON text.
     pub headers: Option<String>,
+    /// The `kafka_partition` column: the Kafka partition the record must go to.
+    pub kafka_partition: Option<i32>,
 }
 
 impl Row {
@@ -35,6 +38,11 @@ impl Row {
 
     pub(crate) fn headers(mut self, json: &str) -> Self {
         self.headers = Some(json.to_string());
+        self
+    }
+
+    pub(crate) fn kafka_partition(mut self, partition: i32) -> Self {
+        self.kafka_partition = Some(partition);
         self
     }
 
@@ -59,6 +67,10 @@ pub(crate) trait Database: Sized + Send + Sync + 'static {
     /// table, where a test can compare the two (a PostgreSQL slot). MariaDB's checkpoint
     /// commits together with the delete: there is nothing the table could disagree with.
     const SLOT: bool;
+    /// The header that carries a record's position in the database's log.
+    const POSITION_HEADER: &'static str;
+    /// A statement that makes the server go on writing its log in a new file.
+    const NEW_LOG_FILE: &'static str;
 
     /// A fresh database and the documented least-privilege streamer login (`grants`
     /// overrides the global privileges where the database has such; `None`: the documented
@@ -73,6 +85,21 @@ pub(crate) trait Database: Sized + Send + Sync + 'static {
 
     /// Inserts `rows` into `table` in one transaction; returns their ids in insert order.
     fn insert(conn: &mut Self::Conn, table: &str, rows: &[Row]) -> impl Future<Output = Vec<i64>> + Send;
+
+    /// Calls the outbox's enqueue routine (`<prefix>_enqueue`, made by `setup`) with `row`
+    /// for `shard`: the way an application writes a row.
+    fn enqueue(conn: &mut Self::Conn, prefix: &str, row: &Row, shard: i32) -> impl Future<Output = ()> + Send;
+
+    /// Runs `sql`, one statement both databases understand (`BEGIN`, `COMMIT`, an `INSERT`
+    /// of literal values), or [`Database::NEW_LOG_FILE`].
+    fn execute(conn: &mut Self::Conn, sql: &str) -> impl Future<Output = ()> + Send;
+
+    /// The single number `sql` (a query both databases understand) returns.
+    fn query_number(conn: &mut Self::Conn, sql: &str) -> impl Future<Output = i64> + Send;
+
+    /// Whether `value` of a record's [`Database::POSITION_HEADER`] is a position in this
+    /// database's log.
+    fn is_position(value: &str) -> bool;
 
     /// Rows left in `table`.
     fn count(&self, table: &str) -> impl Future<Output = i64> + Send;
@@ -110,6 +137,8 @@ impl Database for PgDb {
     const KIND: &'static str = "postgres";
     const NAME: &'static str = "postgres";
     const SLOT: bool = true;
+    const POSITION_HEADER: &'static str = "outbox-lsn";
+    const NEW_LOG_FILE: &'static str = "SELECT pg_switch_wal()";
 
     async fn create(_grants: Option<&str>) -> (Self, String) {
         let db = super::pg::fresh_db().await;
@@ -130,18 +159,45 @@ impl Database for PgDb {
         let mut ids = Vec::with_capacity(rows.len());
         for chunk in rows.chunks(INSERT_CHUNK) {
             let values: Vec<String> = (0..chunk.len())
-                .map(|i| format!("(${}, ${}, ${}, ${}::text::jsonb)", 4 * i + 1, 4 * i + 2, 4 * i + 3, 4 * i + 4))
+                .map(|i| {
+                    let n = 5 * i;
+                    format!("(${}, ${}, ${}, ${}::text::jsonb, ${})", n + 1, n + 2, n + 3, n + 4, n + 5)
+                })
                 .collect();
             let sql = format!(
-                "INSERT INTO {table} (topic, msg_key, payload, headers) VALUES {} RETURNING id",
+                "INSERT INTO {table} (topic, msg_key, payload, headers, kafka_partition) VALUES {} RETURNING id",
                 values.join(", ")
             );
-            let params: Vec<&(dyn ToSql + Sync)> =
-                chunk.iter().flat_map(|r| [&r.topic as &(dyn ToSql + Sync), &r.key, &r.payload, &r.headers]).collect();
+            let params: Vec<&(dyn ToSql + Sync)> = chunk
+                .iter()
+                .flat_map(|r| [&r.topic as &(dyn ToSql + Sync), &r.key, &r.payload, &r.headers, &r.kafka_partition])
+                .collect();
             ids.extend(tx.query(&sql, &params).await.unwrap().iter().map(|r| r.get::<_, i64>(0)));
         }
         tx.commit().await.unwrap();
         ids
+    }
+
+    async fn enqueue(conn: &mut Self::Conn, prefix: &str, row: &Row, shard: i32) {
+        let sql = format!("SELECT {prefix}_enqueue($1, $2, $3, $4::text::jsonb, $5)");
+        conn.execute(&sql, &[&row.topic as &(dyn ToSql + Sync), &row.key, &row.payload, &row.headers, &shard])
+            .await
+            .unwrap();
+    }
+
+    async fn execute(conn: &mut Self::Conn, sql: &str) {
+        conn.batch_execute(sql).await.unwrap_or_else(|e| panic!("{sql}: {e}"));
+    }
+
+    async fn query_number(conn: &mut Self::Conn, sql: &str) -> i64 {
+        conn.query_one(sql, &[]).await.unwrap_or_else(|e| panic!("{sql}: {e}")).get(0)
+    }
+
+    /// An LSN, `X/Y` in hexadecimal.
+    fn is_position(value: &str) -> bool {
+        value
+            .split_once('/')
+            .is_some_and(|(hi, lo)| u32::from_str_radix(hi, 16).is_ok() && u32::from_str_radix(lo, 16).is_ok())
     }
 
     async fn count(&self, table: &str) -> i64 {
@@ -190,6 +246,8 @@ impl Database for MyDb {
     const KIND: &'static str = "mysql";
     const NAME: &'static str = "mariadb";
     const SLOT: bool = false;
+    const POSITION_HEADER: &'static str = "outbox-gtid";
+    const NEW_LOG_FILE: &'static str = "FLUSH BINARY LOGS";
 
     async fn create(grants: Option<&str>) -> (Self, String) {
         let mut db = super::mysql::fresh_db().await;
@@ -209,19 +267,36 @@ impl Database for MyDb {
         let mut tx = conn.start_transaction(mysql_async::TxOpts::default()).await.unwrap();
         let mut ids = Vec::with_capacity(rows.len());
         for chunk in rows.chunks(INSERT_CHUNK) {
-            let values = vec!["(?, ?, ?, ?)"; chunk.len()].join(", ");
-            let sql = format!("INSERT INTO {table} (topic, msg_key, payload, headers) VALUES {values} RETURNING id");
-            let params: Vec<mysql_async::Value> = chunk
-                .iter()
-                .flat_map(|r| {
-                    [r.topic.clone().into(), r.key.clone().into(), r.payload.clone().into(), r.headers.clone().into()]
-                })
-                .collect();
+            let values = vec!["(?, ?, ?, ?, ?)"; chunk.len()].join(", ");
+            let sql = format!(
+                "INSERT INTO {table} (topic, msg_key, payload, headers, kafka_partition) VALUES {values} RETURNING id"
+            );
+            let params: Vec<mysql_async::Value> = chunk.iter().flat_map(row_values).collect();
             let got: Vec<i64> = tx.exec(&sql, params).await.unwrap();
             ids.extend(got);
         }
         tx.commit().await.unwrap();
         ids
+    }
+
+    async fn enqueue(conn: &mut Self::Conn, prefix: &str, row: &Row, shard: i32) {
+        let params = (row.topic.clone(), row.key.clone(), row.payload.clone(), row.headers.clone(), shard);
+        conn.exec_drop(format!("CALL {prefix}_enqueue(?, ?, ?, ?, ?)"), params).await.unwrap();
+    }
+
+    async fn execute(conn: &mut Self::Conn, sql: &str) {
+        conn.query_drop(sql).await.unwrap_or_else(|e| panic!("{sql}: {e}"));
+    }
+
+    async fn query_number(conn: &mut Self::Conn, sql: &str) -> i64 {
+        let n: Option<i64> = conn.query_first(sql).await.unwrap_or_else(|e| panic!("{sql}: {e}"));
+        n.unwrap_or_else(|| panic!("{sql}: no row"))
+    }
+
+    /// A GTID, `domain-server-sequence` in decimal.
+    fn is_position(value: &str) -> bool {
+        let parts: Vec<&str> = value.split('-').collect();
+        parts.len() == 3 && parts.iter().all(|p| p.parse::<u64>().is_ok())
     }
 
     async fn count(&self, table: &str) -> i64 {
@@ -262,4 +337,15 @@ impl Database for MyDb {
     async fn log_end(_conn: &mut Self::Conn) -> u64 {
         0
     }
+}
+
+/// A row's values in the column order of [`Database::insert`], for MariaDB.
+fn row_values(r: &Row) -> [mysql_async::Value; 5] {
+    [
+        r.topic.clone().into(),
+        r.key.clone().into(),
+        r.payload.clone().into(),
+        r.headers.clone().into(),
+        r.kafka_partition.into(),
+    ]
 }

@@ -123,16 +123,35 @@ impl Running {
     /// Waits until `/streams` shows a shard-partition in `state` (`streaming`, `retrying`,
     /// `halted`, `catching-up`); returns its reason. Needs the metrics endpoint.
     pub(crate) async fn wait_for_state(&self, state: &str, timeout: Duration) -> Option<String> {
-        let addr = self.metrics.unwrap_or_else(|| panic!("{} serves no metrics endpoint", self.log.display()));
         let what = format!("a shard-partition {state} on /streams of {}", self.log.display());
         super::wait_until(&what, timeout, || async {
-            let body = super::metrics::try_get(addr, "/streams").await?;
-            let report: serde_json::Value = serde_json::from_str(&body).expect("/streams is JSON");
-            let streams = report["streams"].as_object().expect("/streams has streams");
+            let streams = self.streams().await?;
             let found = streams.values().find(|s| s["state"] == state)?;
             Some(found["reason"].as_str().map(str::to_string))
         })
         .await
+    }
+
+    /// Waits until `/streams` shows each named shard-partition (`<source>.<table>`) in the
+    /// state paired with it, all at one look. Needs the metrics endpoint.
+    pub(crate) async fn wait_for_streams(&self, want: &[(&str, &str)], timeout: Duration) {
+        let what = format!("{want:?} on /streams of {}", self.log.display());
+        super::wait_until(&what, timeout, || async {
+            let streams = self.streams().await?;
+            want.iter().all(|(name, state)| streams.get(*name).is_some_and(|s| s["state"] == *state)).then_some(())
+        })
+        .await
+    }
+
+    /// `/streams` now, by shard-partition; `None` while the endpoint does not answer.
+    async fn streams(&self) -> Option<serde_json::Map<String, serde_json::Value>> {
+        let addr = self.metrics.unwrap_or_else(|| panic!("{} serves no metrics endpoint", self.log.display()));
+        let body = super::metrics::try_get(addr, "/streams").await?;
+        let mut report: serde_json::Value = serde_json::from_str(&body).expect("/streams is JSON");
+        let serde_json::Value::Object(streams) = report["streams"].take() else {
+            panic!("/streams has streams: {body}");
+        };
+        Some(streams)
     }
 
     /// Waits until the sample of metric `name` with `labels` on `/metrics` reaches `at_least`
