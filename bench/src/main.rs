@@ -89,6 +89,10 @@ pub(crate) struct BenchArgs {
     /// The streamer's linger.ms.
     #[arg(long, default_value_t = 1)]
     pub linger_ms: u64,
+    /// The streamer's `status_interval_ms` (default: the config default, 1 s; runs before
+    /// 2026-12-04 used 100 ms).
+    #[arg(long)]
+    pub status_interval_ms: Option<u64>,
     /// The streamer's `cleanup_interval_ms` (default: the config default).
     #[arg(long)]
     pub cleanup_interval_ms: Option<u64>,
