@@ -7,6 +7,7 @@ mod support;
 
 mod accounts;
 mod bad_rows;
+mod cleanup_beside_reading;
 mod config_cli;
 mod coordination_fencing;
 mod coordination_ownership;

@@ -121,6 +121,28 @@ pub(crate) trait Database: Sized + Send + Sync + 'static {
 
     /// The log's end now, comparable with [`Database::confirmed_position`]; 0 without [`Database::SLOT`].
     fn log_end(conn: &mut Self::Conn) -> impl Future<Output = u64> + Send;
+
+    /// Makes every DELETE on `table` first pass a gate that a session can hold closed
+    /// ([`Database::close_gate`]): a trigger that waits for a lock of the table's name. For
+    /// a test that holds the streamer's cleanup while reading goes on.
+    fn gate_deletes(conn: &mut Self::Conn, table: &str) -> impl Future<Output = ()> + Send;
+
+    /// Closes `table`'s gate, held by this session until [`Database::open_gate`].
+    fn close_gate(conn: &mut Self::Conn, table: &str) -> impl Future<Output = ()> + Send;
+
+    /// Opens `table`'s gate again.
+    fn open_gate(conn: &mut Self::Conn, table: &str) -> impl Future<Output = ()> + Send;
+
+    /// Sessions waiting at `table`'s gate (MariaDB shows the trigger's statement as theirs).
+    fn waiting_at_gate(conn: &mut Self::Conn, table: &str) -> impl Future<Output = i64> + Send;
+
+    /// When the stream of `table` last reported its position to the server (seconds on the
+    /// server's clock, with a fraction), where [`Database::SLOT`]; `None` otherwise or while
+    /// no stream is connected.
+    fn last_report(conn: &mut Self::Conn, table: &str) -> impl Future<Output = Option<f64>> + Send;
+
+    /// The server's clock now, comparable with [`Database::last_report`].
+    fn server_time(conn: &mut Self::Conn) -> impl Future<Output = f64> + Send;
 }
 
 /// Rows a single INSERT statement carries; more go in further statements of the same transaction.
@@ -239,6 +261,53 @@ impl Database for PgDb {
         let end: String = conn.query_one("SELECT pg_current_wal_insert_lsn()::text", &[]).await.unwrap().get(0);
         lsn(&end)
     }
+
+    async fn gate_deletes(conn: &mut Self::Conn, table: &str) {
+        conn.batch_execute(&format!(
+            "CREATE FUNCTION {table}_gate() RETURNS trigger LANGUAGE plpgsql AS $$
+             BEGIN PERFORM pg_advisory_xact_lock_shared(hashtext('{table}')); RETURN NULL; END $$;
+             CREATE TRIGGER {table}_gate BEFORE DELETE ON {table} FOR EACH STATEMENT EXECUTE FUNCTION {table}_gate();"
+        ))
+        .await
+        .unwrap();
+    }
+
+    async fn close_gate(conn: &mut Self::Conn, table: &str) {
+        conn.execute("SELECT pg_advisory_lock(hashtext($1))", &[&table]).await.unwrap();
+    }
+
+    async fn open_gate(conn: &mut Self::Conn, table: &str) {
+        let released: bool = conn.query_one("SELECT pg_advisory_unlock(hashtext($1))", &[&table]).await.unwrap().get(0);
+        assert!(released, "the gate of {table} was closed by this session");
+    }
+
+    async fn waiting_at_gate(conn: &mut Self::Conn, table: &str) -> i64 {
+        conn.query_one(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted
+               AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
+               AND objid = hashtext($1)::oid",
+            &[&table],
+        )
+        .await
+        .unwrap()
+        .get(0)
+    }
+
+    async fn last_report(conn: &mut Self::Conn, table: &str) -> Option<f64> {
+        conn.query_opt(
+            "SELECT extract(epoch FROM r.reply_time)::float8 FROM pg_replication_slots s
+               JOIN pg_stat_replication r ON r.pid = s.active_pid
+              WHERE s.slot_name = $1 AND r.reply_time IS NOT NULL",
+            &[&table],
+        )
+        .await
+        .unwrap()
+        .map(|r| r.get(0))
+    }
+
+    async fn server_time(conn: &mut Self::Conn) -> f64 {
+        conn.query_one("SELECT extract(epoch FROM clock_timestamp())::float8", &[]).await.unwrap().get(0)
+    }
 }
 
 impl Database for MyDb {
@@ -336,6 +405,47 @@ impl Database for MyDb {
 
     async fn log_end(_conn: &mut Self::Conn) -> u64 {
         0
+    }
+
+    async fn gate_deletes(conn: &mut Self::Conn, table: &str) {
+        conn.query_drop(format!(
+            "CREATE TRIGGER {table}_gate BEFORE DELETE ON {table} FOR EACH ROW BEGIN
+               SET @outbox_gate = GET_LOCK('{table}_gate', 600);
+               SET @outbox_gate = RELEASE_LOCK('{table}_gate');
+             END"
+        ))
+        .await
+        .unwrap();
+    }
+
+    async fn close_gate(conn: &mut Self::Conn, table: &str) {
+        let got: Option<i64> = conn.query_first(format!("SELECT GET_LOCK('{table}_gate', 10)")).await.unwrap();
+        assert_eq!(got, Some(1), "closing the gate of {table}");
+    }
+
+    async fn open_gate(conn: &mut Self::Conn, table: &str) {
+        let released: Option<i64> = conn.query_first(format!("SELECT RELEASE_LOCK('{table}_gate')")).await.unwrap();
+        assert_eq!(released, Some(1), "the gate of {table} was closed by this session");
+    }
+
+    async fn waiting_at_gate(conn: &mut Self::Conn, table: &str) -> i64 {
+        let n: Option<i64> = conn
+            .query_first(format!(
+                "SELECT count(*) FROM information_schema.processlist
+                  WHERE state = 'User lock' AND INSTR(info, 'GET_LOCK(''{table}_gate''') > 0"
+            ))
+            .await
+            .unwrap();
+        n.unwrap()
+    }
+
+    async fn last_report(_conn: &mut Self::Conn, _table: &str) -> Option<f64> {
+        None
+    }
+
+    async fn server_time(conn: &mut Self::Conn) -> f64 {
+        let t: Option<f64> = conn.query_first("SELECT UNIX_TIMESTAMP(NOW(6)) + 0e0").await.unwrap();
+        t.unwrap()
     }
 }
 

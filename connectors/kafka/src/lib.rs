@@ -10,6 +10,7 @@
 pub mod admin;
 pub mod classify;
 pub mod producer;
+mod queue_events;
 pub mod reader;
 
 pub use classify::{Class, classify};

@@ -1,16 +1,15 @@
 //! An idempotent producer that enqueues without waiting for each record.
 //!
-//! # Delivery reports and idle cost
+//! # Delivery reports without a thread
 //!
-//! librdkafka hands delivery reports over only when its queue is polled. rdkafka's
-//! `ThreadedProducer` (under `FutureProducer`) polls from a thread of its own in 100 ms
-//! windows for as long as the producer lives, and spins without sleeping through the last
-//! fraction of a millisecond of every window (the remaining time is rounded down to 0 ms):
-//! measured here, about 0.5–1 % of a core per producer while nothing at all is produced — one
-//! producer per shard-partition, so 16 idle shard-partitions cost 10 % of a core. This producer
-//! polls only while records are in flight: its thread sleeps on a condition variable when
-//! nothing is (but for a non-blocking look every [`IDLE_POLL`]), and [`Producer::try_send`]
-//! wakes it.
+//! librdkafka hands delivery reports over only when its main queue is polled. rdkafka's
+//! `ThreadedProducer` polls from a thread of its own in 100 ms windows and spins through the
+//! last fraction of a millisecond of every window (its deadline is rounded down to whole
+//! milliseconds): measured here, about 1 % of a core per producer with traffic, plus a thread
+//! hand-over for every report. This producer asks librdkafka to call back when its main queue
+//! goes from empty to non-empty (`rd_kafka_queue_cb_event_enable`); the callback only wakes a
+//! task on the runtime, which serves the queue without blocking until it is empty. Nothing
+//! runs while nothing happens, but for a look every [`SAFETY_POLL`].
 //!
 //! # A full queue
 //!
@@ -20,8 +19,7 @@
 //! shutdown meanwhile instead of sleeping inside a call.
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
-use std::thread::JoinHandle;
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use rdkafka::client::ClientContext;
@@ -31,6 +29,9 @@ use rdkafka::message::{DeliveryResult, Header, Message as _, OwnedHeaders, Owned
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer as _, ProducerContext};
 use rdkafka::{ClientConfig, Statistics};
 use tokio::sync::{Notify, oneshot};
+use tokio::task::JoinHandle;
+
+use crate::queue_events::MainQueue;
 
 /// The outcome of one record: acknowledged, or the error with the record as it was sent.
 pub type DeliveryResultOwned = Result<(), (KafkaError, OwnedMessage)>;
@@ -39,13 +40,15 @@ pub type DeliveryResultOwned = Result<(), (KafkaError, OwnedMessage)>;
 /// dropped before a report came (nothing is known about the record).
 pub type DeliveryFuture = oneshot::Receiver<DeliveryResultOwned>;
 
-/// How long one poll of the delivery queue lasts while records are in flight; also the
-/// longest a dropped producer waits for its polling thread.
-const POLL_WINDOW: Duration = Duration::from_millis(100);
+/// The longest [`Producer::room`] waits for a report before the caller offers its record again.
+const ROOM_WAIT: Duration = Duration::from_millis(100);
 
-/// With nothing in flight, the queue is still served this often (without waiting), so client
-/// error events do not pile up in a long quiet spell.
-const IDLE_POLL: Duration = Duration::from_secs(1);
+/// The queue is also served this often without a wake-up: a safety net only (every event
+/// librdkafka queues calls back), cheap enough to keep.
+const SAFETY_POLL: Duration = Duration::from_secs(1);
+
+/// Events served in one go before the task lets others run.
+const SERVE_CHUNK: usize = 64;
 
 /// Producer settings the streamer exposes; `properties` passes any other librdkafka setting.
 #[derive(Debug, Clone)]
@@ -79,75 +82,33 @@ pub fn topic_of(message: &OwnedMessage) -> String {
     message.topic().to_string()
 }
 
-/// Records handed to librdkafka whose report has not come yet, and whether the producer is
-/// being dropped: what the polling thread sleeps on.
-#[derive(Debug, Default)]
-struct Activity {
-    state: Mutex<ActivityState>,
-    wake: Condvar,
-    /// Notified at every report: a place in the local queue is free ([`Producer::room`]).
-    room: Notify,
+/// The client and its queue handle, in drop order: the handle goes first.
+struct Client {
+    queue: MainQueue,
+    producer: BaseProducer<LogContext>,
 }
 
-#[derive(Debug, Default)]
-struct ActivityState {
-    in_flight: usize,
-    stop: bool,
-}
-
-impl Activity {
-    fn lock(&self) -> MutexGuard<'_, ActivityState> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// A record is about to be handed over: the polling thread must run.
-    fn begin(&self) {
-        let mut s = self.lock();
-        s.in_flight += 1;
-        if s.in_flight == 1 {
-            self.wake.notify_one();
+/// Serves the main queue whenever librdkafka says it has events, until the producer is gone.
+async fn serve_reports(client: Weak<Client>, wake: Arc<Notify>) {
+    loop {
+        let _ = tokio::time::timeout(SAFETY_POLL, wake.notified()).await;
+        loop {
+            let Some(client) = client.upgrade() else { return };
+            let mut served = 0;
+            while served < SERVE_CHUNK && client.queue.len() > 0 {
+                // One event per call (a delivery report event carries a batch of records);
+                // a zero timeout never blocks.
+                client.producer.poll(Duration::ZERO);
+                served += 1;
+            }
+            let more = client.queue.len() > 0;
+            drop(client);
+            if !more {
+                break;
+            }
+            tokio::task::yield_now().await;
         }
     }
-
-    /// A record's report came, or it was never handed over.
-    fn end(&self) {
-        {
-            let mut s = self.lock();
-            s.in_flight = s.in_flight.saturating_sub(1);
-        }
-        self.room.notify_one();
-    }
-
-    fn stop(&self) {
-        self.lock().stop = true;
-        self.wake.notify_one();
-    }
-
-    /// Blocks until a record is in flight, the producer is dropped, or [`IDLE_POLL`] passed.
-    fn wait_for_work(&self) -> Wake {
-        let s = self.lock();
-        let (s, _) = self
-            .wake
-            .wait_timeout_while(s, IDLE_POLL, |s| s.in_flight == 0 && !s.stop)
-            .unwrap_or_else(|e| e.into_inner());
-        if s.stop {
-            Wake::Stop
-        } else if s.in_flight > 0 {
-            Wake::Work
-        } else {
-            Wake::Idle
-        }
-    }
-}
-
-/// Why the polling thread woke.
-enum Wake {
-    /// Records are in flight: poll for a window.
-    Work,
-    /// Nothing in flight for a while: serve what the client queued (an error event) and sleep
-    /// again.
-    Idle,
-    Stop,
 }
 
 /// Routes librdkafka's own log lines and client errors to tracing, and each delivery report to
@@ -156,7 +117,8 @@ enum Wake {
 /// streamer as a delivery error, which decides what is worth an ERROR.
 #[derive(Debug, Clone)]
 pub struct LogContext {
-    activity: Arc<Activity>,
+    /// Notified at every report: a place in the local queue is free ([`Producer::room`]).
+    room: Arc<Notify>,
 }
 
 impl ProducerContext for LogContext {
@@ -169,7 +131,7 @@ impl ProducerContext for LogContext {
         };
         // The receiver may be gone (its session ended); nothing waits for this report then.
         let _ = reply.send(owned);
-        self.activity.end();
+        self.room.notify_one();
     }
 }
 
@@ -206,20 +168,17 @@ pub enum Offer {
 
 /// The producer of one shard-partition.
 pub struct Producer {
-    inner: Arc<BaseProducer<LogContext>>,
-    activity: Arc<Activity>,
-    poller: Option<JoinHandle<()>>,
+    client: Arc<Client>,
+    room: Arc<Notify>,
+    reports: JoinHandle<()>,
 }
 
 impl Drop for Producer {
-    /// Stops the polling thread, then the client purges what it still queues (rdkafka's
+    /// Stops the task serving reports; the client then purges what it still queues (rdkafka's
     /// `BaseProducer` does, when the last reference goes): records of a session that lost its
     /// right to publish are never sent later.
     fn drop(&mut self) {
-        self.activity.stop();
-        if let Some(poller) = self.poller.take() {
-            let _ = poller.join();
-        }
+        self.reports.abort();
     }
 }
 
@@ -279,25 +238,19 @@ impl Producer {
         for (k, v) in FIXED {
             cfg.set(*k, *v);
         }
-        let activity = Arc::new(Activity::default());
-        let inner: Arc<BaseProducer<LogContext>> =
-            Arc::new(cfg.create_with_context(LogContext { activity: activity.clone() })?);
-        let poller = {
-            let (inner, activity) = (inner.clone(), activity.clone());
-            std::thread::Builder::new()
-                .name("kafka-deliveries".into())
-                .spawn(move || {
-                    loop {
-                        match activity.wait_for_work() {
-                            Wake::Work => inner.poll(POLL_WINDOW),
-                            Wake::Idle => inner.poll(Duration::ZERO),
-                            Wake::Stop => break,
-                        }
-                    }
-                })
-                .map_err(|e| KafkaError::ClientCreation(format!("cannot start the delivery-report thread: {e}")))?
-        };
-        Ok(Self { inner, activity, poller: Some(poller) })
+        let runtime = tokio::runtime::Handle::try_current().map_err(|_| {
+            KafkaError::ClientCreation(
+                "the producer serves its reports on a tokio runtime; create it inside one".into(),
+            )
+        })?;
+        let room = Arc::new(Notify::new());
+        let producer: BaseProducer<LogContext> = cfg.create_with_context(LogContext { room: room.clone() })?;
+        let wake = Arc::new(Notify::new());
+        let queue = MainQueue::open(producer.client().native_ptr(), wake.clone())
+            .ok_or_else(|| KafkaError::ClientCreation("librdkafka returned no main queue".into()))?;
+        let client = Arc::new(Client { queue, producer });
+        let reports = runtime.spawn(serve_reports(Arc::downgrade(&client), wake));
+        Ok(Self { client, room, reports })
     }
 
     /// Hands one record to the client and returns the future of its acknowledgement, or says
@@ -323,29 +276,22 @@ impl Producer {
         if let Some(p) = rec.partition {
             record = record.partition(p);
         }
-        // Counted before the hand-over, so a report that comes at once finds it counted.
-        self.activity.begin();
-        match self.inner.send(record) {
+        match self.client.producer.send(record) {
             Ok(()) => Ok(delivered),
-            Err((e, _)) => {
-                self.activity.end();
-                match e {
-                    KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull) => Err(Offer::Full),
-                    e => Err(Offer::Refused(e)),
-                }
-            }
+            Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), _)) => Err(Offer::Full),
+            Err((e, _)) => Err(Offer::Refused(e)),
         }
     }
 
     /// Resolves when a delivery report may have freed a place in the local queue (one that
-    /// came since the last call counts), or after [`POLL_WINDOW`] at the latest.
+    /// came since the last call counts), or after [`ROOM_WAIT`] at the latest.
     pub async fn room(&self) {
-        let _ = tokio::time::timeout(POLL_WINDOW, self.activity.room.notified()).await;
+        let _ = tokio::time::timeout(ROOM_WAIT, self.room.notified()).await;
     }
 
     /// Waits up to `timeout` for everything enqueued to be acknowledged or failed.
     pub fn flush(&self, timeout: Duration) -> Result<(), KafkaError> {
-        self.inner.flush(timeout)
+        self.client.producer.flush(timeout)
     }
 
     /// Whether the cluster says `topic` does not exist. A broker's `UnknownTopicOrPartition`
@@ -367,9 +313,9 @@ impl Producer {
     /// The error the cluster's metadata reports for `topic` (`Some(None)`: none; a topic the
     /// answer leaves out is unknown), or `None` when the metadata cannot be read within 5 s.
     async fn topic_error(&self, topic: &str) -> Option<Option<RDKafkaErrorCode>> {
-        let (producer, topic) = (Arc::clone(&self.inner), topic.to_string());
+        let (client, topic) = (Arc::clone(&self.client), topic.to_string());
         let lookup = tokio::task::spawn_blocking(move || {
-            let metadata = producer.client().fetch_metadata(Some(&topic), Duration::from_secs(5)).ok()?;
+            let metadata = client.producer.client().fetch_metadata(Some(&topic), Duration::from_secs(5)).ok()?;
             let entry = metadata.topics().iter().find(|t| t.name() == topic).map(|t| t.error());
             Some(match entry {
                 None => Some(RDKafkaErrorCode::UnknownTopic),
@@ -377,11 +323,6 @@ impl Producer {
             })
         });
         lookup.await.ok().flatten()
-    }
-
-    /// Records enqueued and not yet acknowledged or failed.
-    pub fn in_flight(&self) -> i32 {
-        self.inner.in_flight_count()
     }
 }
 
@@ -406,8 +347,7 @@ mod tests {
         let rec = Outgoing { topic: "t", key: None, payload: Some(b"p"), partition: Some(0), headers: &[], stamp: &[] };
         let first = producer.try_send(&rec).expect("room for one");
         assert!(matches!(producer.try_send(&rec), Err(Offer::Full)));
-        // Our own count (librdkafka's also holds the client's error events here).
-        assert_eq!(producer.activity.lock().in_flight, 1, "the refused record was never handed over");
+        assert_eq!(producer.client.producer.in_flight_count(), 1, "the refused record was never handed over");
         let report = first.await.expect("a report comes");
         assert!(report.is_err(), "no broker: the record times out");
         // The report wakes `room` from inside librdkafka's callback, a moment before the client
