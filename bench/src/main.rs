@@ -96,6 +96,9 @@ pub(crate) struct BenchArgs {
     /// The streamer's `cleanup_interval_ms` (default: the config default).
     #[arg(long)]
     pub cleanup_interval_ms: Option<u64>,
+    /// The streamer's `poll_interval_ms` in polling mode (default: the config default, 25 ms).
+    #[arg(long)]
+    pub poll_interval_ms: Option<u64>,
     /// Keys shared by all writers, ids taken before the key is locked: measures deliveries out
     /// of each key's commit order (see `bench/src/load.rs`).
     #[arg(long)]

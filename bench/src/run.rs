@@ -93,7 +93,7 @@ async fn run(
     let config_text = format!(
         "[kafka]\nbrokers = \"{brokers}\"\n\n[metrics]\nlisten = \"127.0.0.1:{metrics_port}\"\n\n[[source]]\nname = \"bench\"\nkind = \"{kind}\"\n\
              url = \"{url}\"\ntable_prefix = \"{run_id}\"\nshards = 1\npartitions = {p}\n\n\
-             [source.defaults]\nlinger_ms = {linger}\nmode = \"{mode}\"\n{cleanup}{status}",
+             [source.defaults]\nlinger_ms = {linger}\nmode = \"{mode}\"\n{cleanup}{status}{poll}",
         kind = db.kind_str(),
         url = db.streamer_url_with(&format!("${{{PASSWORD_VAR}}}")),
         p = args.partitions,
@@ -102,6 +102,7 @@ async fn run(
         mode = if args.mode == BenchMode::Polling { "polling" } else { "cdc" },
         cleanup = args.cleanup_interval_ms.map_or_else(String::new, |ms| format!("cleanup_interval_ms = {ms}\n")),
         status = args.status_interval_ms.map_or_else(String::new, |ms| format!("status_interval_ms = {ms}\n")),
+        poll = args.poll_interval_ms.map_or_else(String::new, |ms| format!("poll_interval_ms = {ms}\n")),
     );
     let config_path = dir.write(CONFIG_FILE, &config_text).context("writing the streamer's config")?;
     setup(streamer_bin, &config_path, db).await?;
