@@ -21,6 +21,10 @@
 //! * Delivery is at least once: a row is deleted, and the slot moved past it, only after its
 //!   record and every record before it were acknowledged. See `docs/architecture.md`.
 
+// Only `outbox-kafka`'s queue_events.rs may use `unsafe` (the workspace denies it; this crate
+// forbids it outright).
+#![forbid(unsafe_code)]
+
 pub(crate) mod ack;
 pub(crate) mod catchup;
 pub mod cli;

@@ -1,5 +1,9 @@
 //! The `outbox-streamer` command line.
 
+// Only `outbox-kafka`'s queue_events.rs may use `unsafe` (the workspace denies it; this crate
+// forbids it outright).
+#![forbid(unsafe_code)]
+
 use std::process::ExitCode;
 
 use clap::Parser;

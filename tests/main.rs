@@ -3,6 +3,10 @@
 //! Start the services with `scripts/services up && eval "$(scripts/services env)"`, or run
 //! everything with `scripts/test`. A missing service fails a test with that instruction.
 
+// Only `outbox-kafka`'s queue_events.rs may use `unsafe` (the workspace denies it; this crate
+// forbids it outright).
+#![forbid(unsafe_code)]
+
 mod support;
 
 mod accounts;

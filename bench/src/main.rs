@@ -26,6 +26,10 @@
 //! removed (a failed run keeps the log there and says where). The config file holds no
 //! password: the streamer reads it from its environment.
 
+// Only `outbox-kafka`'s queue_events.rs may use `unsafe` (the workspace denies it; this crate
+// forbids it outright).
+#![forbid(unsafe_code)]
+
 mod charts;
 mod check;
 mod db;

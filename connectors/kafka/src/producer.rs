@@ -8,8 +8,13 @@
 //! milliseconds): measured here, about 1 % of a core per producer with traffic, plus a thread
 //! hand-over for every report. This producer asks librdkafka to call back when its main queue
 //! goes from empty to non-empty (`rd_kafka_queue_cb_event_enable`); the callback only wakes a
-//! task on the runtime, which serves the queue without blocking until it is empty. Nothing
-//! runs while nothing happens, but for a look every [`SAFETY_POLL`].
+//! task on the runtime, which serves the queue without blocking until it is empty (and once at
+//! the start: what librdkafka queued while the client was created came before the callback).
+//! Nothing runs while nothing happens, but for a look every [`SAFETY_POLL`].
+//!
+//! The task lives on the runtime that created the producer. If that runtime ends first, the
+//! producer refuses new records ([`Offer::Refused`] with `KafkaError::Canceled`) rather than
+//! accept records whose reports nobody would serve.
 //!
 //! # A full queue
 //!
@@ -19,6 +24,7 @@
 //! shutdown meanwhile instead of sleeping inside a call.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
@@ -26,7 +32,7 @@ use rdkafka::client::ClientContext;
 use rdkafka::config::RDKafkaLogLevel;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{DeliveryResult, Header, Message as _, OwnedHeaders, OwnedMessage};
-use rdkafka::producer::{BaseProducer, BaseRecord, Producer as _, ProducerContext};
+use rdkafka::producer::{BaseProducer, BaseRecord, Producer as _, ProducerContext, PurgeConfig};
 use rdkafka::{ClientConfig, Statistics};
 use tokio::sync::{Notify, oneshot};
 use tokio::task::JoinHandle;
@@ -43,12 +49,9 @@ pub type DeliveryFuture = oneshot::Receiver<DeliveryResultOwned>;
 /// The longest [`Producer::room`] waits for a report before the caller offers its record again.
 const ROOM_WAIT: Duration = Duration::from_millis(100);
 
-/// The queue is also served this often without a wake-up: a safety net only (every event
-/// librdkafka queues calls back), cheap enough to keep.
+/// The queue is also served this often without a wake-up: a safety net only (librdkafka calls
+/// back whenever the queue goes from empty to non-empty), cheap enough to keep.
 const SAFETY_POLL: Duration = Duration::from_secs(1);
-
-/// Events served in one go before the task lets others run.
-const SERVE_CHUNK: usize = 64;
 
 /// Producer settings the streamer exposes; `properties` passes any other librdkafka setting.
 #[derive(Debug, Clone)]
@@ -89,25 +92,44 @@ struct Client {
 }
 
 /// Serves the main queue whenever librdkafka says it has events, until the producer is gone.
-async fn serve_reports(client: Weak<Client>, wake: Arc<Notify>) {
+/// One event at a time, letting other tasks run in between: a delivery report event carries a
+/// whole produce request's records (up to `batch.num.messages`).
+/// `_alive` is cleared however the task ends (the producer dropped, the runtime shut down, even
+/// before the task first ran): new records are refused from then on.
+async fn serve_reports(client: Weak<Client>, wake: Arc<Notify>, _alive: AliveFlag) {
     loop {
-        let _ = tokio::time::timeout(SAFETY_POLL, wake.notified()).await;
         loop {
             let Some(client) = client.upgrade() else { return };
-            let mut served = 0;
-            while served < SERVE_CHUNK && client.queue.len() > 0 {
-                // One event per call (a delivery report event carries a batch of records);
-                // a zero timeout never blocks.
-                client.producer.poll(Duration::ZERO);
-                served += 1;
-            }
             let more = client.queue.len() > 0;
-            drop(client);
+            if more {
+                // A zero timeout never blocks.
+                client.producer.poll(Duration::ZERO);
+            }
+            release(client);
             if !more {
                 break;
             }
             tokio::task::yield_now().await;
         }
+        let _ = tokio::time::timeout(SAFETY_POLL, wake.notified()).await;
+    }
+}
+
+/// Set while the task serving reports exists; cleared when it is dropped.
+struct AliveFlag(Arc<AtomicBool>);
+
+impl Drop for AliveFlag {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::Release);
+    }
+}
+
+/// Lets go of the task's reference to the client. When the producer was dropped meanwhile, this
+/// is the last one, and destroying a client waits for librdkafka's threads: that happens on a
+/// blocking thread, never on a runtime worker.
+fn release(client: Arc<Client>) {
+    if let Ok(last) = Arc::try_unwrap(client) {
+        drop(tokio::task::spawn_blocking(move || drop(last)));
     }
 }
 
@@ -171,13 +193,17 @@ pub struct Producer {
     client: Arc<Client>,
     room: Arc<Notify>,
     reports: JoinHandle<()>,
+    /// Cleared when the task serving reports ends.
+    alive: Arc<AtomicBool>,
 }
 
 impl Drop for Producer {
-    /// Stops the task serving reports; the client then purges what it still queues (rdkafka's
-    /// `BaseProducer` does, when the last reference goes): records of a session that lost its
-    /// right to publish are never sent later.
+    /// Purges what the client still holds — queued and in flight, their futures resolve with a
+    /// purge error — before anything else: records of a session that lost its right to publish
+    /// are never sent later, whichever thread lets go of the client last. Then stops the task
+    /// serving reports.
     fn drop(&mut self) {
+        self.client.producer.purge(PurgeConfig::default().queue().inflight());
         self.reports.abort();
     }
 }
@@ -249,14 +275,18 @@ impl Producer {
         let queue = MainQueue::open(producer.client().native_ptr(), wake.clone())
             .ok_or_else(|| KafkaError::ClientCreation("librdkafka returned no main queue".into()))?;
         let client = Arc::new(Client { queue, producer });
-        let reports = runtime.spawn(serve_reports(Arc::downgrade(&client), wake));
-        Ok(Self { client, room, reports })
+        let alive = Arc::new(AtomicBool::new(true));
+        let reports = runtime.spawn(serve_reports(Arc::downgrade(&client), wake, AliveFlag(alive.clone())));
+        Ok(Self { client, room, reports, alive })
     }
 
     /// Hands one record to the client and returns the future of its acknowledgement, or says
     /// why it did not: a full local queue ([`Offer::Full`]; nothing was handed over, offer it
     /// again after [`Self::room`]) or a refusal. Never waits.
     pub fn try_send(&self, rec: &Outgoing<'_>) -> Result<DeliveryFuture, Offer> {
+        if !self.alive.load(Ordering::Acquire) {
+            return Err(Offer::Refused(KafkaError::Canceled));
+        }
         let mut headers = OwnedHeaders::new_with_capacity(rec.headers.len() + rec.stamp.len());
         for (k, v) in rec.headers {
             headers = headers.insert(Header { key: k, value: Some(v.as_slice()) });
@@ -362,5 +392,42 @@ mod tests {
                 Err(e) => panic!("the report freed no place within 5 s: {e:?}"),
             }
         }
+    }
+
+    fn unreachable(message_timeout_ms: u64) -> ProducerSettings {
+        ProducerSettings {
+            brokers: "127.0.0.1:1".into(),
+            client_id: "test".into(),
+            compression: "none".into(),
+            linger_ms: 0,
+            message_timeout_ms,
+            properties: BTreeMap::new(),
+        }
+    }
+
+    const RECORD: Outgoing<'static> =
+        Outgoing { topic: "t", key: None, payload: Some(b"p"), partition: Some(0), headers: &[], stamp: &[] };
+
+    /// Dropping the producer purges what it holds: every record's future resolves at once,
+    /// none waits for its message timeout (and none is sent later).
+    #[tokio::test]
+    async fn dropping_the_producer_resolves_every_record_at_once() {
+        let producer = Producer::new(&unreachable(60_000)).unwrap();
+        let futures: Vec<DeliveryFuture> = (0..100).map(|_| producer.try_send(&RECORD).expect("room")).collect();
+        drop(producer);
+        for f in futures {
+            let report =
+                tokio::time::timeout(Duration::from_secs(5), f).await.expect("resolved long before the timeout");
+            assert!(!matches!(report, Ok(Ok(()))), "a purged record is not reported delivered");
+        }
+    }
+
+    /// A producer whose runtime ended has nobody to serve its reports: it refuses records.
+    #[test]
+    fn a_producer_outliving_its_runtime_refuses_records() {
+        let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+        let producer = runtime.block_on(async { Producer::new(&unreachable(1_000)).unwrap() });
+        drop(runtime);
+        assert!(matches!(producer.try_send(&RECORD), Err(Offer::Refused(KafkaError::Canceled))));
     }
 }

@@ -11,7 +11,9 @@ use rdkafka::bindings as rdsys;
 use tokio::sync::Notify;
 
 /// A handle on the client's main queue (delivery reports and client errors) that wakes
-/// `wake` whenever the queue goes from empty to non-empty. Dropped before the client.
+/// `wake` whenever the queue goes from empty to non-empty. Dropped before the client. The
+/// callback belongs to the queue, not to the handle: one `MainQueue` per client (a second one
+/// would replace the first one's callback, and remove it when dropped).
 pub(crate) struct MainQueue {
     queue: NonNull<rdsys::rd_kafka_queue_t>,
     /// What the callback's opaque pointer points at; kept until the registration is gone.
@@ -22,8 +24,9 @@ pub(crate) struct MainQueue {
 unsafe impl Send for MainQueue {}
 unsafe impl Sync for MainQueue {}
 
-/// Called by librdkafka, from its own threads and under the queue's lock, when an event lands
-/// on an empty main queue: only wakes the serving task (no call back into librdkafka).
+/// Called by librdkafka under the queue's lock, on whichever thread puts an event on the empty
+/// main queue (its own threads, or the application's, as in a purge): only wakes the serving
+/// task (no call back into librdkafka).
 unsafe extern "C" fn on_queue_event(_client: *mut rdsys::rd_kafka_t, opaque: *mut c_void) {
     // SAFETY: `opaque` is the `Notify` of the `MainQueue` that registered this callback, which
     // unregisters it (under the same lock) before releasing that `Notify`.

@@ -8,6 +8,10 @@
 //! are not decoded, so `log_bin_compress` must be off (MySQL's zstd transaction payloads are).
 //! [`check_binlog_settings`] reads them and says what to change.
 
+// Only `outbox-kafka`'s queue_events.rs may use `unsafe` (the workspace denies it; this crate
+// forbids it outright).
+#![forbid(unsafe_code)]
+
 pub mod binlog;
 pub mod cleanup;
 pub mod decode;

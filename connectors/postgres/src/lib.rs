@@ -25,6 +25,10 @@
 //! reconnect. A second reader of the same slot is refused by the server (SQLSTATE 55006),
 //! which is PostgreSQL's own single-owner fence.
 
+// Only `outbox-kafka`'s queue_events.rs may use `unsafe` (the workspace denies it; this crate
+// forbids it outright).
+#![forbid(unsafe_code)]
+
 pub mod cleanup;
 pub mod connect;
 pub mod pgoutput;

@@ -13,6 +13,10 @@
 //! [`connect`] opens a session with an explicit session and connection timeout. The client
 //! reconnects within a session by itself; `Expired` is terminal and needs a new session.
 
+// Only `outbox-kafka`'s queue_events.rs may use `unsafe` (the workspace denies it; this crate
+// forbids it outright).
+#![forbid(unsafe_code)]
+
 pub mod lease;
 pub mod members;
 pub mod paths;
