@@ -46,10 +46,11 @@ impl<P> AckTracker<P> {
         self.front + self.txns.len() as TxnSeq - 1
     }
 
-    /// Notes a record of the open transaction that was handed to the producer.
-    pub(crate) fn sent(&mut self, seq: TxnSeq, id: i64) {
+    /// Notes a record of the open transaction that was handed to the producer, with the id
+    /// of the row to delete once it is acknowledged (`None` for a WAL-only message).
+    pub(crate) fn sent(&mut self, seq: TxnSeq, delete: Option<i64>) {
         let txn = self.txn_mut(seq);
-        txn.ids.push(id);
+        txn.ids.extend(delete);
         txn.outstanding += 1;
     }
 
@@ -122,11 +123,11 @@ mod tests {
     fn only_a_complete_prefix_is_ready() {
         let mut t = AckTracker::<u64>::new();
         let a = t.begin();
-        t.sent(a, 1);
-        t.sent(a, 2);
+        t.sent(a, Some(1));
+        t.sent(a, Some(2));
         t.commit(a, 100);
         let b = t.begin();
-        t.sent(b, 3);
+        t.sent(b, Some(3));
         t.commit(b, 200);
         // b's record is acknowledged first: nothing may be released yet.
         t.acked(b);
@@ -142,7 +143,7 @@ mod tests {
     fn an_open_transaction_holds_back_later_ones() {
         let mut t = AckTracker::<u64>::new();
         let a = t.begin();
-        t.sent(a, 1);
+        t.sent(a, Some(1));
         t.acked(a);
         assert!(!t.has_ready(), "not committed yet");
         t.commit(a, 10);
@@ -151,6 +152,19 @@ mod tests {
         t.skipped(b);
         t.commit(b, 20);
         assert_eq!(t.take_ready(), Some((vec![], 20)), "an empty transaction still moves the position");
+    }
+
+    #[test]
+    fn a_message_without_a_row_moves_the_position_and_deletes_nothing() {
+        let mut t = AckTracker::<u64>::new();
+        let a = t.begin();
+        t.sent(a, None);
+        t.sent(a, Some(5));
+        t.commit(a, 10);
+        t.acked(a);
+        assert!(!t.has_ready(), "one record still outstanding");
+        t.acked(a);
+        assert_eq!(t.take_ready(), Some((vec![5], 10)));
     }
 
     #[test]
@@ -172,7 +186,7 @@ mod tests {
                 let s = t.begin();
                 for _ in 0..(next() % 4) {
                     id += 1;
-                    t.sent(s, id);
+                    t.sent(s, Some(id));
                     pending.push((s, id));
                 }
                 t.commit(s, pos);

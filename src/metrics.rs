@@ -37,7 +37,7 @@ const LATENCY_BUCKETS: &[f64] = &[0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.
 /// Values of the `kind` label of [`ERRORS`].
 pub(crate) const ERROR_KINDS: &[&str] = &["source", "kafka_transient", "kafka_definite", "bad_row"];
 /// The `kind` values of [`SKIPPED_ROWS`].
-pub(crate) const SKIPPED_KINDS: &[&str] = &["operator", "deleted_bad_row"];
+pub(crate) const SKIPPED_KINDS: &[&str] = &["operator", "deleted_bad_row", "untransactional_message"];
 
 /// Values of [`STREAM_STATE`].
 pub(crate) mod state {

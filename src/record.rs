@@ -15,6 +15,9 @@ pub struct OutboxRecord {
     pub kafka_partition: Option<i32>,
     /// When the row was inserted (the database clock), for the end-to-end latency metric.
     pub created_at_micros: Option<i64>,
+    /// A row of the outbox table, deleted once published; `false` for a WAL-only message
+    /// (`storage = "wal"`), which has nothing to delete and whose `id` is its log position.
+    pub in_table: bool,
 }
 
 impl OutboxRecord {
@@ -29,20 +32,41 @@ impl OutboxRecord {
 
 /// A row that cannot become a Kafka record. Names the row and the column, and says why — never
 /// with the row's values, which are application data (logs and `/readyz` show this text).
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("row id={} column {column}: {reason}", id.map_or_else(|| "?".to_string(), |i| i.to_string()))]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct InvalidRow {
     pub id: Option<i64>,
+    /// The column of a row, or the envelope field of a WAL-only message.
     pub column: &'static str,
     pub reason: String,
     /// The row's values as read, for a dead-letter copy (`None` when they could not be read).
     pub raw: Option<Box<RawRow>>,
+    /// Set for a WAL-only message: its log position as the database writes it (`LSN 0/1A2B`).
+    /// Such a message is not in any table: nothing can fix it in place or delete it.
+    pub message_at: Option<String>,
+}
+
+impl std::error::Error for InvalidRow {}
+
+impl std::fmt::Display for InvalidRow {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let id = self.id.map_or_else(|| "?".to_string(), |i| i.to_string());
+        match &self.message_at {
+            None => write!(f, "row id={id} column {}: {}", self.column, self.reason),
+            Some(at) => write!(f, "message at {at} (outbox-id {id}) field {}: {}", self.column, self.reason),
+        }
+    }
 }
 
 impl InvalidRow {
     /// A bad value in `column` of row `id` (or of a row whose id cannot be read).
     pub fn new(id: Option<i64>, column: &'static str, reason: impl Into<String>) -> Self {
-        Self { id, column, reason: reason.into(), raw: None }
+        Self { id, column, reason: reason.into(), raw: None, message_at: None }
+    }
+
+    /// Marks this as a WAL-only message at log position `lsn` (see [`Self::message_at`]).
+    pub(crate) fn at_message(mut self, lsn: &str) -> Self {
+        self.message_at = Some(format!("LSN {lsn}"));
+        self
     }
 }
 
@@ -81,6 +105,7 @@ impl RawRow {
                 headers,
                 kafka_partition,
                 created_at_micros: self.created_at_micros,
+                in_table: true,
             }),
             Err(mut invalid) => {
                 invalid.raw = Some(Box::new(self));

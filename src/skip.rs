@@ -15,6 +15,8 @@ pub(crate) struct SkipList {
     /// Row id → the log position (as the source writes it) before which it is skipped.
     ids: BTreeMap<i64, String>,
     transactions: BTreeSet<String>,
+    /// WAL-only messages by identity (their log position), stored as `m<id>` in `skip_ids`.
+    messages: BTreeSet<i64>,
 }
 
 impl SkipList {
@@ -23,6 +25,11 @@ impl SkipList {
     pub(crate) fn parse(ids: Option<&str>, transactions: Option<&str>) -> Result<Self, String> {
         let mut list = Self::default();
         for part in ids.unwrap_or_default().split(';').map(str::trim).filter(|p| !p.is_empty()) {
+            if let Some(message) = part.strip_prefix('m') {
+                let id = message.parse().map_err(|_| format!("skip_ids holds {part:?}, which is not m<message id>"))?;
+                list.messages.insert(id);
+                continue;
+            }
             let (id, bound) =
                 part.split_once('@').ok_or_else(|| format!("skip_ids holds {part:?}, which is not id@position"))?;
             let id = id.trim().parse().map_err(|_| format!("skip_ids holds {part:?}, whose id is not a number"))?;
@@ -44,6 +51,11 @@ impl SkipList {
         self.transactions.contains(label)
     }
 
+    /// Whether the WAL-only message `id` is to be skipped.
+    pub(crate) fn skips_message(&self, id: i64) -> bool {
+        self.messages.contains(&id)
+    }
+
     pub(crate) fn add_id(&mut self, id: i64, bound: &str) {
         self.ids.insert(id, bound.to_string());
     }
@@ -54,8 +66,10 @@ impl SkipList {
 
     /// The `skip_ids` column's text (`None` when empty).
     pub(crate) fn ids_text(&self) -> Option<String> {
-        (!self.ids.is_empty())
-            .then(|| self.ids.iter().map(|(id, bound)| format!("{id}@{bound}")).collect::<Vec<_>>().join(";"))
+        let rows = self.ids.iter().map(|(id, bound)| format!("{id}@{bound}"));
+        let messages = self.messages.iter().map(|id| format!("m{id}"));
+        let all: Vec<String> = rows.chain(messages).collect();
+        (!all.is_empty()).then(|| all.join(";"))
     }
 
     /// The `skip_transactions` column's text (`None` when empty).
@@ -69,7 +83,28 @@ impl SkipList {
 pub(crate) enum What {
     Id(i64),
     Transaction(String),
+    /// A WAL-only message, by its log position as the halt message names it (`0/1A2B3C8`)
+    /// and its identity (the `outbox-id` it would carry).
+    Message {
+        at: String,
+        id: i64,
+    },
     Backlog,
+}
+
+impl What {
+    /// `--message 0/1A2B3C8`: the message's identity is its LSN as a number.
+    pub(crate) fn message(at: &str) -> anyhow::Result<Self> {
+        let parse = || -> Option<i64> {
+            let (hi, lo) = at.trim().split_once('/')?;
+            let (hi, lo) = (u32::from_str_radix(hi, 16).ok(), u32::from_str_radix(lo, 16).ok());
+            i64::try_from((u64::from(hi?) << 32) | u64::from(lo?)).ok()
+        };
+        let id = parse().ok_or_else(|| {
+            anyhow::anyhow!("--message {at:?}: expected an LSN as the halt message names it, for example 0/1A2B3C8")
+        })?;
+        Ok(Self::Message { at: at.trim().to_string(), id })
+    }
 }
 
 /// Adds `what` to `list`; a row id is bounded by `end`, the log's end now (see `crate::skip`).
@@ -77,6 +112,9 @@ pub(crate) fn add(list: &mut SkipList, what: &What, end: &str) {
     match what {
         What::Id(id) => list.add_id(*id, end),
         What::Transaction(label) => list.add_transaction(label),
+        What::Message { id, .. } => {
+            list.messages.insert(*id);
+        }
         What::Backlog => {}
     }
 }
@@ -87,6 +125,9 @@ pub(crate) fn done_message(what: &What, deleted: u64) -> String {
         What::Id(id) => format!("row id={id} will not be published (it was not in the table)"),
         What::Transaction(label) => {
             format!("rows without a readable id in transaction {label} will not be published")
+        }
+        What::Message { at, id } => {
+            format!("the message at LSN {at} (outbox-id {id}) will not be published")
         }
         What::Backlog => {
             format!("{deleted} rows discarded; the stream resumes at the end of the log")
@@ -110,5 +151,11 @@ mod tests {
         assert_eq!(SkipList::parse(None, None).unwrap().ids_text(), None);
         assert!(SkipList::parse(Some("x@1"), None).unwrap_err().contains("\"x@1\""));
         assert!(SkipList::parse(Some("12"), None).unwrap_err().contains("id@position"));
+        let mut l = SkipList::parse(Some("m77;3@0/1"), None).unwrap();
+        assert!(l.skips_message(77) && !l.skips_message(3) && l.bound_of(77).is_none());
+        add(&mut l, &What::Message { at: "0/4D".into(), id: 77 }, "0/9");
+        add(&mut l, &What::Message { at: "0/50".into(), id: 80 }, "0/9");
+        assert_eq!(l.ids_text().as_deref(), Some("3@0/1;m77;m80"));
+        assert!(SkipList::parse(Some("mx"), None).unwrap_err().contains("m<message id>"));
     }
 }

@@ -117,8 +117,10 @@ pub(crate) trait Source: Send {
 
     /// Whether an operator said to skip row `id` (or, when its id cannot be read, the rows of
     /// the transaction being read, labelled `label`) with `outbox-streamer skip`. A row id
-    /// is skipped only in a transaction that committed before the command ran.
-    fn skips(&self, id: Option<i64>, label: &str) -> bool;
+    /// is skipped only in a transaction that committed before the command ran. With
+    /// `message`, `id` is a WAL-only message's identity (its log position), skipped wherever
+    /// it appears: it is never reused.
+    fn skips(&self, id: Option<i64>, message: bool, label: &str) -> bool;
 }
 
 /// The longest one database statement may take before its connection is presumed dead (a

@@ -89,6 +89,8 @@ impl StreamLabels {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Kind {
     Row,
+    /// A WAL-only message (`storage = "wal"`): a row with nothing to delete.
+    Message,
     /// The dead-letter copy of a bad row; its acknowledgement completes the row.
     DeadLetter,
 }
@@ -427,11 +429,11 @@ impl<P: Clone + std::fmt::Display + Send + Sync + 'static, K: Sink> Session<'_, 
             }
             SourceEvent::Row(row) => {
                 let seq = self.open.ok_or_else(|| Error::transient("a row arrived outside a transaction"))?;
-                let id = match &row {
-                    Ok(record) => Some(record.id),
-                    Err(invalid) => invalid.id,
+                let (id, message) = match &row {
+                    Ok(record) => (Some(record.id), !record.in_table),
+                    Err(invalid) => (invalid.id, invalid.message_at.is_some()),
                 };
-                if source.skips(id, &self.label) {
+                if source.skips(id, message, &self.label) {
                     counter!(m::SKIPPED_ROWS, &kind_labels(&self.metric_labels, "operator")).increment(1);
                     tracing::warn!(
                         row_id = id,
@@ -493,12 +495,12 @@ impl<P: Clone + std::fmt::Display + Send + Sync + 'static, K: Sink> Session<'_, 
             id: record.id,
             weight,
             created_at_micros: record.created_at_micros,
-            kind: Kind::Row,
+            kind: if record.in_table { Kind::Row } else { Kind::Message },
             alone,
             confirms_topic: unconfirmed_topic.then(|| record.topic.clone()),
             record: None,
         };
-        self.tracker.sent(seq, record.id);
+        self.tracker.sent(seq, record.in_table.then_some(record.id));
         self.in_flight_bytes += weight;
         if let Some(refused) = self.offer(Pending { meta, body: Body::Row(record), label: None })? {
             return self.settle_one(refused).await;
@@ -588,7 +590,12 @@ impl<P: Clone + std::fmt::Display + Send + Sync + 'static, K: Sink> Session<'_, 
                 raw_headers: None,
             })),
             _ => {
-                let halt = self.halt(Some(d.id), &reason, failure.fix);
+                let halt = if d.kind == Kind::Message {
+                    let place = format!("at the WAL-only message outbox-id={} of {}: ", d.id, self.labels.table);
+                    self.halt_at(Some(d.id), &place, &reason, failure.fix)
+                } else {
+                    self.halt(Some(d.id), &reason, failure.fix)
+                };
                 if failure.verdict == Verdict::MissingTopic
                     && let Some(topic) = failure.topic
                 {
@@ -612,6 +619,21 @@ impl<P: Clone + std::fmt::Display + Send + Sync + 'static, K: Sink> Session<'_, 
         invalid: InvalidRow,
     ) -> Result<(), Error> {
         counter!(m::ERRORS, &kind_labels(&self.metric_labels, "bad_row")).increment(1);
+        if let (Some(id), Some(at)) = (invalid.id, &invalid.message_at)
+            && self.settings.on_bad_row == BadRowPolicy::Halt
+        {
+            // A WAL-only message is in no table: it cannot be fixed in place, only discarded.
+            let lsn = at.strip_prefix("LSN ").unwrap_or(at);
+            return Err(self.halt_at(
+                Some(id),
+                "",
+                &format!("{invalid} (a WAL-only message of {})", self.labels.table),
+                &format!(
+                    "discard it with `outbox-streamer skip --stream {}/{} --message {lsn}` (it is not published), or set on_bad_row = \"dead-letter\"; a message written by hand must follow the envelope in docs/configure-postgres.md",
+                    self.labels.source, self.labels.id
+                ),
+            ));
+        }
         let Some(id) = invalid.id else {
             return Err(self.halt(
                 None,
@@ -655,7 +677,7 @@ impl<P: Clone + std::fmt::Display + Send + Sync + 'static, K: Sink> Session<'_, 
                 )),
             },
             BadRowPolicy::DeadLetter => {
-                self.tracker.sent(seq, id);
+                self.tracker.sent(seq, invalid.message_at.is_none().then_some(id));
                 let raw = invalid.raw.as_deref().cloned().unwrap_or_default();
                 let copy = DeadLetter {
                     seq,
@@ -708,9 +730,14 @@ impl<P: Clone + std::fmt::Display + Send + Sync + 'static, K: Sink> Session<'_, 
     /// A halt at row `id` (if the halt is about one): the message, and where the next
     /// session picks up (see [`StreamMemory::take_halt_point`]).
     fn halt(&mut self, id: Option<i64>, reason: &str, fix: &str) -> Error {
-        self.memory.last_halt = Some(HaltPoint { row: id, ..HaltPoint::default() });
         let row = id.map_or_else(String::new, |id| format!("at row id={id} of {}: ", self.labels.table));
-        Error::definite(format!("{row}{reason}"), fix)
+        self.halt_at(id, &row, reason, fix)
+    }
+
+    /// [`Self::halt`] with the place (`at row id=… of …: `) said by the caller.
+    fn halt_at(&mut self, id: Option<i64>, place: &str, reason: &str, fix: &str) -> Error {
+        self.memory.last_halt = Some(HaltPoint { row: id, ..HaltPoint::default() });
+        Error::definite(format!("{place}{reason}"), fix)
     }
 
     /// Whether the cluster has not shown `topic` ready yet: looked up once per session until
@@ -824,7 +851,7 @@ impl<P: Clone + std::fmt::Display + Send + Sync + 'static, K: Sink> Session<'_, 
         // (alone, if the sink refused it in a batch).
         let meta = &d.meta;
         self.in_flight_bytes -= meta.weight;
-        if meta.kind == Kind::Row && failure.verdict.is_definite() && !meta.alone {
+        if meta.kind != Kind::DeadLetter && failure.verdict.is_definite() && !meta.alone {
             self.memory.suspects.insert(meta.id);
         }
         Err(Error::transient(format!("delivery of row id={} failed while draining", meta.id)))
@@ -836,7 +863,7 @@ impl<P: Clone + std::fmt::Display + Send + Sync + 'static, K: Sink> Session<'_, 
     }
 }
 
-fn kind_labels(base: &[(&'static str, String); 3], kind: &'static str) -> [(&'static str, String); 4] {
+pub(crate) fn kind_labels(base: &[(&'static str, String); 3], kind: &'static str) -> [(&'static str, String); 4] {
     let [a, b, c] = base.clone();
     [a, b, c, ("kind", kind.to_string())]
 }

@@ -344,7 +344,7 @@ async fn postgres_setup_names_objects_owned_by_another_role() {
         .iter()
         .map(|f| f.rsplit(", or ").next().unwrap().trim_end_matches(';').to_string())
         .collect();
-    assert_eq!(fixes.len(), 3, "two tables and the function: {err}");
+    assert_eq!(fixes.len(), 4, "two tables and the two functions: {err}");
     assert!(fixes.iter().all(|f| f.starts_with("ALTER ")), "{err}");
     for fix in &fixes {
         db.admin.batch_execute(fix).await.unwrap_or_else(|e| panic!("the printed fix {fix:?} runs: {e}"));

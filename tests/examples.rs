@@ -7,6 +7,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use crate::support::kafka::{self, Record};
+use crate::support::pg::PgDb;
 use crate::support::world::World;
 
 const ARRIVAL: Duration = Duration::from_secs(120);
@@ -45,16 +46,16 @@ fn check(records: &[Record], key: &str, from: &str, trace_id_in: &str) {
     assert!(r.header("outbox-id").parse::<i64>().is_ok());
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn python_and_java_examples_enqueue_into_postgres() {
-    let w = World::postgres("ex").build().await;
-    let streamer = w.start("streamer.log");
+/// Runs the Python and Java PostgreSQL programs calling `<prefix>_<function>`; returns what
+/// each printed.
+async fn python_and_java_into_postgres(w: &World<PgDb>, function: &str) -> (String, String) {
     let (user, password, host, db) = parts(&w.db.admin_url);
     let common = |key: &str| {
         vec![
             ("OUTBOX_EXAMPLE_TOPIC", w.topic.clone()),
             ("OUTBOX_EXAMPLE_PREFIX", w.prefix.clone()),
             ("OUTBOX_EXAMPLE_KEY", key.to_string()),
+            ("OUTBOX_EXAMPLE_FUNCTION", function.to_string()),
         ]
     };
     let mut py = common("customer-py");
@@ -63,10 +64,29 @@ async fn python_and_java_examples_enqueue_into_postgres() {
     let mut java = common("customer-java");
     java.push(("OUTBOX_EXAMPLE_URL", format!("jdbc:postgresql://{host}/{db}?user={user}&password={password}")));
     let java_out = run_example("java", "EnqueuePostgres.java", java).await;
+    (py_out, java_out)
+}
+
+/// The program printed the `outbox-id` its record carries (the function's answer).
+fn check_id(records: &[Record], key: &str, printed: &str) {
+    let r = records.iter().find(|r| r.key_str() == key).unwrap_or_else(|| panic!("no record keyed {key}"));
+    let said = format!("outbox message {} ", r.header("outbox-id"));
+    assert!(printed.contains(&said), "the id the program got is the record's outbox-id: {printed}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn python_and_java_examples_enqueue_into_postgres() {
+    let w = World::postgres("ex").build().await;
+    let streamer = w.start("streamer.log");
+    let (py_out, java_out) = python_and_java_into_postgres(&w, "enqueue").await;
     // The Rust example is built with the tests (cargo builds examples for `cargo test`).
     let rust = std::env::current_exe().unwrap().parent().unwrap().parent().unwrap().join("examples/enqueue_postgres");
-    let mut rust_env = common("customer-rust");
-    rust_env.push(("OUTBOX_EXAMPLE_URL", w.db.admin_url.clone()));
+    let rust_env = [
+        ("OUTBOX_EXAMPLE_TOPIC", w.topic.clone()),
+        ("OUTBOX_EXAMPLE_PREFIX", w.prefix.clone()),
+        ("OUTBOX_EXAMPLE_KEY", "customer-rust".to_string()),
+        ("OUTBOX_EXAMPLE_URL", w.db.admin_url.clone()),
+    ];
     let out = Command::new(&rust).envs(rust_env).output().expect("running the Rust example");
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let rust_out = String::from_utf8_lossy(&out.stdout).into_owned();
@@ -76,7 +96,26 @@ async fn python_and_java_examples_enqueue_into_postgres() {
     check(&records, "customer-py", "python", &py_out);
     check(&records, "customer-java", "java", &java_out);
     check(&records, "customer-rust", "rust", &rust_out);
+    check_id(&records, "customer-py", &py_out);
+    check_id(&records, "customer-java", &java_out);
     w.wait_drained(&w.table(0, 0)).await;
+    assert!(streamer.stop());
+}
+
+/// With `storage = "wal"` and `OUTBOX_EXAMPLE_FUNCTION=emit`: each message arrives with the
+/// `outbox-id` the emit function answered, and nothing is stored in the table.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn python_and_java_examples_emit_wal_only_messages_into_postgres() {
+    let w = World::postgres("ew").config("storage = \"wal\"").build().await;
+    let streamer = w.start("streamer.log");
+    let (py_out, java_out) = python_and_java_into_postgres(&w, "emit").await;
+    let records = kafka::read_at_least(&w.topic, 1, 2, ARRIVAL).await;
+    assert_eq!(records.len(), 2);
+    for (key, from, out) in [("customer-py", "python", &py_out), ("customer-java", "java", &java_out)] {
+        check(&records, key, from, out);
+        check_id(&records, key, out);
+    }
+    assert_eq!(w.count(&w.table(0, 0)).await, 0, "nothing was stored");
     assert!(streamer.stop());
 }
 

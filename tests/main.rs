@@ -32,6 +32,7 @@ mod polling_mysql;
 mod postgres_cdc;
 mod postgres_errors;
 mod postgres_faults;
+mod postgres_wal;
 mod same_database;
 mod smoke;
 mod status;

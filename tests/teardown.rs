@@ -75,7 +75,11 @@ async fn pg_objects(admin: &tokio_postgres::Client, prefix: &str) -> Vec<String>
 
 /// The objects `setup` creates for `tables` (PostgreSQL), as [`pg_objects`] lists them.
 fn pg_setup_objects(prefix: &str, tables: &[&str]) -> Vec<String> {
-    let mut objects = vec![format!("function {prefix}_enqueue"), format!("table {prefix}_checkpoint")];
+    let mut objects = vec![
+        format!("function {prefix}_emit"),
+        format!("function {prefix}_enqueue"),
+        format!("table {prefix}_checkpoint"),
+    ];
     for t in tables {
         objects.extend([format!("table {t}"), format!("publication {t}"), format!("slot {t}")]);
         objects.push(format!("checkpoint row {t}"));
@@ -141,7 +145,11 @@ async fn postgres_teardown_keeps_unpublished_rows_until_told_and_setup_works_aga
     assert!(out.contains(&format!("  dropped table \"{t1}\" (3 rows never published), publication \"{t1}\", replication slot \"{t1}\", checkpoint row \"{t1}\"\n")), "{out}");
     assert!(out.contains("--drop-pending discarded 3 row(s) that were never published"), "{out}");
     assert!(
-        out.contains(&format!("dropped function public.{}_enqueue(text, bytea, bytea, jsonb, integer)", w.prefix)),
+        out.contains(&format!("dropped function public.{}_enqueue(text, bytea, bytea, jsonb, integer)", w.prefix))
+            && out.contains(&format!(
+                "dropped function public.{}_emit(text, bytea, bytea, jsonb, integer, integer)",
+                w.prefix
+            )),
         "{out}"
     );
     assert!(out.contains("teardown complete: nothing that setup creates is left"), "{out}");

@@ -245,11 +245,27 @@ impl BenchDb {
         topic: &str,
         rows: usize,
         payload_bytes: usize,
+        wal: bool,
         progress: &AtomicUsize,
     ) -> anyhow::Result<Committed> {
         let mut ids = Vec::with_capacity(rows);
         let mut left = rows;
         match self.kind {
+            DbKind::Postgres if wal => {
+                let c = PgTarget::from_url(&self.admin_url, None)?.connect().await?;
+                let sql = "SELECT (pg_logical_emit_message(true, $1, e) - '0/0'::pg_lsn)::bigint FROM unnest($2::bytea[]) AS u(e)";
+                let payload = vec![b'x'; payload_bytes];
+                while left > 0 {
+                    let n = left.min(BACKLOG_TXN_ROWS);
+                    let keys: Vec<Vec<u8>> = (0..n).map(|g| format!("b{}", g % 16).into_bytes()).collect();
+                    let payloads: Vec<&[u8]> = (0..n).map(|_| payload.as_slice()).collect();
+                    let envelopes = super::load::envelopes(topic, &keys, &payloads);
+                    let rows = c.query(sql, &[&table, &envelopes]).await?;
+                    ids.extend(rows.iter().map(|r| r.get::<_, i64>(0)));
+                    left -= n;
+                    progress.fetch_add(n, Ordering::Relaxed);
+                }
+            }
             DbKind::Postgres => {
                 let c = PgTarget::from_url(&self.admin_url, None)?.connect().await?;
                 let sql = format!(

@@ -23,6 +23,9 @@ pub(super) struct WriterPlan {
     /// its key's row in `bench_key_seq`: per key, commit order then differs from id order, and
     /// `bench_ledger` records each row's true position in its key's commit order.
     pub shared_keys: bool,
+    /// Emit WAL-only messages (`pg_logical_emit_message` with the table's name as prefix)
+    /// instead of inserting rows; their ids are their LSNs.
+    pub wal: bool,
 }
 
 impl WriterPlan {
@@ -54,6 +57,25 @@ pub(super) fn ticker(plan: &WriterPlan) -> Option<tokio::time::Interval> {
     })
 }
 
+/// The envelopes of WAL-only messages, stamped with the time now (the latency metric's start).
+pub(super) fn envelopes(topic: &str, keys: &[Vec<u8>], payloads: &[&[u8]]) -> Vec<Vec<u8>> {
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_micros() as i64);
+    keys.iter()
+        .zip(payloads)
+        .map(|(key, payload)| {
+            outbox_postgres::envelope::Envelope {
+                topic: topic.as_bytes(),
+                key: Some(key),
+                payload: Some(payload),
+                headers: None,
+                kafka_partition: None,
+                created_at_micros: now,
+            }
+            .encode()
+        })
+        .collect()
+}
+
 /// Runs one PostgreSQL writer; returns the ids it committed with their commit times.
 pub(super) async fn run_writer(
     target: PgTarget,
@@ -62,11 +84,17 @@ pub(super) async fn run_writer(
 ) -> anyhow::Result<Committed> {
     let client = target.connect().await?;
     let insert = client
-        .prepare(&format!(
-            "INSERT INTO {} (topic, msg_key, payload)
-             SELECT $1, k, p FROM unnest($2::bytea[], $3::bytea[]) AS u(k, p) RETURNING id",
-            outbox_postgres::setup::ident(&plan.table)
-        ))
+        .prepare(&if plan.wal {
+            // $1 is the prefix (the table's name), $2 the envelopes; the ids are the LSNs.
+            "SELECT (pg_logical_emit_message(true, $1, e) - '0/0'::pg_lsn)::bigint FROM unnest($2::bytea[]) AS u(e)"
+                .to_string()
+        } else {
+            format!(
+                "INSERT INTO {} (topic, msg_key, payload)
+                 SELECT $1, k, p FROM unnest($2::bytea[], $3::bytea[]) AS u(k, p) RETURNING id",
+                outbox_postgres::setup::ident(&plan.table)
+            )
+        })
         .await?;
     let ledger = if plan.shared_keys {
         Some(
@@ -93,7 +121,12 @@ pub(super) async fn run_writer(
         let payloads: Vec<&[u8]> = (0..plan.rows_per_txn).map(|_| payload.as_slice()).collect();
         n += plan.rows_per_txn;
         client.batch_execute("BEGIN").await?;
-        let rows = client.query(&insert, &[&plan.topic, &keys, &payloads]).await?;
+        let rows = if plan.wal {
+            let envelopes = envelopes(&plan.topic, &keys, &payloads);
+            client.query(&insert, &[&plan.table, &envelopes]).await?
+        } else {
+            client.query(&insert, &[&plan.topic, &keys, &payloads]).await?
+        };
         if let Some(ledger) = &ledger {
             for (row, key) in rows.iter().zip(&keys) {
                 let id: i64 = row.get(0);

@@ -62,6 +62,17 @@ pub(crate) enum BenchMode {
     Ceiling,
 }
 
+/// Where the messages live (the streamer's `storage` setting).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub(crate) enum BenchStorage {
+    /// Rows of the outbox table (inserted by the writers, deleted by the streamer).
+    #[default]
+    Table,
+    /// WAL-only messages (PostgreSQL logical messages written with `pg_logical_emit_message`).
+    Wal,
+}
+
 /// The command line of `outbox-bench`.
 #[derive(Debug, Clone, Parser)]
 #[command(
@@ -72,6 +83,9 @@ pub(crate) enum BenchMode {
 pub(crate) struct BenchArgs {
     #[arg(long, value_enum, default_value_t = BenchMode::Cdc)]
     pub mode: BenchMode,
+    /// Where messages live: `table` rows, or `wal` (PostgreSQL, CDC or ceiling only).
+    #[arg(long, value_enum, default_value_t = BenchStorage::Table)]
+    pub storage: BenchStorage,
     /// The database under test.
     #[arg(long, value_enum, default_value_t = DbKind::Postgres)]
     pub db: DbKind,

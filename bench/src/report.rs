@@ -5,13 +5,16 @@ use std::path::Path;
 
 use serde::Serialize;
 
-use crate::{BenchMode, DbKind, HoldOpen, charts, neighbours};
+use crate::{BenchMode, BenchStorage, DbKind, HoldOpen, charts, neighbours};
 
 /// The results of one run.
 #[derive(Debug, Serialize)]
 pub(crate) struct Report {
     pub scenario: String,
     pub mode: BenchMode,
+    /// Where messages lived (absent in reports before 2026-12-05: `table`).
+    #[serde(default)]
+    pub storage: BenchStorage,
     pub db: DbKind,
     pub target_rate: u64,
     pub writers: usize,

@@ -15,7 +15,7 @@ use outbox_postgres::connect::PgTarget;
 use crate::db::BenchDb;
 use crate::private_dir::PrivateDir;
 use crate::report::{Report, print_markdown};
-use crate::{BenchArgs, BenchMode, DbKind, check, load, neighbours, procstat};
+use crate::{BenchArgs, BenchMode, BenchStorage, DbKind, check, load, neighbours, procstat};
 
 /// Where the streamer under test serves its metrics; the report quotes its own latency view.
 const BENCH_METRICS_PORT: u16 = 29188;
@@ -38,6 +38,9 @@ pub(crate) async fn bench(mut args: BenchArgs, streamer: &Path) -> anyhow::Resul
     }
     if args.writers == 0 || args.rows_per_txn == 0 || args.partitions == 0 {
         bail!("--writers, --rows-per-txn and --partitions must be at least 1");
+    }
+    if args.storage == BenchStorage::Wal && (args.db != DbKind::Postgres || args.mode == BenchMode::Polling) {
+        bail!("--storage wal needs --db postgres and --mode cdc or ceiling");
     }
     let env = |name: &str| {
         std::env::var(name).with_context(|| format!("{name} is not set; run `eval \"$(scripts/services env)\"` first"))
@@ -93,13 +96,14 @@ async fn run(
     let config_text = format!(
         "[kafka]\nbrokers = \"{brokers}\"\n\n[metrics]\nlisten = \"127.0.0.1:{metrics_port}\"\n\n[[source]]\nname = \"bench\"\nkind = \"{kind}\"\n\
              url = \"{url}\"\ntable_prefix = \"{run_id}\"\nshards = 1\npartitions = {p}\n\n\
-             [source.defaults]\nlinger_ms = {linger}\nmode = \"{mode}\"\n{cleanup}{status}{poll}",
+             [source.defaults]\nlinger_ms = {linger}\nmode = \"{mode}\"\nstorage = \"{storage}\"\n{cleanup}{status}{poll}",
         kind = db.kind_str(),
         url = db.streamer_url_with(&format!("${{{PASSWORD_VAR}}}")),
         p = args.partitions,
         linger = args.linger_ms,
         metrics_port = BENCH_METRICS_PORT,
         mode = if args.mode == BenchMode::Polling { "polling" } else { "cdc" },
+        storage = if args.storage == BenchStorage::Wal { "wal" } else { "table" },
         cleanup = args.cleanup_interval_ms.map_or_else(String::new, |ms| format!("cleanup_interval_ms = {ms}\n")),
         status = args.status_interval_ms.map_or_else(String::new, |ms| format!("status_interval_ms = {ms}\n")),
         poll = args.poll_interval_ms.map_or_else(String::new, |ms| format!("poll_interval_ms = {ms}\n")),
@@ -118,7 +122,8 @@ async fn run(
     let backlog = match args.backlog {
         Some(rows) => {
             eprintln!("inserting a backlog of {rows} rows with the streamer stopped…");
-            Some(db.insert_backlog(&tables[0], &topic, rows, args.payload_bytes, &progress).await?)
+            let wal = args.storage == BenchStorage::Wal;
+            Some(db.insert_backlog(&tables[0], &topic, rows, args.payload_bytes, wal, &progress).await?)
         }
         None => None,
     };
@@ -175,6 +180,7 @@ async fn run(
             duration: Duration::from_secs(args.duration_s),
             keys: 16,
             shared_keys: args.shared_keys,
+            wal: args.storage == BenchStorage::Wal,
         };
         let (db, progress) = (db.clone(), progress.clone());
         writers.push(tokio::spawn(async move { db.run_writer(plan, progress).await }));
@@ -210,6 +216,7 @@ async fn run(
     let mut report = Report {
         scenario: args.scenario.clone(),
         mode: args.mode,
+        storage: args.storage,
         db: args.db,
         target_rate: args.rate,
         writers: args.writers,

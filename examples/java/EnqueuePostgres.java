@@ -1,5 +1,8 @@
 // Enqueue one outbox message inside a business transaction, with JDBC (PostgreSQL).
-// The order row and the outbox row commit together or not at all.
+// The order row and the outbox row commit together or not at all. With
+// OUTBOX_EXAMPLE_FUNCTION=emit it calls <prefix>_emit, which writes a WAL-only message (no outbox
+// row) for a shard-partition with storage = "wal"; <prefix>_enqueue does the same for such a
+// shard-partition by itself. Both answer the message's outbox-id.
 //
 //   OUTBOX_EXAMPLE_URL='jdbc:postgresql://127.0.0.1:5432/app?user=app&password=secret' \
 //   OUTBOX_EXAMPLE_TOPIC=orders examples/java/run EnqueuePostgres.java
@@ -17,6 +20,7 @@ public class EnqueuePostgres {
         String topic = System.getenv().getOrDefault("OUTBOX_EXAMPLE_TOPIC", "orders");
         String prefix = System.getenv().getOrDefault("OUTBOX_EXAMPLE_PREFIX", "outbox");
         String customer = System.getenv().getOrDefault("OUTBOX_EXAMPLE_KEY", "customer-42");
+        String function = "emit".equals(System.getenv("OUTBOX_EXAMPLE_FUNCTION")) ? "emit" : "enqueue";
         String traceId = UUID.randomUUID().toString();
         try (Connection conn = DriverManager.getConnection(url)) {
             conn.setAutoCommit(false);
@@ -32,16 +36,21 @@ public class EnqueuePostgres {
                 }
             }
             String payload = "{\"order\": " + orderId + ", \"customer\": \"" + customer + "\", \"total\": 42.5, \"from\": \"java\"}";
+            long outboxId;
             try (PreparedStatement enqueue = conn.prepareStatement(
-                    "SELECT " + prefix + "_enqueue(?, ?, ?, ?::jsonb)")) {
+                    "SELECT " + prefix + "_" + function + "(?, ?, ?, ?::jsonb)")) {
                 enqueue.setString(1, topic);
                 enqueue.setBytes(2, customer.getBytes(StandardCharsets.UTF_8));
                 enqueue.setBytes(3, payload.getBytes(StandardCharsets.UTF_8));
                 enqueue.setString(4, "{\"trace-id\": \"" + traceId + "\"}");
-                enqueue.execute();
+                try (ResultSet rs = enqueue.executeQuery()) {
+                    rs.next();
+                    outboxId = rs.getLong(1);
+                }
             }
             conn.commit();
-            System.out.println("order " + orderId + " committed with its outbox message (trace-id " + traceId + ")");
+            System.out.println("order " + orderId + " committed with its outbox message " + outboxId
+                + " (trace-id " + traceId + ")");
         }
     }
 }

@@ -110,8 +110,11 @@ pub enum Command {
         #[arg(long)]
         stream: String,
         /// The row id to skip (it is also deleted from the table).
-        #[arg(long, conflicts_with_all = ["transaction", "backlog"])]
+        #[arg(long, conflicts_with_all = ["transaction", "backlog", "message"])]
         id: Option<i64>,
+        /// A WAL-only message (`storage = "wal"`) to skip, by the LSN its halt message names.
+        #[arg(long, conflicts_with_all = ["transaction", "backlog"])]
+        message: Option<String>,
         /// The transaction (its outbox-lsn or outbox-gtid) whose rows without a readable id
         /// are to be skipped.
         #[arg(long, conflicts_with = "backlog")]
@@ -204,12 +207,13 @@ pub async fn execute(cli: Cli) -> anyhow::Result<ExitCode> {
                 ExitCode::from(status::exit::UNKNOWN)
             }))
         }
-        Command::Skip { stream, id, transaction, backlog } => {
-            let what = match (id, transaction, backlog) {
-                (Some(id), None, false) => skip::What::Id(id),
-                (None, Some(label), false) => skip::What::Transaction(label),
-                (None, None, true) => skip::What::Backlog,
-                _ => anyhow::bail!("skip: give exactly one of --id, --transaction or --backlog"),
+        Command::Skip { stream, id, message, transaction, backlog } => {
+            let what = match (id, message, transaction, backlog) {
+                (Some(id), None, None, false) => skip::What::Id(id),
+                (None, Some(at), None, false) => skip::What::message(&at)?,
+                (None, None, Some(label), false) => skip::What::Transaction(label),
+                (None, None, None, true) => skip::What::Backlog,
+                _ => anyhow::bail!("skip: give exactly one of --id, --message, --transaction or --backlog"),
             };
             skip::skip(&load()?, &stream, what).await
         }

@@ -29,6 +29,10 @@ struct Row {
     shard: u32,
     partition: u32,
     mode: &'static str,
+    /// `table` or `wal`.
+    storage: &'static str,
+    /// Settings that could lose messages (see [`StreamStatus::warning`]).
+    warning: Option<String>,
     /// What the streamer is doing, as its instance reports it.
     streamer: Observed,
     /// PostgreSQL: the slot's `wal_status`, `missing`, or `other-db:<database>` when the name is
@@ -66,6 +70,7 @@ impl Row {
                 Mode::Cdc => "cdc",
                 Mode::Polling => "polling",
             },
+            storage: source.settings_for(id).storage.as_str(),
             key: format!("{}.{}", source.name, source.stream_names(id).table),
             ..Self::default()
         }
@@ -84,6 +89,7 @@ impl Row {
         row.slot = found.slot;
         row.active_pid = found.active_pid;
         row.lag_bytes = found.lag_bytes;
+        row.warning = found.warning;
         row.rows_pending = found.rows_pending;
         (row.catchup_pending, row.last_catchup_at, row.last_catchup_rows) =
             (found.catchup_pending, found.last_catchup_at, found.last_catchup_rows);
@@ -238,7 +244,7 @@ fn print_table(rows: &[Row], coordinated: bool) {
             r.source,
             r.shard,
             r.partition,
-            r.mode,
+            if r.storage == "wal" { format!("{}/wal", r.mode) } else { r.mode.to_string() },
             if r.lagging { format!("{word} LAGGING") } else { word.to_string() },
             owner_column(Some(r)),
             r.state,
@@ -271,6 +277,15 @@ fn print_reasons(rows: &[Row]) {
     }
     for ((word, reason), streams) in shared {
         lines.push(format!("{}: {word}: {reason}", streams.join(", ")));
+    }
+    let mut warned: BTreeMap<&str, Vec<String>> = BTreeMap::new();
+    for r in rows {
+        if let Some(w) = &r.warning {
+            warned.entry(w.as_str()).or_default().push(r.stream());
+        }
+    }
+    for (warning, streams) in warned {
+        lines.push(format!("{}: warning: {warning}", streams.join(", ")));
     }
     if !lines.is_empty() {
         println!();

@@ -50,6 +50,28 @@ impl Compression {
     }
 }
 
+/// Where the application's messages for a shard-partition live until they are published.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub(crate) enum Storage {
+    /// Rows of `<prefix>_<shard>_<partition>`, deleted once published; survives a lost
+    /// replication position (the catch-up reads the table).
+    #[default]
+    Table,
+    /// WAL-only messages (`<prefix>_emit`, PostgreSQL logical messages): nothing is stored or
+    /// deleted, so the database does less per message, but a lost position loses them.
+    Wal,
+}
+
+impl Storage {
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Storage::Table => "table",
+            Storage::Wal => "wal",
+        }
+    }
+}
+
 /// What happens to a row that can never become a Kafka record.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "kebab-case")]
@@ -70,6 +92,8 @@ pub(crate) struct StreamOverrides {
     /// Only in `[[source.override]]`: narrows it to one partition of that shard.
     pub partition: Option<u32>,
     pub mode: Option<Mode>,
+    /// Where messages live: `table` (the default) or `wal` (see `docs/architecture.md`).
+    pub storage: Option<Storage>,
     pub linger_ms: Option<u64>,
     pub compression: Option<Compression>,
     pub on_bad_row: Option<BadRowPolicy>,
@@ -91,6 +115,7 @@ pub(crate) struct StreamOverrides {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub(crate) struct StreamSettings {
     pub mode: Mode,
+    pub storage: Storage,
     pub linger_ms: u64,
     pub compression: Compression,
     pub on_bad_row: BadRowPolicy,
@@ -109,6 +134,7 @@ impl Default for StreamSettings {
     fn default() -> Self {
         Self {
             mode: Mode::Cdc,
+            storage: Storage::Table,
             linger_ms: DEFAULT_LINGER_MS,
             compression: DEFAULT_COMPRESSION,
             on_bad_row: BadRowPolicy::Halt,
@@ -129,6 +155,9 @@ impl StreamSettings {
     fn apply(&mut self, o: &StreamOverrides) {
         if let Some(v) = o.mode {
             self.mode = v;
+        }
+        if let Some(v) = o.storage {
+            self.storage = v;
         }
         if let Some(v) = o.linger_ms {
             self.linger_ms = v;

@@ -217,3 +217,21 @@ fn config_errors_never_show_secret_values() {
         assert!(e.contains("line "), "the error says where: {e}");
     }
 }
+
+#[test]
+fn wal_storage_is_per_shard_partition_and_needs_postgres_cdc() {
+    let c =
+        Config::from_toml(&format!("{MINIMAL}\n[[source.override]]\nshard = 0\npartition = 0\nstorage = \"wal\"\n"))
+            .unwrap();
+    let s = &c.sources[0];
+    assert_eq!(s.settings_for(StreamId { shard: 0, partition: 0 }).storage, Storage::Wal);
+    assert_eq!(s.settings_for(StreamId { shard: 0, partition: 1 }).storage, Storage::Table);
+    let polling = format!("{MINIMAL}\n[source.defaults]\nstorage = \"wal\"\nmode = \"polling\"\n");
+    let e = Config::from_toml(&polling).unwrap_err().to_string();
+    assert!(e.contains("storage") && e.contains("mode = \"cdc\""), "{e}");
+    let mysql = MINIMAL.replace("postgres", "mysql") + "\n[source.defaults]\nstorage = \"wal\"\n";
+    let e = Config::from_toml(&mysql).unwrap_err().to_string();
+    assert!(e.contains("only PostgreSQL"), "{e}");
+    let e = Config::from_toml(&format!("{MINIMAL}\n[source.defaults]\nstorage = \"heap\"\n")).unwrap_err().to_string();
+    assert!(e.contains("storage") || e.contains("heap"), "{e}");
+}

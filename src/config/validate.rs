@@ -5,7 +5,7 @@ use std::collections::HashSet;
 
 use super::error::{ConfigError, invalid};
 use super::sections::{Config, MAX_PARTITIONS, MAX_SHARDS, MetricsConfig, SourceKind};
-use super::stream::{BadRowPolicy, StreamOverrides};
+use super::stream::{BadRowPolicy, Mode, Storage, StreamOverrides};
 
 impl MetricsConfig {
     fn validate(&self) -> Result<(), ConfigError> {
@@ -187,6 +187,22 @@ impl Config {
             }
             for id in crate::names::all_streams(s.shards, s.partitions) {
                 let st = s.settings_for(id);
+                if st.storage == Storage::Wal && s.kind != SourceKind::Postgres {
+                    return Err(invalid(
+                        f("defaults.storage"),
+                        format!(
+                            "shard-partition {id} uses storage = \"wal\", which only PostgreSQL sources offer so far; use storage = \"table\""
+                        ),
+                    ));
+                }
+                if st.storage == Storage::Wal && st.mode == Mode::Polling {
+                    return Err(invalid(
+                        f("defaults.storage"),
+                        format!(
+                            "shard-partition {id} uses storage = \"wal\" with mode = \"polling\": WAL-only messages are in no table to poll; use mode = \"cdc\""
+                        ),
+                    ));
+                }
                 if st.on_bad_row == BadRowPolicy::DeadLetter && st.dead_letter_topic.is_none() {
                     return Err(invalid(
                         f("defaults.dead_letter_topic"),

@@ -172,6 +172,9 @@ pub(crate) struct StreamStatus {
     pub last_catchup_rows: Option<i64>,
     /// What is wrong with the slot (PostgreSQL only).
     pub slot_problem: Option<SlotProblem>,
+    /// A setting that could lose this shard-partition's messages (`storage = "wal"` only):
+    /// shown, without making the status unhealthy.
+    pub warning: Option<String>,
 }
 
 impl StreamStatus {
@@ -189,6 +192,7 @@ impl StreamStatus {
             last_catchup_at: None,
             last_catchup_rows: None,
             slot_problem: None,
+            warning: None,
         }
     }
 }

@@ -485,7 +485,7 @@ impl<T: PollTable> Source for PollSource<T> {
         false
     }
 
-    fn skips(&self, _id: Option<i64>, _label: &str) -> bool {
+    fn skips(&self, _id: Option<i64>, _message: bool, _label: &str) -> bool {
         // A row to skip in polling mode is simply deleted by `outbox-streamer skip`.
         false
     }

@@ -48,6 +48,7 @@ fn record(id: i64) -> OutboxRecord {
         headers: Vec::new(),
         kafka_partition: None,
         created_at_micros: None,
+        in_table: true,
     }
 }
 

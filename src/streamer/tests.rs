@@ -245,7 +245,7 @@ impl Source for FakeSource {
         done >= mark
     }
 
-    fn skips(&self, _id: Option<i64>, _label: &str) -> bool {
+    fn skips(&self, _id: Option<i64>, _message: bool, _label: &str) -> bool {
         false
     }
 }
@@ -303,6 +303,7 @@ fn record(id: i64, topic: &str) -> OutboxRecord {
         headers: vec![("app".into(), b"v".to_vec())],
         kafka_partition: None,
         created_at_micros: None,
+        in_table: true,
     }
 }
 

@@ -31,6 +31,7 @@
 
 pub mod cleanup;
 pub mod connect;
+pub mod envelope;
 pub mod pgoutput;
 pub mod privileges;
 pub mod setup;

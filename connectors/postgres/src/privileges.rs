@@ -74,7 +74,8 @@ pub async fn check_admin(client: &Client, plan: &SetupPlan) -> Result<Vec<CheckF
                AND NOT pg_has_role(current_user, c.relowner, 'USAGE')
              UNION ALL
              SELECT p.proname::text || '()', pg_get_userbyid(p.proowner)::text FROM pg_proc p
-             WHERE p.pronamespace = current_schema()::regnamespace AND p.proname = $2
+             WHERE p.pronamespace = current_schema()::regnamespace
+               AND p.proname::text IN ($2::text, regexp_replace($2::text, '_enqueue$', '_emit'))
                AND NOT pg_has_role(current_user, p.proowner, 'USAGE')
              ORDER BY 1",
             &[&tables, &plan.enqueue_function()],
@@ -198,6 +199,7 @@ pub fn app_role_statements(plan: &SetupPlan) -> Vec<String> {
             sql.push(format!("GRANT INSERT, SELECT (id) ON {} TO {role}", ident(&s.table)));
         }
         sql.push(format!("GRANT EXECUTE ON FUNCTION {} TO {role}", plan.enqueue_signature()));
+        sql.push(format!("GRANT EXECUTE ON FUNCTION {} TO {role}", plan.emit_signature()));
     }
     sql
 }

@@ -13,6 +13,9 @@ pub struct StreamObjects {
     pub table: String,
     pub publication: String,
     pub slot: String,
+    /// `storage = "wal"`: the application's messages are logical messages with the table's
+    /// name as prefix (`<prefix>_emit`); the table stays, empty, for what is in flight.
+    pub wal: bool,
 }
 
 /// What `setup` creates, shared by every shard-partition of a source.
@@ -44,6 +47,21 @@ impl SetupPlan {
     /// The enqueue function with its argument types, as GRANT and DROP name it.
     pub fn enqueue_signature(&self) -> String {
         format!("{}(text, bytea, bytea, jsonb, int)", ident(&self.enqueue_function()))
+    }
+
+    /// `<prefix>_emit`: writes a WAL-only message (see [`emit_function`]).
+    pub fn emit_function(&self) -> String {
+        format!("{}_emit", self.prefix)
+    }
+
+    /// The emit function with its argument types, as GRANT and DROP name it.
+    pub fn emit_signature(&self) -> String {
+        format!("{}(text, bytea, bytea, jsonb, int, int)", ident(&self.emit_function()))
+    }
+
+    /// Whether any shard-partition stores its messages in the WAL.
+    pub fn any_wal(&self) -> bool {
+        self.streams.iter().any(|s| s.wal)
     }
 }
 
@@ -125,9 +143,11 @@ pub fn schema_statements(plan: &SetupPlan) -> Vec<String> {
     if let Some(role) = &plan.streamer_role {
         sql.push(format!("GRANT SELECT, UPDATE ON {checkpoint} TO {}", ident(role)));
     }
+    sql.push(emit_function(plan));
     sql.push(enqueue_function(plan));
     if let Some(role) = &plan.streamer_role {
         sql.push(format!("GRANT EXECUTE ON FUNCTION {} TO {}", plan.enqueue_signature(), ident(role)));
+        sql.push(format!("GRANT EXECUTE ON FUNCTION {} TO {}", plan.emit_signature(), ident(role)));
     }
     sql.extend(crate::privileges::app_role_statements(plan));
     sql
@@ -163,10 +183,45 @@ pub fn catch_up_statement(plan: &SetupPlan, stream: &StreamObjects) -> String {
     )
 }
 
-/// `<prefix>_enqueue(topic, key, payload, headers, shard)`: inserts into the partition table of
-/// the key, so one statement from any driver enqueues correctly. The partition is
+/// The shard check and the partition of the key, shared by both functions. The partition is
 /// `abs(first 4 bytes of md5(key) as a signed big-endian int) % partitions` (0 for a NULL key),
 /// which any language can compute to insert into the table directly.
+fn route(plan: &SetupPlan) -> String {
+    format!(
+        "\x20   IF p_shard IS NULL OR p_shard < 0 OR p_shard >= {shards} THEN\n\
+         \x20       RAISE EXCEPTION 'outbox shard % does not exist: shards are 0..%', p_shard, {last_shard}\n\
+         \x20           USING HINT = 'pass a shard below {shards}, or raise shards in the config and rerun outbox-streamer setup';\n\
+         \x20   END IF;\n\
+         \x20   IF p_key IS NOT NULL AND {partitions} > 1 THEN\n\
+         \x20       part := abs(('x' || substr(md5(p_key), 1, 8))::bit(32)::int::bigint) % {partitions};\n\
+         \x20   END IF;\n",
+        shards = plan.shards,
+        last_shard = plan.shards.saturating_sub(1),
+        partitions = plan.partitions,
+    )
+}
+
+/// A SQL boolean array literal: whether shard-partition (s, p) — at index
+/// `s * partitions + p + 1` — stores its messages in the WAL.
+fn wal_flags(plan: &SetupPlan) -> String {
+    let mut flags = vec!["false"; (plan.shards * plan.partitions) as usize];
+    for s in plan.streams.iter().filter(|s| s.wal) {
+        // Tables are `<prefix>_<shard>_<partition>`, as the functions name them.
+        let place = s.table.strip_prefix(&format!("{}_", plan.prefix)).and_then(|rest| {
+            let (shard, partition) = rest.split_once('_')?;
+            Some((shard.parse::<u32>().ok()?, partition.parse::<u32>().ok()?))
+        });
+        if let Some((shard, partition)) = place.filter(|&(s, p)| s < plan.shards && p < plan.partitions) {
+            flags[(shard * plan.partitions + partition) as usize] = "true";
+        }
+    }
+    format!("'{{{}}}'::boolean[]", flags.join(","))
+}
+
+/// `<prefix>_enqueue(topic, key, payload, headers, shard)`: inserts into the partition table of
+/// the key, so one statement from any driver enqueues correctly — or, for a shard-partition
+/// with `storage = "wal"`, emits the message with [`emit_function`]. Either way it returns the
+/// message's `outbox-id`.
 pub fn enqueue_function(plan: &SetupPlan) -> String {
     let prefix = &plan.prefix;
     format!(
@@ -177,12 +232,9 @@ pub fn enqueue_function(plan: &SetupPlan) -> String {
          \x20   part int := 0;\n\
          \x20   new_id bigint;\n\
          BEGIN\n\
-         \x20   IF p_shard IS NULL OR p_shard < 0 OR p_shard >= {shards} THEN\n\
-         \x20       RAISE EXCEPTION 'outbox shard % does not exist: shards are 0..%', p_shard, {last_shard}\n\
-         \x20           USING HINT = 'pass a shard below {shards}, or raise shards in the config and rerun outbox-streamer setup';\n\
-         \x20   END IF;\n\
-         \x20   IF p_key IS NOT NULL AND {partitions} > 1 THEN\n\
-         \x20       part := abs(('x' || substr(md5(p_key), 1, 8))::bit(32)::int::bigint) % {partitions};\n\
+         {route}\
+         \x20   IF ({wal})[p_shard * {partitions} + part + 1] THEN\n\
+         \x20       RETURN {prefix}_emit(p_topic, p_key, p_payload, p_headers, p_shard);\n\
          \x20   END IF;\n\
          \x20   EXECUTE format('INSERT INTO %I (topic, msg_key, payload, headers) VALUES ($1, $2, $3, $4) RETURNING id',\n\
          \x20                  '{prefix}_' || p_shard || '_' || part)\n\
@@ -190,10 +242,95 @@ pub fn enqueue_function(plan: &SetupPlan) -> String {
          \x20   RETURN new_id;\n\
          END\n\
          $fn$",
-        shards = plan.shards,
-        last_shard = plan.shards.saturating_sub(1),
+        route = route(plan),
+        wal = wal_flags(plan),
         partitions = plan.partitions,
     )
+}
+
+/// `<prefix>_emit(topic, key, payload, headers, shard, kafka_partition)`: writes the message
+/// as a transactional logical message whose prefix is the table name of its shard-partition
+/// (routed like [`enqueue_function`]), in the envelope the streamer reads ([`crate::envelope`],
+/// version 1). Nothing is stored in a table; the message leaves with its transaction's commit,
+/// and not at all on rollback. Returns its `outbox-id` (its LSN).
+/// A shard-partition with table storage refuses it (its stream may run in polling mode).
+pub fn emit_function(plan: &SetupPlan) -> String {
+    let prefix = &plan.prefix;
+    format!(
+        "CREATE OR REPLACE FUNCTION {prefix}_emit(\n\
+         \x20   p_topic text, p_key bytea, p_payload bytea, p_headers jsonb DEFAULT NULL, p_shard int DEFAULT 0,\n\
+         \x20   p_kafka_partition int DEFAULT NULL)\n\
+         RETURNS bigint LANGUAGE plpgsql SECURITY INVOKER AS $fn$\n\
+         DECLARE\n\
+         \x20   part int := 0;\n\
+         \x20   topic bytea := convert_to(p_topic, 'UTF8');\n\
+         \x20   headers bytea := convert_to(p_headers::text, 'UTF8');\n\
+         \x20   at pg_lsn;\n\
+         BEGIN\n\
+         {route}\
+         \x20   IF NOT ({wal})[p_shard * {partitions} + part + 1] THEN\n\
+         \x20       RAISE EXCEPTION 'outbox shard-partition %/% stores its messages in a table', p_shard, part\n\
+         \x20           USING HINT = 'call {prefix}_enqueue(), or set storage = \"wal\" for it and rerun outbox-streamer setup';\n\
+         \x20   END IF;\n\
+         \x20   IF topic IS NULL OR octet_length(topic) NOT BETWEEN 1 AND 249 THEN\n\
+         \x20       RAISE EXCEPTION 'outbox topic must be 1 to 249 bytes, not %', coalesce(octet_length(topic), 0);\n\
+         \x20   END IF;\n\
+         \x20   IF p_kafka_partition < 0 THEN\n\
+         \x20       RAISE EXCEPTION 'outbox kafka_partition % is not a partition number (0 or more)', p_kafka_partition;\n\
+         \x20   END IF;\n\
+         \x20   at := pg_logical_emit_message(true, '{prefix}_' || p_shard || '_' || part,\n\
+         \x20       '\\x01'::bytea || substr(int4send(octet_length(topic)), 3) || topic\n\
+         \x20       || CASE WHEN p_key IS NULL THEN '\\xffffffff'::bytea ELSE int4send(octet_length(p_key)) || p_key END\n\
+         \x20       || CASE WHEN p_payload IS NULL THEN '\\xffffffff'::bytea ELSE int4send(octet_length(p_payload)) || p_payload END\n\
+         \x20       || CASE WHEN headers IS NULL THEN '\\xffffffff'::bytea ELSE int4send(octet_length(headers)) || headers END\n\
+         \x20       || int4send(coalesce(p_kafka_partition, -1))\n\
+         \x20       || int8send((extract(epoch FROM clock_timestamp()) * 1000000)::bigint));\n\
+         \x20   RETURN (at - '0/0'::pg_lsn)::bigint;\n\
+         END\n\
+         $fn$",
+        route = route(plan),
+        wal = wal_flags(plan),
+        partitions = plan.partitions,
+    )
+}
+
+/// What `max_slot_wal_keep_size` (as `SHOW` prints it) risks for `storage = "wal"`: a slot
+/// that falls that far behind is invalidated, and the messages it had not delivered are in no
+/// table to catch up from. `None` for `-1` (no limit).
+pub fn wal_retention_risk(max_slot_wal_keep_size: &str) -> Option<String> {
+    (max_slot_wal_keep_size.trim() != "-1").then(|| {
+        format!(
+            "max_slot_wal_keep_size = {max_slot_wal_keep_size}: a slot that falls that far behind (a long Kafka outage, a stopped streamer) is invalidated, and its unsent WAL-only messages are lost; set it to -1 (ALTER SYSTEM SET max_slot_wal_keep_size = -1; SELECT pg_reload_conf()) and watch the disk and outbox_replication_lag_bytes instead"
+        )
+    })
+}
+
+/// Whether every role may call `pg_logical_emit_message` (PostgreSQL's default): then any
+/// login of the database can forge a WAL-only message of a `wal` shard-partition. Returns the
+/// statements that restrict it to `roles` (the application and streamer roles).
+pub async fn emit_forgery_risk(client: &Client, roles: &[String]) -> Result<Option<String>, tokio_postgres::Error> {
+    let public: bool = client
+        .query_one(
+            "SELECT bool_or(has_function_privilege('public', p.oid, 'EXECUTE'))
+             FROM pg_proc p WHERE p.proname = 'pg_logical_emit_message' AND p.pronamespace = 'pg_catalog'::regnamespace",
+            &[],
+        )
+        .await?
+        .get::<_, Option<bool>>(0)
+        .unwrap_or(false);
+    if !public {
+        return Ok(None);
+    }
+    let signatures = ["pg_logical_emit_message(boolean, text, text)", "pg_logical_emit_message(boolean, text, bytea)"];
+    let mut statements: Vec<String> =
+        signatures.iter().map(|s| format!("REVOKE EXECUTE ON FUNCTION pg_catalog.{s} FROM PUBLIC;")).collect();
+    for role in roles {
+        statements.push(format!("GRANT EXECUTE ON FUNCTION pg_catalog.{} TO {};", signatures[1], ident(role)));
+    }
+    Ok(Some(format!(
+        "every role of this database may call pg_logical_emit_message, so any login can forge a WAL-only outbox message; as a superuser: {} (other tools that emit logical messages, such as a CDC heartbeat, need the grant too)",
+        statements.join(" ")
+    )))
 }
 
 /// Where [`apply`] stopped: the schema step (nothing of it committed) or a slot (the schema
@@ -435,6 +572,7 @@ mod tests {
             shards: 2,
             partitions: 3,
             streams: vec![StreamObjects {
+                wal: false,
                 table: "outbox_0_0".into(),
                 publication: "outbox_0_0".into(),
                 slot: "outbox_0_0".into(),
@@ -468,5 +606,32 @@ mod tests {
         let catch_up = catch_up_statement(&plan(), &plan().streams[0]);
         assert!(catch_up.contains("UPDATE \"outbox_checkpoint\" SET catchup_pending = true"));
         assert!(catch_up.contains("WHERE stream = 'outbox_0_0' AND EXISTS (SELECT 1 FROM \"outbox_0_0\")"));
+    }
+
+    #[test]
+    fn wal_flags_mark_the_wal_shard_partitions_for_both_functions() {
+        let mut plan = plan();
+        plan.streams.push(StreamObjects {
+            wal: true,
+            table: "outbox_1_2".into(),
+            publication: "outbox_1_2".into(),
+            slot: "outbox_1_2".into(),
+        });
+        // Index s * partitions + p + 1: shard 1, partition 2 is the sixth of six.
+        assert_eq!(wal_flags(&plan), "'{false,false,false,false,false,true}'::boolean[]");
+        assert!(plan.any_wal());
+        let sql = schema_statements(&plan).join(";\n");
+        assert!(sql.contains("RETURN outbox_emit(p_topic, p_key, p_payload, p_headers, p_shard)"));
+        assert!(sql.contains("pg_logical_emit_message(true, 'outbox_' || p_shard || '_' || part"));
+        assert!(sql.contains(
+            "GRANT EXECUTE ON FUNCTION \"outbox_emit\"(text, bytea, bytea, jsonb, int, int) TO \"orders_app\""
+        ));
+    }
+
+    #[test]
+    fn only_an_unlimited_slot_wal_keep_size_is_safe_for_wal_storage() {
+        assert_eq!(wal_retention_risk("-1"), None);
+        let risk = wal_retention_risk("10GB").unwrap();
+        assert!(risk.contains("10GB") && risk.contains("-1"), "{risk}");
     }
 }

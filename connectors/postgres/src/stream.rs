@@ -31,8 +31,11 @@ pub enum Change {
     KeepAlive {
         wal_end: Lsn,
     },
-    /// A `pg_logical_emit_message` (our heartbeat or anyone's).
+    /// A `pg_logical_emit_message` (our heartbeat, a WAL-only outbox message, or anyone's).
+    /// A transactional one arrives inside its transaction's `Begin`/`Commit`, and only if
+    /// the transaction committed; `lsn` is its own WAL position, unique and stable.
     Message {
+        transactional: bool,
         lsn: Lsn,
         prefix: String,
         content: Bytes,
@@ -107,6 +110,10 @@ pub fn split_sqlstate(text: &str) -> Option<(&str, &str)> {
 pub struct ReplicationStream {
     client: ReplicationClient,
     relations: HashMap<u32, Arc<Relation>>,
+    /// The highest position handed to [`ReplicationStream::confirm`]. The client's own
+    /// figure is the last one *sent* to the server (at most once per status interval), which
+    /// would leave the newest confirmations out of the slot at close.
+    confirmed: std::sync::atomic::AtomicU64,
 }
 
 impl std::fmt::Debug for ReplicationStream {
@@ -120,7 +127,7 @@ impl ReplicationStream {
     pub async fn start(cfg: ReplicationConfig) -> Result<Self, StreamError> {
         let mut client = ReplicationClient::connect(cfg).await?;
         client.wait_started().await?;
-        Ok(Self { client, relations: HashMap::new() })
+        Ok(Self { client, relations: HashMap::new(), confirmed: std::sync::atomic::AtomicU64::new(0) })
     }
 
     /// The next change; `Ok(None)` when the server ended the stream.
@@ -133,7 +140,9 @@ impl ReplicationStream {
                     Change::Commit { commit_lsn: lsn, end_lsn, commit_time_micros }
                 }
                 ReplicationEvent::KeepAlive { wal_end, .. } => Change::KeepAlive { wal_end },
-                ReplicationEvent::Message { lsn, prefix, content, .. } => Change::Message { lsn, prefix, content },
+                ReplicationEvent::Message { transactional, lsn, prefix, content } => {
+                    Change::Message { transactional, lsn, prefix, content }
+                }
                 ReplicationEvent::StoppedAt { .. } => return Ok(None),
                 ReplicationEvent::XLogData { data, .. } => match pgoutput::decode(data)? {
                     Message::Relation(rel) => {
@@ -160,12 +169,13 @@ impl ReplicationStream {
     /// Lets the slot forget everything up to `lsn`: call only once every row before it is
     /// published and deleted. Monotonic; reported to the server within the status interval.
     pub fn confirm(&self, lsn: Lsn) {
+        self.confirmed.fetch_max(lsn.as_u64(), std::sync::atomic::Ordering::Relaxed);
         self.client.update_applied_lsn(lsn);
     }
 
-    /// The last position handed to [`confirm`](Self::confirm).
+    /// The highest position handed to [`confirm`](Self::confirm), sent to the server or not.
     pub fn confirmed(&self) -> Lsn {
-        self.client.metrics().last_applied_lsn()
+        Lsn::from_u64(self.confirmed.load(std::sync::atomic::Ordering::Relaxed))
     }
 
     /// Ends the session cleanly (CopyDone) and waits for the connection to close.

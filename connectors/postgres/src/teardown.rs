@@ -159,7 +159,7 @@ pub async fn inspect(client: &Client, plan: &TeardownPlan) -> Result<Inventory, 
         .query(
             "SELECT format('%I.%I(%s)', n.nspname, p.proname, oidvectortypes(p.proargtypes))
              FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
-             WHERE p.proname = $1 AND n.nspname = current_schema()
+             WHERE p.proname::text IN ($1::text, regexp_replace($1::text, '_enqueue$', '_emit')) AND n.nspname = current_schema()
              ORDER BY 1",
             &[&plan.enqueue_function],
         )

@@ -515,7 +515,7 @@ impl Source for MySource {
         done.done.at_or_after(&mark.done)
     }
 
-    fn skips(&self, id: Option<i64>, label: &str) -> bool {
+    fn skips(&self, id: Option<i64>, _message: bool, label: &str) -> bool {
         match id {
             None => self.skips.skips_transaction(label),
             Some(id) => {

@@ -69,6 +69,9 @@ pub(super) async fn skip(source: &SourceConfig, id: StreamId, what: &What) -> an
             tx.affected_rows()
         }
         What::Transaction(_) => 0,
+        What::Message { .. } => {
+            bail!("--message names a PostgreSQL WAL-only message; this source is MySQL/MariaDB: skip a row with --id")
+        }
     };
     let version: Option<String> = tx.query_first("SELECT @@version").await?;
     let mariadb = outbox_mysql::binlog::Flavor::from_version(&version.unwrap_or_default())

@@ -22,6 +22,7 @@ use futures::future::BoxFuture;
 
 use super::poll::PgPollTable;
 use crate::catchup::{CatchUp, CatchUpReport, Drain, report};
+use crate::config::Storage;
 use crate::dberror::{self, Channel};
 use crate::error::Error;
 use crate::names::StreamNames;
@@ -84,6 +85,7 @@ pub(super) struct PgCatchUp {
     pub target: PgTarget,
     pub names: StreamNames,
     pub checkpoint: String,
+    pub storage: Storage,
 }
 
 impl CatchUp for PgCatchUp {
@@ -93,7 +95,7 @@ impl CatchUp for PgCatchUp {
         reason: &'a str,
     ) -> BoxFuture<'a, Result<Option<CatchUpReport>, Error>> {
         let epoch = drain.labels.lease.db_epoch();
-        Box::pin(run(&self.target, &self.names, &self.checkpoint, epoch, drain, reason))
+        Box::pin(run(&self.target, &self.names, &self.checkpoint, self.storage, epoch, drain, reason))
     }
 }
 
@@ -103,6 +105,7 @@ pub(crate) async fn run(
     target: &PgTarget,
     names: &StreamNames,
     checkpoint_table: &str,
+    storage: Storage,
     epoch: i64,
     drain: &mut Drain<'_>,
     reason: &str,
@@ -112,7 +115,7 @@ pub(crate) async fn run(
     let client =
         target.connect().await.map_err(|e| Error::from_db(&format!("connecting to {}", target.display()), e))?;
     mark_pending(&client, checkpoint_table, &names.table, epoch).await?;
-    ensure_slot(&client, &names.slot).await?;
+    ensure_slot(&client, &names.slot, storage).await?;
     let mut reader = PgPollTable::connect(target, &names.table).await?;
     let cleaner = PgPollTable::connect(target, &names.table).await?;
     let bound: String = client
@@ -149,11 +152,19 @@ pub(crate) async fn run(
             None => return Ok(None),
         },
     };
-    // Everything committed before the bound was sent by the drain (or deleted by someone
-    // else before it could be, which in a catch-up only the table can tell).
-    slot::advance(&client, &names.slot, bound)
-        .await
-        .map_err(|e| Error::from_db(&format!("moving slot {} to {bound}", names.slot), e))?;
+    // Every row committed before the bound was sent by the drain (or deleted by someone else
+    // before it could be, which in a catch-up only the table can tell). With `wal` storage
+    // the slot also holds messages the drain cannot send: it stays, and the stream replays
+    // the rows too (duplicates, never a loss).
+    let bound = match storage {
+        Storage::Table => {
+            slot::advance(&client, &names.slot, bound)
+                .await
+                .map_err(|e| Error::from_db(&format!("moving slot {} to {bound}", names.slot), e))?;
+            Some(bound.to_pg_string())
+        }
+        Storage::Wal => None,
+    };
     let sql = format!(
         "UPDATE {} SET catchup_pending = false, last_catchup_at = now(), last_catchup_rows = $2,
                 published_lsn = greatest(published_lsn, $3::text::pg_lsn), updated_at = now()
@@ -161,7 +172,7 @@ pub(crate) async fn run(
         ident(checkpoint_table)
     );
     client
-        .execute(&sql, &[&names.table, &(rows as i64), &bound.to_pg_string()])
+        .execute(&sql, &[&names.table, &(rows as i64), &bound])
         .await
         .map_err(|e| Error::from_db(&format!("updating {checkpoint_table}"), e))?;
     Ok(Some(report(drain.labels, started, rows)))
@@ -170,8 +181,18 @@ pub(crate) async fn run(
 /// Makes sure a usable slot exists: creates a missing one, replaces an invalidated one. Slot
 /// names are cluster-wide: only this database's slot is ever dropped, and a slot of the name
 /// that belongs to another database halts the shard-partition with the fix instead.
-async fn ensure_slot(client: &Client, name: &str) -> Result<(), Error> {
+async fn ensure_slot(client: &Client, name: &str, storage: Storage) -> Result<(), Error> {
     let state = slot::state(client, name).await.map_err(|e| Error::from_db(&format!("reading slot {name}"), e))?;
+    if storage == Storage::Wal
+        && (!state.exists || state.wal_status.as_deref() == Some("lost"))
+        && state.other_database.is_none()
+    {
+        return Err(super::cdc::wal_position_lost(
+            name,
+            &format!("replication slot {name:?} is missing or invalidated"),
+            state.confirmed_flush,
+        ));
+    }
     if let Some(database) = &state.other_database {
         return Err(dberror::slot_elsewhere(name, database));
     }

@@ -8,6 +8,17 @@
 //!
 //! # Columns
 //!
+//! # WAL-only messages
+//!
+//! Whatever the shard-partition's storage, the stream publishes both the table's inserts and
+//! the transactional logical messages whose prefix is the table's name (written by
+//! `<prefix>_emit`, see [`super::envelope`]), in commit order: switching storage loses
+//! nothing in flight. A message's identity (`outbox-id`) is its LSN; it has nothing to delete.
+//! With `storage = "wal"` a lost slot halts (see [`wal_position_lost`]): the catch-up can
+//! only read the table, and the messages after the slot's position are gone.
+//!
+//! # Columns
+//!
 //! Columns are found by name in each Relation message, so `ALTER TABLE … ADD COLUMN` while
 //! running keeps working; a required column dropped or retyped halts this shard-partition
 //! with an error naming the column.
@@ -24,7 +35,8 @@ use tokio::sync::Mutex;
 use tokio_postgres::Client;
 use tokio_postgres::error::SqlState;
 
-use super::{checkpoint, visibility};
+use super::{checkpoint, envelope, visibility};
+use crate::config::Storage;
 use crate::error::Error;
 use crate::lease::OwnerLease;
 use crate::names::StreamNames;
@@ -32,6 +44,7 @@ use crate::record::{InvalidRow, OutboxRecord, RawRow};
 use crate::replay::ReplayFilter;
 use crate::skip::SkipList;
 use crate::source::{DELETE_CHUNK, Probe, Source, SourceEvent, within};
+use crate::streamer::kind_labels;
 
 /// The columns a record is built from and the types each may have. `created_at` only feeds
 /// the latency metric: without it (or with another type) a row is still published.
@@ -151,6 +164,19 @@ pub(crate) struct PgSource {
     replay: ReplayFilter<Lsn>,
     skips: SkipList,
     metric_labels: [(&'static str, String); 3],
+    /// Whether a message with this stream's prefix outside a transaction was reported.
+    warned_untransactional: bool,
+    storage: Storage,
+}
+
+/// How a shard-partition's CDC session runs, from its settings.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct CdcOptions {
+    /// How often the position is reported to the server (`status_interval_ms`).
+    pub status_interval: Duration,
+    /// See [`PgSource::silence_limit`].
+    pub silence_limit: Option<Duration>,
+    pub storage: Storage,
 }
 
 impl PgSource {
@@ -159,38 +185,45 @@ impl PgSource {
         target: &PgTarget,
         names: &StreamNames,
         checkpoint_table: &str,
-        status_interval: Duration,
-        silence_limit: Option<Duration>,
+        options: CdcOptions,
         lease: &OwnerLease,
         metric_labels: [(&'static str, String); 3],
     ) -> Result<Self, Error> {
+        let CdcOptions { status_interval, silence_limit, storage } = options;
         let sql =
             target.connect().await.map_err(|e| Error::from_db(&format!("connecting to {}", target.display()), e))?;
         let stored = checkpoint::read(&sql, checkpoint_table, &names.table).await?;
+        let state = slot::state(&sql, &names.slot)
+            .await
+            .map_err(|e| Error::from_db(&format!("reading slot {}", names.slot), e))?;
+        // A lost slot of `wal` storage halts before a pending catch-up, which would create a
+        // new slot; for `table` storage the catch-up is what replaces it.
+        let lost = if state.other_database.is_some() {
+            None
+        } else if !state.exists {
+            Some(format!("replication slot {:?} does not exist in {} (dropped?)", names.slot, target.display()))
+        } else if state.wal_status.as_deref() == Some("lost") {
+            Some(format!(
+                "replication slot {:?} was invalidated (wal_status=lost): the WAL it needed is gone",
+                names.slot
+            ))
+        } else {
+            None
+        };
+        if let (Some(lost), Storage::Wal) = (&lost, storage) {
+            return Err(wal_position_lost(&names.slot, lost, state.confirmed_flush.or(stored.published)));
+        }
         if stored.catchup_pending {
             return Err(Error::position_lost(format!(
                 "a catch-up of {} is pending (interrupted, or the stream ran in polling mode)",
                 names.table
             )));
         }
-        let state = slot::state(&sql, &names.slot)
-            .await
-            .map_err(|e| Error::from_db(&format!("reading slot {}", names.slot), e))?;
         if let Some(database) = &state.other_database {
             return Err(crate::dberror::slot_elsewhere(&names.slot, database));
         }
-        if !state.exists {
-            return Err(Error::position_lost(format!(
-                "replication slot {:?} does not exist in {} (dropped?)",
-                names.slot,
-                target.display()
-            )));
-        }
-        if state.wal_status.as_deref() == Some("lost") {
-            return Err(Error::position_lost(format!(
-                "replication slot {:?} was invalidated (wal_status=lost): the WAL it needed is gone",
-                names.slot
-            )));
+        if let Some(lost) = lost {
+            return Err(Error::position_lost(lost));
         }
         if state.active_pid.is_some() {
             take_slot_from_dead_owner(&sql, &names.slot, lease).await?;
@@ -202,7 +235,7 @@ impl PgSource {
             .map_err(|e| Error::from_db("reading the server version", e))?
             .get::<_, bool>(0);
         let cfg = target.replication(&names.slot, &names.publication, status_interval, binary);
-        let stream = ReplicationStream::start(cfg).await.map_err(|e| stream_error(&names.slot, e))?;
+        let stream = ReplicationStream::start(cfg).await.map_err(|e| stream_error(&names.slot, storage, e))?;
         Ok(Self {
             stream,
             sql: Arc::new(sql),
@@ -218,8 +251,61 @@ impl PgSource {
             replay: ReplayFilter::new(stored.published),
             skips: stored.skips,
             metric_labels,
+            warned_untransactional: false,
+            storage,
         })
     }
+
+    /// A logical message: one of this stream's, in a committed transaction, is a record;
+    /// anything else (the heartbeat, another tool's prefix) is a point in the stream where,
+    /// when nothing is in flight, everything before it has been handled.
+    fn on_message(&mut self, transactional: bool, lsn: Lsn, prefix: &str, content: &[u8]) -> Option<SourceEvent<Lsn>> {
+        if prefix != self.names.table {
+            return Some(SourceEvent::Idle(lsn));
+        }
+        if !transactional {
+            // Sent even if its transaction rolled back: never an outbox message.
+            metrics::counter!(
+                crate::metrics::SKIPPED_ROWS,
+                &kind_labels(&self.metric_labels, "untransactional_message")
+            )
+            .increment(1);
+            if !std::mem::replace(&mut self.warned_untransactional, true) {
+                tracing::warn!(
+                    prefix,
+                    %lsn,
+                    "a non-transactional logical message with this stream's prefix was ignored: it is sent even when its transaction rolls back, so it is never published; emit with pg_logical_emit_message(true, …) or {}_emit()",
+                    self.names.table
+                );
+            }
+            return Some(SourceEvent::Idle(lsn));
+        }
+        if self.replay.skip_row() {
+            metrics::counter!(crate::metrics::SKIPPED_REPLAYED_ROWS, &self.metric_labels).increment(1);
+            return None;
+        }
+        // LSNs stay far below 2^63 (8 EiB of WAL); the conversion cannot fail in practice.
+        let id = i64::try_from(lsn.as_u64()).unwrap_or(i64::MAX);
+        Some(SourceEvent::Row(envelope::decode(id, &lsn.to_string(), content)))
+    }
+}
+
+/// A lost slot of a `wal` shard-partition: its messages after `since` are gone with the WAL
+/// (the table holds none of them), so the stream halts until an operator decides — never a
+/// silent new slot.
+pub(super) fn wal_position_lost(slot: &str, what: &str, since: Option<Lsn>) -> Error {
+    let since = since.map_or_else(
+        || "after the last position this stream confirmed (unknown: the slot is gone)".to_string(),
+        |lsn| format!("after LSN {lsn} (the slot's last confirmed position)"),
+    );
+    Error::definite(
+        format!(
+            "{what}; with storage = \"wal\" the messages committed {since} until a new slot exists could not be read and are not in any table: they may be lost"
+        ),
+        format!(
+            "find out what was lost (the applications' logs, or `pg_waldump` on WAL still on disk), then create a new slot with `outbox-streamer setup` (drop an invalidated one first: SELECT pg_drop_replication_slot('{slot}')); the stream resumes from the new slot. To stop this from happening, keep max_slot_wal_keep_size = -1 for wal storage"
+        ),
+    )
 }
 
 /// What a finish needs, owned, so it runs beside reading.
@@ -311,13 +397,17 @@ async fn take_slot_from_dead_owner(sql: &Client, slot_name: &str, lease: &OwnerL
     Err(Error::busy(format!("slot {slot_name:?}: terminated the backend of departed instance {owner:?}")))
 }
 
-fn stream_error(slot: &str, e: StreamError) -> Error {
+fn stream_error(slot: &str, storage: Storage, e: StreamError) -> Error {
+    let lost = |what: String| match storage {
+        Storage::Wal => wal_position_lost(slot, &what, None),
+        Storage::Table => Error::position_lost(what),
+    };
     let error = if e.slot_in_use() {
         Error::busy(format!("slot {slot:?} is in use by another session (another streamer owns it?): {e}"))
     } else if e.slot_missing() {
-        Error::position_lost(format!("replication slot {slot:?} does not exist (dropped?)"))
+        lost(format!("replication slot {slot:?} does not exist (dropped?)"))
     } else if e.slot_invalidated() {
-        Error::position_lost(format!("replication slot {slot:?} can no longer stream: {e}"))
+        lost(format!("replication slot {slot:?} can no longer stream: {e}"))
     } else if let StreamError::Decode(_) | StreamError::UnknownRelation(_) = e {
         Error::definite(
             format!("slot {slot:?}: {e}"),
@@ -352,7 +442,7 @@ impl Source for PgSource {
             let change = match received {
                 Ok(Some(c)) => c,
                 Ok(None) => return Ok(None),
-                Err(e) => return Err(stream_error(&self.names.slot, e)),
+                Err(e) => return Err(stream_error(&self.names.slot, self.storage, e)),
             };
             let event = match change {
                 Change::Begin { final_lsn, xid } => {
@@ -389,9 +479,12 @@ impl Source for PgSource {
                 }
                 Change::Commit { end_lsn, .. } => SourceEvent::Commit(end_lsn),
                 Change::KeepAlive { wal_end } => SourceEvent::Idle(wal_end),
-                // A logical message (our heartbeat or anyone's) is a point in the stream: when
-                // nothing is in flight, everything before it has been handled.
-                Change::Message { lsn, .. } => SourceEvent::Idle(lsn),
+                Change::Message { transactional, lsn, prefix, content } => {
+                    match self.on_message(transactional, lsn, &prefix, &content) {
+                        Some(event) => event,
+                        None => continue,
+                    }
+                }
                 Change::Unexpected { tag } => {
                     tracing::warn!(
                         %tag,
@@ -487,9 +580,10 @@ impl Source for PgSource {
         done >= mark
     }
 
-    fn skips(&self, id: Option<i64>, label: &str) -> bool {
+    fn skips(&self, id: Option<i64>, message: bool, label: &str) -> bool {
         match id {
             None => self.skips.skips_transaction(label),
+            Some(id) if message => self.skips.skips_message(id),
             Some(id) => {
                 let (Some(bound), Some(&(_, commit))) = (self.skips.bound_of(id), self.xids.back()) else {
                     return false;

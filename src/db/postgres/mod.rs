@@ -20,6 +20,7 @@ mod catchup;
 mod cdc;
 mod checkpoint;
 pub(crate) mod connect;
+mod envelope;
 mod heartbeat;
 mod lag;
 pub(crate) mod poll;
@@ -137,6 +138,7 @@ fn jobs(source: &SourceConfig, ctx: &JobContext<'_>) -> anyhow::Result<Vec<Strea
             target: target.clone(),
             names: names.clone(),
             checkpoint: checkpoint.clone(),
+            storage: settings.storage,
         });
         let message_timeout_ms = ctx.kafka.message_timeout_ms;
         if settings.mode == Mode::Polling {
@@ -167,21 +169,11 @@ fn jobs(source: &SourceConfig, ctx: &JobContext<'_>) -> anyhow::Result<Vec<Strea
                 source.heartbeat_interval_ms.map(|ms| Duration::from_millis(ms * 3).max(status_interval * 3));
             let (target, checkpoint, stream_names) = (target.clone(), checkpoint.clone(), names.clone());
             let metric_labels = labels.metric_labels();
+            let options = cdc::CdcOptions { status_interval, silence_limit, storage: settings.storage };
             let connect = move |lease: OwnerLease| {
                 let (target, names, checkpoint) = (target.clone(), stream_names.clone(), checkpoint.clone());
                 let metric_labels = metric_labels.clone();
-                async move {
-                    PgSource::connect(
-                        &target,
-                        &names,
-                        &checkpoint,
-                        status_interval,
-                        silence_limit,
-                        &lease,
-                        metric_labels,
-                    )
-                    .await
-                }
+                async move { PgSource::connect(&target, &names, &checkpoint, options, &lease, metric_labels).await }
             };
             jobs.push(
                 JobParts { labels, scope, settings, names, connect, catch_up, broker, message_timeout_ms }.into_job(),

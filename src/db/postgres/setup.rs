@@ -21,7 +21,8 @@ fn postgres_plan(source: &SourceConfig, streamer: &PgTarget, app_roles: &[String
         streams: all_streams(source.shards, source.partitions)
             .map(|id| {
                 let n = source.stream_names(id);
-                StreamObjects { table: n.table, publication: n.publication, slot: n.slot }
+                let wal = source.settings_for(id).storage == crate::config::Storage::Wal;
+                StreamObjects { table: n.table, publication: n.publication, slot: n.slot, wal }
             })
             .collect(),
         streamer_role: Some(streamer.user().to_string()),
@@ -109,6 +110,14 @@ pub(super) async fn setup(source: &SourceConfig, how: &SetupRequest<'_>) -> anyh
     let failures = pg::check_privileges(&client, &plan).await?;
     for f in &failures {
         eprintln!("source {:?}: {f}", source.name);
+    }
+    if plan.any_wal() {
+        let keep: String = client.query_one("SHOW max_slot_wal_keep_size", &[]).await?.get(0);
+        let roles: Vec<String> = plan.streamer_role.iter().chain(&plan.app_roles).cloned().collect();
+        let risks = [pg::wal_retention_risk(&keep), pg::emit_forgery_risk(&client, &roles).await?];
+        for risk in risks.into_iter().flatten() {
+            eprintln!("source {:?}: warning (storage = \"wal\"): {risk}", source.name);
+        }
     }
     println!(
         "source {:?}: {} shard-partition(s) ready in {} ({}_<shard>_<partition>: table, publication{}; {}_enqueue())",

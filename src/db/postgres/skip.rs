@@ -54,7 +54,7 @@ pub(super) async fn skip(source: &SourceConfig, id: StreamId, what: &What) -> an
             return Ok(done_message(what, deleted));
         }
         What::Id(row_id) => tx.execute(&format!("DELETE FROM {table} WHERE id = $1"), &[row_id]).await?,
-        What::Transaction(_) => 0,
+        What::Transaction(_) | What::Message { .. } => 0,
     };
     let end: String = tx.query_one("SELECT pg_current_wal_insert_lsn()::text", &[]).await?.get(0);
     add(&mut list, what, &end);

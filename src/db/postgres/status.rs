@@ -5,7 +5,7 @@ use anyhow::Context;
 use outbox_postgres::setup::ident;
 use outbox_postgres::slot;
 
-use crate::config::SourceConfig;
+use crate::config::{SourceConfig, Storage};
 use crate::db::{SlotProblem, StreamStatus};
 use crate::names::{all_streams, checkpoint_table};
 
@@ -15,6 +15,7 @@ pub(super) async fn status(source: &SourceConfig) -> anyhow::Result<Vec<StreamSt
     let target = super::connect::pg_target(source, None)?;
     let client = target.connect().await.with_context(|| format!("connecting to {}", target.display()))?;
     let checkpoint = checkpoint_table(&source.table_prefix);
+    let keep_size: Option<String> = client.query_one("SHOW max_slot_wal_keep_size", &[]).await.ok().map(|r| r.get(0));
     for id in all_streams(source.shards, source.partitions) {
         let names = source.stream_names(id);
         let st = slot::state(&client, &names.slot).await?;
@@ -51,6 +52,9 @@ pub(super) async fn status(source: &SourceConfig) -> anyhow::Result<Vec<StreamSt
         row.slot = Some(names.slot);
         row.active_pid = st.active_pid;
         row.lag_bytes = st.lag_bytes;
+        if source.settings_for(id).storage == Storage::Wal {
+            row.warning = keep_size.as_deref().and_then(outbox_postgres::setup::wal_retention_risk);
+        }
         rows.push(row);
     }
     Ok(rows)
