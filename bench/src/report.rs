@@ -131,10 +131,11 @@ fn markdown_row(r: &Report) -> String {
     };
     let latency = |ms: f64| if r.backlog.is_some() { "-".into() } else { format!("{ms:.1}") };
     format!(
-        "| {} | {:?} | {:?} | {} | {} | {:.0} | {} | {} | {} | {} | {} | {} | {} | {:.0} | {} | {} | {} | {} |\n",
+        "| {} | {:?} | {:?}{} | {} | {} | {:.0} | {} | {} | {} | {} | {} | {} | {} | {:.0} | {} | {} | {} | {} |\n",
         r.scenario,
         r.db,
         r.mode,
+        if r.storage == BenchStorage::Wal { " (wal)" } else { "" },
         target,
         r.messages,
         r.throughput_msgs_per_s,
