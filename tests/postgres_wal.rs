@@ -419,3 +419,43 @@ async fn wal_savepoints_and_prepared_transactions_decide_what_is_sent() {
     assert_eq!(payloads(&records), ["kept-1", "kept-2", "prepared-then-committed", "last"]);
     assert!(streamer.stop());
 }
+
+/// `setup --restrict-emit`: afterwards only the streamer and the application roles may call
+/// `pg_logical_emit_message` in the database — another login cannot forge a message — the
+/// application still enqueues, and setup no longer warns.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wal_restrict_emit_leaves_emitting_to_the_streamer_and_the_applications() {
+    let w = World::postgres("we").config(WAL).build().await;
+    let (app, other) = (format!("{}_app", w.prefix), format!("{}_other", w.prefix));
+    let password = format!("pw-{}", w.prefix);
+    w.db.admin
+        .batch_execute(&format!(
+            "CREATE ROLE {app} LOGIN PASSWORD '{password}'; CREATE ROLE {other} LOGIN PASSWORD '{password}';
+             GRANT CONNECT ON DATABASE {db} TO {app}, {other}",
+            db = w.db.admin_url.rsplit('/').next().unwrap()
+        ))
+        .await
+        .unwrap();
+    let args = ["setup", "--admin-url", &w.db.admin_url, "--app-role", &app, "--restrict-emit"];
+    let (ok, out, err) = run_cli(&w.config, &args);
+    assert!(ok && out.contains("may call pg_logical_emit_message now"), "{out}\n{err}");
+    assert!(!err.contains("can forge"), "no forgery warning once restricted:\n{err}");
+    let host_and_db = w.db.admin_url.rsplit_once('@').unwrap().1;
+    let login = |role: &str| format!("postgres://{role}:{password}@{host_and_db}");
+    let streamer = w.start("streamer.log");
+    let app_conn = crate::support::pg::connect(&login(&app)).await;
+    app_conn
+        .execute(&format!("SELECT {}_enqueue($1, 'k'::bytea, 'from-app'::bytea)", w.prefix), &[&w.topic])
+        .await
+        .unwrap();
+    let other_conn = crate::support::pg::connect(&login(&other)).await;
+    let forged = other_conn
+        .execute(&format!("SELECT pg_logical_emit_message(true, '{}', '\\x01'::bytea)", w.table(0, 0)), &[])
+        .await
+        .unwrap_err();
+    assert_eq!(forged.code(), Some(&tokio_postgres::error::SqlState::INSUFFICIENT_PRIVILEGE), "{forged}");
+    assert_eq!(payloads(&kafka::read_at_least(&w.topic, 1, 1, ARRIVAL).await), ["from-app"]);
+    assert!(streamer.stop());
+    drop((app_conn, other_conn));
+    w.db.admin.batch_execute(&format!("DROP OWNED BY {app}, {other}; DROP ROLE {app}, {other}")).await.unwrap();
+}

@@ -62,6 +62,11 @@ pub enum Command {
         /// same on tables added later (more shards or partitions).
         #[arg(long = "app-role", value_name = "NAME")]
         app_roles: Vec<String>,
+        /// PostgreSQL with `storage = "wal"`: revoke EXECUTE on pg_logical_emit_message from
+        /// PUBLIC in the source's database and grant it to the streamer and the application
+        /// roles only, so no other login can forge a WAL-only message (needs a superuser).
+        #[arg(long)]
+        restrict_emit: bool,
     },
     /// Stream every shard-partition until SIGTERM or SIGINT.
     Run,
@@ -174,7 +179,7 @@ pub fn init_logging(format: LogFormat, command: &Command) {
 pub async fn execute(cli: Cli) -> anyhow::Result<ExitCode> {
     let load = || Config::load(&cli.config).with_context(|| "loading the configuration (see docs/configuration.md)");
     match cli.command {
-        Command::Setup { dry_run, admin_url, admin_password_env, app_roles } => {
+        Command::Setup { dry_run, admin_url, admin_password_env, app_roles, restrict_emit } => {
             let password =
                 match &admin_password_env {
                     Some(var) => Some(std::env::var(var).map_err(|_| {
@@ -189,7 +194,8 @@ pub async fn execute(cli: Cli) -> anyhow::Result<ExitCode> {
                 }
                 (None, None) => None,
             };
-            setup::setup(&load()?, dry_run, admin, &app_roles).await
+            setup::setup(&load()?, &crate::db::SetupRequest { dry_run, admin, app_roles: &app_roles, restrict_emit })
+                .await
         }
         Command::Run => {
             crate::run::run(load()?).await?;

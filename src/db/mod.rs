@@ -130,6 +130,9 @@ pub(crate) struct SetupRequest<'a> {
     pub admin: Option<AdminLogin<'a>>,
     /// `--app-role`: granted what enqueuing needs.
     pub app_roles: &'a [String],
+    /// `--restrict-emit` (PostgreSQL, `storage = "wal"`): only the streamer and the
+    /// application roles may call `pg_logical_emit_message`.
+    pub restrict_emit: bool,
 }
 
 /// How `teardown` runs.

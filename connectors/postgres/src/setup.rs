@@ -321,16 +321,22 @@ pub async fn emit_forgery_risk(client: &Client, roles: &[String]) -> Result<Opti
     if !public {
         return Ok(None);
     }
-    let signatures = ["pg_logical_emit_message(boolean, text, text)", "pg_logical_emit_message(boolean, text, bytea)"];
-    let mut statements: Vec<String> =
-        signatures.iter().map(|s| format!("REVOKE EXECUTE ON FUNCTION pg_catalog.{s} FROM PUBLIC;")).collect();
-    for role in roles {
-        statements.push(format!("GRANT EXECUTE ON FUNCTION pg_catalog.{} TO {};", signatures[1], ident(role)));
-    }
     Ok(Some(format!(
-        "every role of this database may call pg_logical_emit_message, so any login can forge a WAL-only outbox message; as a superuser: {} (other tools that emit logical messages, such as a CDC heartbeat, need the grant too)",
-        statements.join(" ")
+        "every role of this database may call pg_logical_emit_message, so any login can forge a WAL-only outbox message; rerun setup with --restrict-emit as a superuser, or have one run: {}; (other tools that emit logical messages, such as a CDC heartbeat, need the grant too)",
+        restrict_emit_statements(roles).join("; ")
     )))
+}
+
+/// The statements that let only `roles` call `pg_logical_emit_message` in this database.
+pub fn restrict_emit_statements(roles: &[String]) -> Vec<String> {
+    const SIGNATURES: [&str; 2] =
+        ["pg_logical_emit_message(boolean, text, text)", "pg_logical_emit_message(boolean, text, bytea)"];
+    let mut statements: Vec<String> =
+        SIGNATURES.iter().map(|s| format!("REVOKE EXECUTE ON FUNCTION pg_catalog.{s} FROM PUBLIC")).collect();
+    for role in roles {
+        statements.push(format!("GRANT EXECUTE ON FUNCTION pg_catalog.{} TO {}", SIGNATURES[1], ident(role)));
+    }
+    statements
 }
 
 /// Where [`apply`] stopped: the schema step (nothing of it committed) or a slot (the schema

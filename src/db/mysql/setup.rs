@@ -15,7 +15,7 @@ use crate::names::{all_streams, checkpoint_table};
 /// Checks the server and the accounts, then creates the tables and checkpoint rows (see
 /// [`crate::db::Database::setup`]).
 pub(super) async fn setup(source: &SourceConfig, how: &SetupRequest<'_>) -> anyhow::Result<bool> {
-    let SetupRequest { dry_run, admin, app_roles } = *how;
+    let SetupRequest { dry_run, admin, app_roles, .. } = *how;
     let streamer = mysql_opts(source, None)?;
     let database = streamer.db_name().unwrap_or_default().to_string();
     let streamer_user = streamer.user().unwrap_or_default().to_string();

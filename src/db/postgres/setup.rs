@@ -32,7 +32,7 @@ fn postgres_plan(source: &SourceConfig, streamer: &PgTarget, app_roles: &[String
 
 /// Checks the server, then creates the schema and the slots (see [`crate::db::Database::setup`]).
 pub(super) async fn setup(source: &SourceConfig, how: &SetupRequest<'_>) -> anyhow::Result<bool> {
-    let SetupRequest { dry_run, admin, app_roles } = *how;
+    let SetupRequest { dry_run, admin, app_roles, restrict_emit } = *how;
     let streamer = pg_target(source, None)?;
     let mut plan = postgres_plan(source, &streamer, app_roles);
     if dry_run {
@@ -114,10 +114,27 @@ pub(super) async fn setup(source: &SourceConfig, how: &SetupRequest<'_>) -> anyh
     if plan.any_wal() {
         let keep: String = client.query_one("SHOW max_slot_wal_keep_size", &[]).await?.get(0);
         let roles: Vec<String> = plan.streamer_role.iter().chain(&plan.app_roles).cloned().collect();
+        if restrict_emit {
+            let statements = pg::restrict_emit_statements(&roles);
+            client.batch_execute(&statements.join(";\n")).await.map_err(|e| {
+                anyhow::anyhow!(
+                    "source {:?}: --restrict-emit: {}; run setup as a superuser, or have one run: {}",
+                    source.name,
+                    pg::describe(&e),
+                    statements.join("; ")
+                )
+            })?;
+            println!("source {:?}: only {} may call pg_logical_emit_message now", source.name, roles.join(", "));
+        }
         let risks = [pg::wal_retention_risk(&keep), pg::emit_forgery_risk(&client, &roles).await?];
         for risk in risks.into_iter().flatten() {
             eprintln!("source {:?}: warning (storage = \"wal\"): {risk}", source.name);
         }
+    } else if restrict_emit {
+        eprintln!(
+            "source {:?}: --restrict-emit: no shard-partition has storage = \"wal\"; nothing changed",
+            source.name
+        );
     }
     println!(
         "source {:?}: {} shard-partition(s) ready in {} ({}_<shard>_<partition>: table, publication{}; {}_enqueue())",
