@@ -137,7 +137,7 @@ pub(super) async fn setup(source: &SourceConfig, how: &SetupRequest<'_>) -> anyh
         );
     }
     println!(
-        "source {:?}: {} shard-partition(s) ready in {} ({}_<shard>_<partition>: table, publication{}; {}_enqueue())",
+        "source {:?}: {} shard-partition(s) ready in {} ({}_<shard>_<partition>: table, publication{}; {p}_enqueue(), {p}_emit())",
         source.name,
         plan.streams.len(),
         streamer.database(),
@@ -146,7 +146,7 @@ pub(super) async fn setup(source: &SourceConfig, how: &SetupRequest<'_>) -> anyh
             Some(slot_prefix) => format!("; slot {slot_prefix}_<shard>_<partition>"),
             None => ", slot".into(),
         },
-        plan.prefix
+        p = plan.prefix
     );
     Ok(failures.is_empty())
 }
