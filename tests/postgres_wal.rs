@@ -393,7 +393,7 @@ async fn wal_kafka_outage_longer_than_the_delivery_timeout_loses_nothing() {
 /// prepared transaction's message leaves at COMMIT PREPARED and never after ROLLBACK PREPARED.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wal_savepoints_and_prepared_transactions_decide_what_is_sent() {
-    let w = World::postgres("wt").config(WAL).build().await;
+    let w = World::postgres("wt").kafka_partitions(3).config(WAL).build().await;
     let streamer = w.start("streamer.log");
     let emit = |payload: &str| format!("SELECT {}_enqueue('{}', 'k'::bytea, '{payload}'::bytea)", w.prefix, w.topic);
     let gid = |name: &str| format!("{}_{name}", w.prefix);
@@ -414,9 +414,16 @@ async fn wal_savepoints_and_prepared_transactions_decide_what_is_sent() {
         .unwrap();
     w.db.admin.batch_execute(&format!("ROLLBACK PREPARED '{}'", gid("rollback"))).await.unwrap();
     w.db.admin.batch_execute(&format!("COMMIT PREPARED '{}'", gid("commit"))).await.unwrap();
-    w.db.admin.batch_execute(&emit("last")).await.unwrap();
-    let records = kafka::read_at_least(&w.topic, 1, 4, ARRIVAL).await;
-    assert_eq!(payloads(&records), ["kept-1", "kept-2", "prepared-then-committed", "last"]);
+    // The emit function's explicit Kafka partition and headers travel in the envelope.
+    let pinned =
+        format!("SELECT {}_emit('{}', 'k'::bytea, 'last'::bytea, '{{\"h\": \"v\"}}', 0, 2)", w.prefix, w.topic);
+    w.db.admin.batch_execute(&pinned).await.unwrap();
+    let mut records = kafka::read_at_least(&w.topic, 3, 4, ARRIVAL).await;
+    let last = records.iter().position(|r| r.payload_str() == "last").unwrap();
+    let last = records.remove(last);
+    assert_eq!((last.partition, last.header("h")), (2, "v"), "kafka_partition and headers honoured");
+    records.sort_by_key(|r| r.offset);
+    assert_eq!(payloads(&records), ["kept-1", "kept-2", "prepared-then-committed"]);
     assert!(streamer.stop());
 }
 
