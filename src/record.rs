@@ -40,7 +40,7 @@ pub struct InvalidRow {
     pub reason: String,
     /// The row's values as read, for a dead-letter copy (`None` when they could not be read).
     pub raw: Option<Box<RawRow>>,
-    /// Set for a WAL-only message: its log position as the database writes it (`LSN 0/1A2B`).
+    /// Set for a WAL-only message: its place in the log (`LSN 0/1A2B`, `GTID 0-1-42 row 3`).
     /// Such a message is not in any table: nothing can fix it in place or delete it.
     pub message_at: Option<String>,
 }
@@ -63,9 +63,9 @@ impl InvalidRow {
         Self { id, column, reason: reason.into(), raw: None, message_at: None }
     }
 
-    /// Marks this as a WAL-only message at log position `lsn` (see [`Self::message_at`]).
-    pub(crate) fn at_message(mut self, lsn: &str) -> Self {
-        self.message_at = Some(format!("LSN {lsn}"));
+    /// Marks this as a WAL-only message at `place` in the log (see [`Self::message_at`]).
+    pub(crate) fn at_message(mut self, place: String) -> Self {
+        self.message_at = Some(place);
         self
     }
 }

@@ -93,15 +93,20 @@ pub(crate) enum What {
 }
 
 impl What {
-    /// `--message 0/1A2B3C8`: the message's identity is its LSN as a number.
+    /// `--message 0/1A2B3C8` (a PostgreSQL LSN, the message's identity as a number) or
+    /// `--message 42` (the `outbox-id` the halt names).
     pub(crate) fn message(at: &str) -> anyhow::Result<Self> {
         let parse = || -> Option<i64> {
-            let (hi, lo) = at.trim().split_once('/')?;
+            let Some((hi, lo)) = at.trim().split_once('/') else {
+                return at.trim().parse().ok().filter(|id: &i64| *id >= 0);
+            };
             let (hi, lo) = (u32::from_str_radix(hi, 16).ok(), u32::from_str_radix(lo, 16).ok());
             i64::try_from((u64::from(hi?) << 32) | u64::from(lo?)).ok()
         };
         let id = parse().ok_or_else(|| {
-            anyhow::anyhow!("--message {at:?}: expected an LSN as the halt message names it, for example 0/1A2B3C8")
+            anyhow::anyhow!(
+                "--message {at:?}: expected what the halt message names: an LSN such as 0/1A2B3C8, or an outbox-id"
+            )
         })?;
         Ok(Self::Message { at: at.trim().to_string(), id })
     }
@@ -127,7 +132,7 @@ pub(crate) fn done_message(what: &What, deleted: u64) -> String {
             format!("rows without a readable id in transaction {label} will not be published")
         }
         What::Message { at, id } => {
-            format!("the message at LSN {at} (outbox-id {id}) will not be published")
+            format!("the message {at} (outbox-id {id}) will not be published")
         }
         What::Backlog => {
             format!("{deleted} rows discarded; the stream resumes at the end of the log")

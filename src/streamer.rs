@@ -623,13 +623,14 @@ impl<P: Clone + std::fmt::Display + Send + Sync + 'static, K: Sink> Session<'_, 
             && self.settings.on_bad_row == BadRowPolicy::Halt
         {
             // A WAL-only message is in no table: it cannot be fixed in place, only discarded.
-            let lsn = at.strip_prefix("LSN ").unwrap_or(at);
+            // PostgreSQL's halt names the LSN; `skip --message` takes it, or the outbox-id.
+            let target = at.strip_prefix("LSN ").map_or_else(|| id.to_string(), str::to_string);
             return Err(self.halt_at(
                 Some(id),
                 "",
                 &format!("{invalid} (a WAL-only message of {})", self.labels.table),
                 &format!(
-                    "discard it with `outbox-streamer skip --stream {}/{} --message {lsn}` (it is not published), or set on_bad_row = \"dead-letter\"; a message written by hand must follow the envelope in docs/configure-postgres.md",
+                    "discard it with `outbox-streamer skip --stream {}/{} --message {target}` (it is not published), or set on_bad_row = \"dead-letter\"; a message written by hand must follow the envelope in docs/configure-postgres.md",
                     self.labels.source, self.labels.id
                 ),
             ));

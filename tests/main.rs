@@ -26,6 +26,7 @@ mod log_rule;
 mod mysql_cdc;
 mod mysql_errors;
 mod mysql_setup;
+mod mysql_wal;
 mod mysql_xa;
 mod polling;
 mod polling_mysql;

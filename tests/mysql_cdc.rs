@@ -10,7 +10,7 @@ use crate::polling::POLLING;
 use crate::support::mysql::MyDb;
 use crate::support::streamer::run_cli;
 use crate::support::world::World;
-use crate::support::{kafka, wait_until};
+use crate::support::kafka;
 
 const ARRIVAL: Duration = Duration::from_secs(120);
 
@@ -98,20 +98,7 @@ async fn mariadb_a_purged_position_is_caught_up_by_polling() {
     kafka::read_at_least(topic, 1, 1, ARRIVAL).await;
     assert!(first.stop());
     db.exec_drop(format!("INSERT INTO {table} (topic, payload) VALUES (?, 'two')"), (topic,)).await.unwrap();
-    db.query_drop("FLUSH BINARY LOGS").await.unwrap();
-    let current: mysql_async::Row = db.query_first("SHOW MASTER STATUS").await.unwrap().unwrap();
-    let file: String = current.get(0).unwrap();
-    // The server keeps a file a replica connection still reads (the stopped instance's dump
-    // thread may linger a moment), so purge until only the current file is left.
-    let admin_url = w.db.admin_url.clone();
-    wait_until("older binlogs to be purged", ARRIVAL, || async {
-        let mut c = mysql_async::Conn::new(mysql_async::Opts::from_url(&admin_url).unwrap()).await.unwrap();
-        c.query_drop(format!("PURGE BINARY LOGS TO '{file}'")).await.unwrap();
-        let logs: Vec<mysql_async::Row> = c.query("SHOW BINARY LOGS").await.unwrap();
-        c.disconnect().await.unwrap();
-        (logs.len() == 1).then_some(())
-    })
-    .await;
+    crate::support::mysql::purge_binlogs(&w.db.admin_url).await;
     let second = w.start("second.log");
     let log = second.wait_for_log("catch-up done", ARRIVAL).await;
     assert!(log.contains("WARN") && log.contains("purged") && log.contains("rows=1"), "{log}");

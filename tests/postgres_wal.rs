@@ -289,20 +289,7 @@ async fn wal_sigkill_at_random_moments_loses_nothing() {
             }
         })
     };
-    let mut streamer = Some(w.start("run-0.log"));
-    let mut seed = 0x2545_f491_4f6c_dd1d_u64;
-    for kill in 1..=3 {
-        let running = streamer.as_ref().unwrap();
-        running.wait_for_state("streaming", ARRIVAL).await;
-        running.wait_for_metric("outbox_published_records_total", &[], 400.0, ARRIVAL).await;
-        // The kill lands at a seed-dependent moment after that progress (not a wait for it).
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
-        tokio::time::sleep(std::time::Duration::from_millis(seed % 200)).await;
-        streamer.take().unwrap().kill();
-        streamer = Some(w.start(&format!("run-{kill}.log")));
-    }
+    let streamer = w.kill_three_times(400.0).await;
     writer.await.unwrap();
     let emitted: HashSet<i64> = emitted.lock().unwrap().iter().copied().collect();
     let total = TXNS * PER_TXN as usize;
@@ -314,7 +301,7 @@ async fn wal_sigkill_at_random_moments_loses_nothing() {
     let duplicates = records.len() - total;
     eprintln!("wal sigkill: {total} messages, 3 kills, {duplicates} duplicates");
     assert!(duplicates <= 3 * 20_000, "{duplicates} duplicates");
-    assert!(streamer.take().unwrap().stop());
+    assert!(streamer.stop());
 }
 
 /// One transaction emitting 1,000,000 messages passes with bounded memory: the walsender

@@ -14,6 +14,8 @@ use crate::tls::TlsSettings;
 
 pub(crate) const DEFAULT_SHARDS: u32 = 2;
 pub(crate) const DEFAULT_PARTITIONS: u32 = 1;
+/// A week: a long weekend's outage plus the time to notice it.
+pub(crate) const DEFAULT_LOG_RETENTION_MIN_HOURS: u64 = 168;
 pub(crate) const DEFAULT_TABLE_PREFIX: &str = "outbox";
 pub(crate) const DEFAULT_BROKERS: &str = "127.0.0.1:9092";
 pub(crate) const DEFAULT_MESSAGE_TIMEOUT_MS: u64 = 30_000;
@@ -199,12 +201,19 @@ pub(crate) struct SourceConfig {
     /// PostgreSQL: emit a `pg_logical_emit_message` heartbeat this often (off by default;
     /// idle slots are confirmed from the server's keepalives anyway).
     pub heartbeat_interval_ms: Option<u64>,
+    /// MariaDB/MySQL with `storage = "wal"`: `setup` and `status` warn when the server expires
+    /// binlogs sooner than this (a purged position loses WAL-only messages).
+    #[serde(default = "default_log_retention_min_hours")]
+    pub log_retention_min_hours: u64,
     /// `[source.tls]`: encryption to the database (plaintext when left out).
     pub tls: Option<TlsSettings>,
 }
 
 fn default_table_prefix() -> String {
     DEFAULT_TABLE_PREFIX.into()
+}
+fn default_log_retention_min_hours() -> u64 {
+    DEFAULT_LOG_RETENTION_MIN_HOURS
 }
 fn default_shards() -> u32 {
     DEFAULT_SHARDS

@@ -58,8 +58,9 @@ pub(crate) enum Storage {
     /// replication position (the catch-up reads the table).
     #[default]
     Table,
-    /// WAL-only messages (`<prefix>_emit`, PostgreSQL logical messages): nothing is stored or
-    /// deleted, so the database does less per message, but a lost position loses them.
+    /// WAL-only messages (PostgreSQL: logical messages from `<prefix>_emit`; MariaDB/MySQL: a
+    /// BLACKHOLE table): nothing is stored or deleted, so the database does less per message,
+    /// but a lost position loses them.
     Wal,
 }
 

@@ -158,6 +158,9 @@ impl Config {
             if s.heartbeat_interval_ms.is_some_and(|v| !(100..=3_600_000).contains(&v)) {
                 return Err(invalid(f("heartbeat_interval_ms"), "must be between 100 and 3600000"));
             }
+            if !(1..=87_600).contains(&s.log_retention_min_hours) {
+                return Err(invalid(f("log_retention_min_hours"), "must be between 1 and 87600 (ten years)"));
+            }
             if s.password_env.is_some() && s.password_file.is_some() {
                 return Err(invalid(f("password_env"), "set password_env or password_file, not both"));
             }
@@ -187,14 +190,6 @@ impl Config {
             }
             for id in crate::names::all_streams(s.shards, s.partitions) {
                 let st = s.settings_for(id);
-                if st.storage == Storage::Wal && s.kind != SourceKind::Postgres {
-                    return Err(invalid(
-                        f("defaults.storage"),
-                        format!(
-                            "shard-partition {id} uses storage = \"wal\", which only PostgreSQL sources offer so far; use storage = \"table\""
-                        ),
-                    ));
-                }
                 if st.storage == Storage::Wal && st.mode == Mode::Polling {
                     return Err(invalid(
                         f("defaults.storage"),

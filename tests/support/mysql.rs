@@ -45,4 +45,25 @@ pub(crate) async fn fresh_db() -> MyDb {
 }
 
 /// The documented least-privilege global grants of the streamer's user.
+/// Flushes the binlog and purges every older file, waiting until only the current one is
+/// left (the server keeps a file a replica connection still reads, and a stopped instance's
+/// dump thread may linger a moment). Server-wide: only for a test that holds the services
+/// alone.
+pub(crate) async fn purge_binlogs(admin_url: &str) {
+    let connect = || async { mysql_async::Conn::new(mysql_async::Opts::from_url(admin_url).unwrap()).await.unwrap() };
+    let mut db = connect().await;
+    db.query_drop("FLUSH BINARY LOGS").await.unwrap();
+    let current: mysql_async::Row = db.query_first("SHOW MASTER STATUS").await.unwrap().unwrap();
+    let file: String = current.get(0).unwrap();
+    db.disconnect().await.unwrap();
+    super::wait_until("older binlogs to be purged", super::world::ARRIVAL, || async {
+        let mut c = connect().await;
+        c.query_drop(format!("PURGE BINARY LOGS TO '{file}'")).await.unwrap();
+        let logs: Vec<mysql_async::Row> = c.query("SHOW BINARY LOGS").await.unwrap();
+        c.disconnect().await.unwrap();
+        (logs.len() == 1).then_some(())
+    })
+    .await;
+}
+
 pub(crate) const STREAMER_GRANTS: &str = "REPLICATION SLAVE, REPLICATION CLIENT";

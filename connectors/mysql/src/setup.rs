@@ -28,6 +28,9 @@ pub struct SetupPlan {
     /// The application's accounts or roles (quoted); granted INSERT on the tables and EXECUTE
     /// on the enqueue procedure.
     pub app_grantees: Vec<String>,
+    /// The tables of shard-partitions with `storage = "wal"`: `ENGINE=BLACKHOLE`, so the
+    /// server writes their rows to the binlog and stores nothing.
+    pub wal_tables: Vec<String>,
 }
 
 impl SetupPlan {
@@ -61,8 +64,9 @@ pub fn statements(plan: &SetupPlan, mariadb: bool) -> Vec<String> {
              \x20   headers JSON NULL,\n\
              \x20   kafka_partition INT NULL,\n\
              \x20   created_at TIMESTAMP(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6)\n\
-             ) ENGINE=InnoDB",
-            ident(table)
+             ) ENGINE={}",
+            ident(table),
+            engine(plan, table)
         ));
     }
     sql.push(format!(
@@ -95,6 +99,84 @@ pub fn statements(plan: &SetupPlan, mariadb: bool) -> Vec<String> {
         sql.push(format!("GRANT EXECUTE ON PROCEDURE {db}.{} TO {grantee}", ident(&plan.enqueue_procedure())));
     }
     sql
+}
+
+/// The engine `table` must have: `BLACKHOLE` for `storage = "wal"`, else `InnoDB`.
+fn engine(plan: &SetupPlan, table: &str) -> &'static str {
+    if plan.wal_tables.iter().any(|t| t == table) { "BLACKHOLE" } else { "InnoDB" }
+}
+
+/// What switching storage needs done to existing tables and the server.
+#[derive(Debug, Default)]
+pub struct StorageChanges {
+    /// The BLACKHOLE engine is not loaded: `INSTALL SONAME 'ha_blackhole'` first.
+    pub install_blackhole: bool,
+    /// `ALTER TABLE … ENGINE=…` for existing tables whose storage changed (empty ones only).
+    pub alters: Vec<String>,
+}
+
+/// Compares the existing tables' engines with the plan. A table that holds rows is never
+/// converted to BLACKHOLE (its rows would be discarded): a failure says to drain it first.
+pub async fn storage_changes(
+    conn: &mut Conn,
+    plan: &SetupPlan,
+) -> Result<(StorageChanges, Vec<CheckFailure>), mysql_async::Error> {
+    let mut changes = StorageChanges::default();
+    let mut failures = Vec::new();
+    if !plan.wal_tables.is_empty() {
+        let support: Option<String> =
+            conn.query_first("SELECT SUPPORT FROM information_schema.ENGINES WHERE ENGINE = 'BLACKHOLE'").await?;
+        changes.install_blackhole = !matches!(support.as_deref(), Some("YES" | "DEFAULT"));
+    }
+    let existing: Vec<(String, Option<String>)> = conn
+        .exec("SELECT TABLE_NAME, ENGINE FROM information_schema.TABLES WHERE TABLE_SCHEMA = ?", (&plan.database,))
+        .await?;
+    for (table, found) in existing {
+        if !plan.tables.contains(&table) {
+            continue;
+        }
+        let wanted = engine(plan, &table);
+        if found.as_deref().is_some_and(|f| f.eq_ignore_ascii_case(wanted)) {
+            continue;
+        }
+        if wanted == "BLACKHOLE" {
+            let rows: Option<i64> = conn.query_first(format!("SELECT COUNT(*) FROM {}", ident(&table))).await?;
+            if let Some(n) = rows.filter(|n| *n > 0) {
+                failures.push(CheckFailure {
+                    what: format!(
+                        "table {table} holds {n} row(s) not yet published; storage = \"wal\" makes it a BLACKHOLE table, which would discard them"
+                    ),
+                    fix: "keep storage = \"table\" for it until the streamer has published them (status shows 0 pending), then run setup again".into(),
+                });
+                continue;
+            }
+        }
+        changes.alters.push(format!("ALTER TABLE {} ENGINE={wanted}", ident(&table)));
+    }
+    Ok((changes, failures))
+}
+
+/// Installs the BLACKHOLE engine (`StorageChanges::install_blackhole`). `Ok(None)`: it is
+/// usable now; `Ok(Some(why))`: the server took the statement but the engine is still not
+/// usable (a plugin uninstalled while in use stays `DELETED` until the server restarts).
+pub async fn install_blackhole(conn: &mut Conn, mariadb: bool) -> Result<Option<String>, mysql_async::Error> {
+    let install =
+        if mariadb { "INSTALL SONAME 'ha_blackhole'" } else { "INSTALL PLUGIN BLACKHOLE SONAME 'ha_blackhole.so'" };
+    // Another setup may have installed it meanwhile ("already installed"): the check decides.
+    let installed = conn.query_drop(install).await;
+    let support: Option<String> =
+        conn.query_first("SELECT SUPPORT FROM information_schema.ENGINES WHERE ENGINE = 'BLACKHOLE'").await?;
+    if matches!(support.as_deref(), Some("YES" | "DEFAULT")) {
+        return Ok(None);
+    }
+    installed?;
+    let status: Option<String> = conn
+        .query_first("SELECT PLUGIN_STATUS FROM information_schema.PLUGINS WHERE PLUGIN_NAME = 'BLACKHOLE'")
+        .await?;
+    Ok(Some(format!(
+        "the BLACKHOLE plugin is {} after INSTALL SONAME 'ha_blackhole'",
+        status.unwrap_or_else(|| "missing".into())
+    )))
 }
 
 /// The server's current binlog position: GTID state and file/offset.
@@ -181,9 +263,17 @@ pub fn enqueue_procedure(plan: &SetupPlan, mariadb: bool) -> Vec<String> {
 
 /// Creates the tables and the procedure, grants, and seeds missing checkpoints with the
 /// current position.
-pub async fn apply(conn: &mut Conn, plan: &SetupPlan, mariadb: bool) -> Result<(), mysql_async::Error> {
+pub async fn apply(
+    conn: &mut Conn,
+    plan: &SetupPlan,
+    mariadb: bool,
+    changes: &StorageChanges,
+) -> Result<(), mysql_async::Error> {
     for stmt in statements(plan, mariadb) {
         conn.query_drop(stmt).await?;
+    }
+    for alter in &changes.alters {
+        conn.query_drop(alter).await?;
     }
     add_missing_columns(conn, plan).await?;
     let position = current_position(conn, mariadb).await?;
@@ -286,10 +376,13 @@ mod tests {
             partitions: 4,
             streamer_accounts: vec!["'streamer'@'%'".into()],
             app_grantees: vec!["'orders_app'".into()],
+            wal_tables: Vec::new(),
         };
         let sql = statements(&plan, true).join(";\n");
         assert!(sql.contains("CREATE TABLE IF NOT EXISTS `outbox_0_0`"));
         assert!(sql.contains("ENGINE=InnoDB"));
+        let wal = SetupPlan { wal_tables: vec!["outbox_0_0".into()], ..plan.clone() };
+        assert!(statements(&wal, true)[0].ends_with("ENGINE=BLACKHOLE"), "storage = \"wal\"");
         assert!(sql.contains("GRANT SELECT, DELETE ON `app`.`outbox_0_0` TO 'streamer'@'%'"));
         assert!(sql.contains("GRANT INSERT ON `app`.`outbox_0_0` TO 'orders_app'"));
         assert!(sql.contains("GRANT EXECUTE ON PROCEDURE `app`.`outbox_enqueue` TO 'orders_app'"));

@@ -34,6 +34,7 @@ use tokio::sync::Mutex;
 
 use super::checkpoint::{Checkpoint, SessionRow};
 use super::xa::XaHolds;
+use crate::config::Storage;
 use crate::db::fenced;
 use crate::error::Error;
 use crate::metrics as m;
@@ -118,6 +119,15 @@ pub(crate) struct MySource {
     flavor: Flavor,
     /// The transaction whose rows are being handed out (the last `Begin`).
     current: Option<TxnId>,
+    /// `wal`: the table is BLACKHOLE and its rows are WAL-only messages (see [`super::wal`]).
+    storage: Storage,
+    /// The place of the next row in the open transaction (a message's identity).
+    place: u64,
+    /// The first and the last transaction with a WAL-only message whose position is not
+    /// stored yet: a finish whose prefix covers the first stores it though it deletes nothing.
+    unstored: Option<(TxnId, TxnId)>,
+    /// `<source>/<shard>/<partition>`, for the fixes halts name.
+    stream: String,
 }
 
 impl MySource {
@@ -129,7 +139,9 @@ impl MySource {
         checkpoint_table: &str,
         epoch: i64,
         heartbeat: Duration,
+        storage: Storage,
     ) -> Result<Self, Error> {
+        let stream = format!("{}/{}", labels.source, labels.id);
         let sql_opts: Opts = OptsBuilder::from_opts(opts.clone()).client_found_rows(true).into();
         let mut sql = Conn::new(sql_opts).await.map_err(|e| Error::from_db("connecting to MySQL/MariaDB", e))?;
         // Rows read back from the table (a bad row fixed since, a row the sweep finds) carry
@@ -173,7 +185,15 @@ impl MySource {
                 return Err(fenced(&names.table, epoch));
             }
         }
-        if pending {
+        if pending && storage == Storage::Wal {
+            // A catch-up would move the position to the binlog's end past messages the table
+            // never held: stream from the stored position instead (rows polling already sent
+            // may come again, nothing is lost).
+            sql.exec_drop(checkpoint.catchup_done(), (0i64, &names.table, epoch))
+                .await
+                .map_err(|e| Error::from_db(&format!("updating {checkpoint_table}"), e))?;
+            tracing::warn!(table = %names.table, "a catch-up was pending; with storage = \"wal\" the stream resumes from its stored position instead");
+        } else if pending {
             return Err(Error::position_lost(format!(
                 "a catch-up of {} is pending (interrupted, or the stream ran in polling mode)",
                 names.table
@@ -221,7 +241,7 @@ impl MySource {
             table: names.table.clone(),
             heartbeat,
         };
-        let reader = BinlogReader::start(target, position).await.map_err(binlog_error)?;
+        let reader = BinlogReader::start(target, position).await.map_err(|e| binlog_error(e, storage, &stream))?;
         Ok(Self {
             reader,
             sql: Arc::new(Mutex::new(sql)),
@@ -237,6 +257,10 @@ impl MySource {
             skips,
             flavor,
             current: None,
+            storage,
+            place: 0,
+            unstored: None,
+            stream,
         })
     }
 
@@ -248,6 +272,7 @@ impl MySource {
     fn on_change(&mut self, change: BinlogChange) -> Result<(), Error> {
         match change {
             BinlogChange::Begin { txn } => {
+                self.place = 0;
                 let replayed = self.replay.begin(|done| done.contains(&txn));
                 let before = self.reader.position().clone();
                 self.open = Some(OpenTxn { txn, before, replayed, xa: None });
@@ -262,7 +287,13 @@ impl MySource {
                 }
             }
             BinlogChange::Insert { values } => {
-                let row = record(&values);
+                let mut row = record(&values);
+                if let (Storage::Wal, Some(open)) = (self.storage, self.open.as_ref()) {
+                    row = super::wal::message(row, &open.txn, self.place);
+                    self.place += 1;
+                    let first = self.unstored.take().map_or(open.txn, |(first, _)| first);
+                    self.unstored = Some((first, open.txn));
+                }
                 match self.open.as_mut() {
                     Some(OpenTxn { xa: Some((_, rows)), .. }) => rows.push(row),
                     Some(OpenTxn { replayed: true, .. }) => {
@@ -274,6 +305,14 @@ impl MySource {
             }
             BinlogChange::StatementWrite => {
                 metrics::counter!(m::STATEMENT_WRITES, &self.metric_labels).increment(1);
+                if self.storage == Storage::Wal {
+                    let txn = self.open.as_ref().map_or_else(String::new, |o| o.txn.to_string());
+                    if !self.skips.skips_transaction(&txn) {
+                        return Err(super::wal::statement_write(&self.table, &txn, &self.stream));
+                    }
+                    tracing::warn!(transaction = %txn, "a statement-logged write to the BLACKHOLE table skipped as `outbox-streamer skip` asked");
+                    return Ok(());
+                }
                 tracing::warn!(
                     transaction = %self.open.as_ref().map_or_else(String::new, |o| o.txn.to_string()),
                     table = %self.table,
@@ -326,8 +365,11 @@ impl MySource {
     }
 }
 
-fn binlog_error(e: BinlogError) -> Error {
+fn binlog_error(e: BinlogError, storage: Storage, stream: &str) -> Error {
     match e {
+        BinlogError::Purged(position) if storage == Storage::Wal => {
+            super::wal::position_purged(&position.to_string(), stream)
+        }
         BinlogError::Purged(position) => {
             Error::position_lost(format!("the stored binlog position {position} was purged from the server"))
         }
@@ -409,7 +451,7 @@ impl Source for MySource {
                 return Ok(Some(event));
             }
             // The only await: nothing is lost if this call is cancelled.
-            let change = self.reader.next().await.map_err(binlog_error)?;
+            let change = self.reader.next().await.map_err(|e| binlog_error(e, self.storage, &self.stream))?;
             metrics::gauge!(m::BINLOG_LAG_SECONDS, &self.metric_labels).set(self.reader.lag_seconds());
             self.on_change(change)?;
         }
@@ -421,7 +463,12 @@ impl Source for MySource {
         upto: MyPosition,
     ) -> impl Future<Output = Result<u64, Error>> + Send + 'static + use<> {
         // An idle stream stores its position only now and then.
-        let store = !ids.is_empty() || self.last_stored.elapsed() >= IDLE_STORE_INTERVAL;
+        let messages = self.unstored.is_some_and(|(first, _)| upto.done.contains(&first));
+        if messages {
+            // What the prefix does not cover yet is stored by a later finish that covers `last`.
+            self.unstored = self.unstored.filter(|(_, last)| !upto.done.contains(last)).map(|(_, last)| (last, last));
+        }
+        let store = !ids.is_empty() || messages || self.last_stored.elapsed() >= IDLE_STORE_INTERVAL;
         if store {
             self.last_stored = Instant::now();
         }
@@ -515,9 +562,10 @@ impl Source for MySource {
         done.done.at_or_after(&mark.done)
     }
 
-    fn skips(&self, id: Option<i64>, _message: bool, label: &str) -> bool {
+    fn skips(&self, id: Option<i64>, message: bool, label: &str) -> bool {
         match id {
             None => self.skips.skips_transaction(label),
+            Some(id) if message => self.skips.skips_message(id),
             Some(id) => {
                 let (Some(bound), Some(txn)) = (self.skips.bound_of(id), self.current.as_ref()) else {
                     return false;

@@ -25,6 +25,7 @@ mod setup;
 mod skip;
 mod status;
 mod teardown;
+mod wal;
 mod xa;
 
 use std::sync::Arc;
@@ -140,12 +141,15 @@ fn jobs(source: &SourceConfig, ctx: &JobContext<'_>) -> anyhow::Result<Vec<Strea
             );
         } else {
             let heartbeat = Duration::from_millis(settings.status_interval_ms.max(1000));
+            let storage = settings.storage;
             let (opts, checkpoint, task_labels, stream_names) =
                 (opts.clone(), checkpoint.clone(), labels.clone(), names.clone());
             let connect = move |lease: OwnerLease| {
                 let (opts, names, checkpoint, labels) =
                     (opts.clone(), stream_names.clone(), checkpoint.clone(), task_labels.clone());
-                async move { MySource::connect(&labels, &opts, &names, &checkpoint, lease.db_epoch(), heartbeat).await }
+                async move {
+                    MySource::connect(&labels, &opts, &names, &checkpoint, lease.db_epoch(), heartbeat, storage).await
+                }
             };
             jobs.push(
                 JobParts { labels, scope, settings, names, connect, catch_up, broker, message_timeout_ms }.into_job(),

@@ -3,12 +3,13 @@
 //! grants what the streamer and the application accounts need.
 
 use anyhow::Context;
+use outbox_mysql::mysql_async::prelude::Queryable;
 use outbox_mysql::mysql_async::{Opts, OptsBuilder};
 use outbox_mysql::privileges as myprivileges;
 use outbox_mysql::setup as my;
 
 use super::connect::{mysql_admin_opts, mysql_opts};
-use crate::config::SourceConfig;
+use crate::config::{SourceConfig, Storage};
 use crate::db::SetupRequest;
 use crate::names::{all_streams, checkpoint_table};
 
@@ -28,6 +29,10 @@ pub(super) async fn setup(source: &SourceConfig, how: &SetupRequest<'_>) -> anyh
         partitions: source.partitions,
         streamer_accounts: vec![format!("{}@'<host>'", my::literal(&streamer_user))],
         app_grantees: app_roles.iter().map(|r| myprivileges::app_grantee(r)).collect(),
+        wal_tables: all_streams(source.shards, source.partitions)
+            .filter(|id| source.settings_for(*id).storage == Storage::Wal)
+            .map(|id| source.stream_names(id).table)
+            .collect(),
     };
     if dry_run {
         println!(
@@ -51,6 +56,8 @@ pub(super) async fn setup(source: &SourceConfig, how: &SetupRequest<'_>) -> anyh
     let mut conn = super::connect::mysql_connect(&admin).await.with_context(|| format!("source {:?}", source.name))?;
     let (settings, mut failures) = my::check_server(&mut conn).await?;
     failures.extend(myprivileges::check_admin(&mut conn, &database).await?);
+    let (changes, storage_failures) = my::storage_changes(&mut conn, &plan).await?;
+    failures.extend(storage_failures);
     if failures.is_empty() {
         // Probing needs the grant option that check_admin just confirmed.
         failures.extend(myprivileges::check_app_accounts(&mut conn, &database, &plan.app_grantees).await?);
@@ -113,9 +120,33 @@ pub(super) async fn setup(source: &SourceConfig, how: &SetupRequest<'_>) -> anyh
             source.name
         ),
     }
-    my::apply(&mut conn, &plan, settings.is_mariadb()).await.with_context(|| {
+    if changes.install_blackhole {
+        println!(
+            "source {:?}: installing the BLACKHOLE engine for storage = \"wal\" (INSTALL SONAME 'ha_blackhole')",
+            source.name
+        );
+        let fix = "install it as root (INSTALL SONAME 'ha_blackhole'), or add plugin_load_add = ha_blackhole to the server's configuration and restart it; then run setup again";
+        match my::install_blackhole(&mut conn, settings.is_mariadb()).await {
+            Ok(None) => {}
+            Ok(Some(why)) => anyhow::bail!(
+                "source {:?}: {why}; nothing was created. A plugin uninstalled while in use is removed only when the server restarts: restart it, then {fix}",
+                source.name
+            ),
+            Err(e) => anyhow::bail!(
+                "source {:?}: installing the BLACKHOLE engine for storage = \"wal\": {e}; nothing was created. {fix}",
+                source.name
+            ),
+        }
+    }
+    my::apply(&mut conn, &plan, settings.is_mariadb(), &changes).await.with_context(|| {
         format!("source {:?}: creating tables and checkpoints (re-running setup completes it)", source.name)
     })?;
+    if !plan.wal_tables.is_empty() {
+        let expire_s: Option<u64> = conn.query_first("SELECT @@binlog_expire_logs_seconds").await.ok().flatten();
+        if let Some(risk) = expire_s.and_then(|s| super::wal::retention_risk(s, source.log_retention_min_hours)) {
+            eprintln!("source {:?}: warning (storage = \"wal\"): {risk}", source.name);
+        }
+    }
     conn.disconnect().await.ok();
     println!(
         "source {:?}: {} shard-partition(s) ready in {database} on {} ({}_<shard>_<partition>, {}, {}_enqueue())",

@@ -6,7 +6,7 @@ use outbox_mysql::mysql_async::Row as MyRow;
 use outbox_mysql::mysql_async::prelude::Queryable;
 
 use super::checkpoint::{Checkpoint, StatusRow};
-use crate::config::SourceConfig;
+use crate::config::{SourceConfig, Storage};
 use crate::db::StreamStatus;
 use crate::names::{all_streams, checkpoint_table};
 
@@ -22,9 +22,14 @@ pub(super) async fn status(source: &SourceConfig) -> anyhow::Result<Vec<StreamSt
         .await
         .map(|rows| rows.iter().filter_map(|r| Some((r.get::<String, _>(0)?, r.get::<u64, _>(1)?))).collect())
         .unwrap_or_default();
+    let expire_s: Option<u64> = conn.query_first("SELECT @@binlog_expire_logs_seconds").await.ok().flatten();
+    let retention = expire_s.and_then(|s| super::wal::retention_risk(s, source.log_retention_min_hours));
     for id in all_streams(source.shards, source.partitions) {
         let names = source.stream_names(id);
         let mut row = StreamStatus::new(id);
+        if source.settings_for(id).storage == Storage::Wal {
+            row.warning.clone_from(&retention);
+        }
         let quoted = outbox_mysql::setup::ident(&names.table);
         row.rows_pending = conn.query_first::<i64, _>(crate::db::count_sql(&quoted)).await.ok().flatten();
         let stored: Option<StatusRow> = conn.exec_first(checkpoint.read_status(), (&names.table,)).await.ok().flatten();

@@ -10,7 +10,7 @@ use crate::record::{InvalidRow, OutboxRecord, RawRow};
 /// the payload of a dead-letter copy.
 pub(crate) fn decode(id: i64, lsn: &str, content: &[u8]) -> Result<OutboxRecord, InvalidRow> {
     let envelope = Envelope::decode(content).map_err(|e| {
-        let mut invalid = InvalidRow::new(Some(id), e.field, e.reason).at_message(lsn);
+        let mut invalid = InvalidRow::new(Some(id), e.field, e.reason).at_message(format!("LSN {lsn}"));
         invalid.raw = Some(Box::new(RawRow { payload: Some(content.to_vec()), ..RawRow::default() }));
         invalid
     })?;
@@ -22,7 +22,7 @@ pub(crate) fn decode(id: i64, lsn: &str, content: &[u8]) -> Result<OutboxRecord,
         kafka_partition: envelope.kafka_partition.map(i64::from),
         created_at_micros: Some(envelope.created_at_micros),
     };
-    let mut record = raw.into_record(id).map_err(|e| e.at_message(lsn))?;
+    let mut record = raw.into_record(id).map_err(|e| e.at_message(format!("LSN {lsn}")))?;
     record.in_table = false;
     Ok(record)
 }
