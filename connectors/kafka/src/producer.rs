@@ -377,7 +377,10 @@ mod tests {
         let rec = Outgoing { topic: "t", key: None, payload: Some(b"p"), partition: Some(0), headers: &[], stamp: &[] };
         let first = producer.try_send(&rec).expect("room for one");
         assert!(matches!(producer.try_send(&rec), Err(Offer::Full)));
-        assert_eq!(producer.client.producer.in_flight_count(), 1, "the refused record was never handed over");
+        // Still full: the refused record was never handed over. (librdkafka's out-queue length
+        // would count the connection-refused events waiting to be served as well, which vary
+        // with the machine's load.)
+        assert!(matches!(producer.try_send(&rec), Err(Offer::Full)), "the refused record was never handed over");
         let report = first.await.expect("a report comes");
         assert!(report.is_err(), "no broker: the record times out");
         // The report wakes `room` from inside librdkafka's callback, a moment before the client
