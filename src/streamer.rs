@@ -545,7 +545,8 @@ impl<P: Clone + std::fmt::Display + Send + Sync + 'static, K: Sink> Session<'_, 
                 }
                 if let Some(created) = d.created_at_micros {
                     let now = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |t| t.as_micros() as i64);
-                    self.hot.latency.record((now - created).max(0) as f64 / 1e6);
+                    // A forged WAL-only envelope may carry any created_at: never overflow.
+                    self.hot.latency.record(now.saturating_sub(created).max(0) as f64 / 1e6);
                 }
                 return Ok(None);
             }
@@ -592,7 +593,12 @@ impl<P: Clone + std::fmt::Display + Send + Sync + 'static, K: Sink> Session<'_, 
             _ => {
                 let halt = if d.kind == Kind::Message {
                     let place = format!("at the WAL-only message outbox-id={} of {}: ", d.id, self.labels.table);
-                    self.halt_at(Some(d.id), &place, &reason, failure.fix)
+                    // It is in no table: `skip --message` discards it, not `--id`.
+                    let fix = format!(
+                        "{}; this WAL-only message is discarded with `outbox-streamer skip --stream {}/{} --message {}` (not --id)",
+                        failure.fix, self.labels.source, self.labels.id, d.id
+                    );
+                    self.halt_at(Some(d.id), &place, &reason, &fix)
                 } else {
                     self.halt(Some(d.id), &reason, failure.fix)
                 };

@@ -7,10 +7,10 @@ use mysql_async::prelude::Queryable;
 
 use crate::faults;
 use crate::polling::POLLING;
+use crate::support::kafka;
 use crate::support::mysql::MyDb;
 use crate::support::streamer::run_cli;
 use crate::support::world::World;
-use crate::support::kafka;
 
 const ARRIVAL: Duration = Duration::from_secs(120);
 

@@ -216,7 +216,7 @@ async fn wal_a_lost_slot_halts_and_never_skips_silently() {
     assert_eq!(slots, 0, "no slot was created behind the operator's back");
     assert!(second.stop());
     let (ok, out, err) = run_cli(&w.config, &["setup", "--admin-url", &w.db.admin_url]);
-    assert!(ok, "{out}\n{err}");
+    assert!(ok && err.contains("is missing: it is created again now") && err.contains("may be lost"), "{out}\n{err}");
     let third = w.start("third.log");
     enqueue(&w, "b").await;
     let records = kafka::read_at_least(&w.topic, 1, 2, ARRIVAL).await;
@@ -448,8 +448,79 @@ async fn wal_restrict_emit_leaves_emitting_to_the_streamer_and_the_applications(
         .await
         .unwrap_err();
     assert_eq!(forged.code(), Some(&tokio_postgres::error::SqlState::INSUFFICIENT_PRIVILEGE), "{forged}");
+    // Every overload stays callable by the streamer (its heartbeat) and the application.
+    let streamer_role = w.streamer_url.split("://").nth(1).unwrap().split(':').next().unwrap().to_string();
+    for role in [&streamer_role, &app] {
+        let may: bool =
+            w.db.admin
+                .query_one(
+                    "SELECT bool_and(has_function_privilege($1, p.oid, 'EXECUTE')) FROM pg_proc p
+                 WHERE p.proname = 'pg_logical_emit_message'",
+                    &[role],
+                )
+                .await
+                .unwrap()
+                .get(0);
+        assert!(may, "{role} may call every overload");
+    }
     assert_eq!(payloads(&kafka::read_at_least(&w.topic, 1, 1, ARRIVAL).await), ["from-app"]);
     assert!(streamer.stop());
     drop((app_conn, other_conn));
     w.db.admin.batch_execute(&format!("DROP OWNED BY {app}, {other}; DROP ROLE {app}, {other}")).await.unwrap();
+}
+
+/// From an adversarial review: a `wal` shard-partition switched to polling must not let the
+/// polling stream move its slot past messages it cannot read — it halts while the functions
+/// still emit (setup not rerun) and while messages wait in the slot; `teardown` keeps a slot
+/// holding messages unless told; a message Kafka refuses names `skip --message`, which works.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wal_messages_in_the_slot_are_never_dropped_by_polling_or_teardown() {
+    let w = World::postgres("wg").config(WAL).build().await;
+    let table = w.table(0, 0);
+    enqueue(&w, "pending").await;
+    // Polling in the config, setup not rerun: the functions still emit.
+    w.edit_config(|c| c.replace(WAL, "mode = \"polling\""));
+    let first = w.start("first.log");
+    let line = first.wait_for_one_halt(ARRIVAL).await;
+    assert!(line.contains("write WAL-only messages") && line.contains("run `outbox-streamer setup`"), "{line}");
+    assert!(first.stop());
+    let (ok, out, err) = run_cli(&w.config, &["setup", "--admin-url", &w.db.admin_url]);
+    assert!(ok, "{out}\n{err}");
+    let second = w.start("second.log");
+    let line = second.wait_for_one_halt(ARRIVAL).await;
+    assert!(line.contains("1 WAL-only message(s)") && line.contains("mode = \"cdc\""), "{line}");
+    assert!(second.stop());
+    // teardown keeps the slot holding it.
+    let (_, out, err) = run_cli(&w.config, &["teardown", "--admin-url", &w.db.admin_url]);
+    assert!(out.contains(&format!("would leave table \"{table}\" (1 row never published)")), "{out}\n{err}");
+    // The fix the halt names: CDC (table storage reads messages too) publishes it.
+    w.edit_config(|c| c.replace("mode = \"polling\"", ""));
+    let third = w.start("third.log");
+    assert_eq!(payloads(&kafka::read_at_least(&w.topic, 1, 1, ARRIVAL).await), ["pending"]);
+    assert!(third.stop());
+    w.edit_config(|c| format!("{c}\nmode = \"polling\"\n"));
+    let fourth = w.start("fourth.log");
+    fourth.wait_for_state("streaming", ARRIVAL).await;
+    assert!(fourth.stop());
+}
+
+/// A WAL-only message Kafka refuses (an unknown topic) halts naming `skip --message` with its
+/// outbox-id, and that command clears it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wal_a_message_kafka_refuses_is_skipped_by_its_outbox_id() {
+    let w = World::postgres("wq").config(WAL).build().await;
+    let first = w.start("first.log");
+    let missing = format!("{}-missing", w.topic);
+    let sql = format!("SELECT {}_enqueue($1, 'k'::bytea, 'refused'::bytea)", w.prefix);
+    w.db.admin.execute(&sql, &[&missing]).await.unwrap();
+    enqueue(&w, "after").await;
+    let line = first.wait_for_halt(ARRIVAL).await;
+    let id = line.split("--message ").nth(1).and_then(|r| r.split('`').next()).unwrap().to_string();
+    assert!(line.contains("not --id"), "{line}");
+    assert!(first.stop());
+    let (ok, out, err) = run_cli(&w.config, &["skip", "--stream", "test/0/0", "--message", &id]);
+    assert!(ok && out.contains("will not be published"), "{out}\n{err}");
+    let second = w.start("second.log");
+    assert_eq!(payloads(&kafka::read_at_least(&w.topic, 1, 1, ARRIVAL).await), ["after"]);
+    assert!(second.stop());
 }

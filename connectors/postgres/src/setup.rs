@@ -78,8 +78,8 @@ pub fn literal(value: &str) -> String {
 /// Checkpoint columns added after its first version: the published-up-to mark (the commit LSN
 /// below which every transaction was published and deleted, stored with the delete) and the
 /// operator's skip lists (`outbox-streamer skip`).
-const CHECKPOINT_LATER_COLUMNS: [(&str, &str); 3] =
-    [("published_lsn", "pg_lsn"), ("skip_ids", "text"), ("skip_transactions", "text")];
+const CHECKPOINT_LATER_COLUMNS: [(&str, &str); 4] =
+    [("published_lsn", "pg_lsn"), ("skip_ids", "text"), ("skip_transactions", "text"), ("storage", "text")];
 
 /// Statements that must run in a transaction block (tables, publications, grants, function).
 pub fn schema_statements(plan: &SetupPlan) -> Vec<String> {
@@ -139,6 +139,18 @@ pub fn schema_statements(plan: &SetupPlan) -> Vec<String> {
     let rows: Vec<String> = plan.streams.iter().map(|s| format!("({})", literal(&s.table))).collect();
     if !rows.is_empty() {
         sql.push(format!("INSERT INTO {checkpoint} (stream) VALUES {} ON CONFLICT DO NOTHING", rows.join(", ")));
+        // What the functions written below do for each shard-partition: a polling stream
+        // refuses to run while they emit WAL-only messages it cannot read.
+        for storage in ["table", "wal"] {
+            let streams: Vec<String> =
+                plan.streams.iter().filter(|s| s.wal == (storage == "wal")).map(|s| literal(&s.table)).collect();
+            if !streams.is_empty() {
+                sql.push(format!(
+                    "UPDATE {checkpoint} SET storage = '{storage}' WHERE stream IN ({})",
+                    streams.join(", ")
+                ));
+            }
+        }
     }
     if let Some(role) = &plan.streamer_role {
         sql.push(format!("GRANT SELECT, UPDATE ON {checkpoint} TO {}", ident(role)));
@@ -307,36 +319,47 @@ pub fn wal_retention_risk(max_slot_wal_keep_size: &str) -> Option<String> {
 
 /// Whether every role may call `pg_logical_emit_message` (PostgreSQL's default): then any
 /// login of the database can forge a WAL-only message of a `wal` shard-partition. Returns the
-/// statements that restrict it to `roles` (the application and streamer roles).
+/// warning with the statements that restrict it to `roles` (the application and streamer roles).
 pub async fn emit_forgery_risk(client: &Client, roles: &[String]) -> Result<Option<String>, tokio_postgres::Error> {
     let public: bool = client
         .query_one(
-            "SELECT bool_or(has_function_privilege('public', p.oid, 'EXECUTE'))
+            "SELECT coalesce(bool_or(has_function_privilege('public', p.oid, 'EXECUTE')), false)
              FROM pg_proc p WHERE p.proname = 'pg_logical_emit_message' AND p.pronamespace = 'pg_catalog'::regnamespace",
             &[],
         )
         .await?
-        .get::<_, Option<bool>>(0)
-        .unwrap_or(false);
+        .get(0);
     if !public {
         return Ok(None);
     }
     Ok(Some(format!(
         "every role of this database may call pg_logical_emit_message, so any login can forge a WAL-only outbox message; rerun setup with --restrict-emit as a superuser, or have one run: {}; (other tools that emit logical messages, such as a CDC heartbeat, need the grant too)",
-        restrict_emit_statements(roles).join("; ")
+        restrict_emit_statements(client, roles).await?.join("; ")
     )))
 }
 
-/// The statements that let only `roles` call `pg_logical_emit_message` in this database.
-pub fn restrict_emit_statements(roles: &[String]) -> Vec<String> {
-    const SIGNATURES: [&str; 2] =
-        ["pg_logical_emit_message(boolean, text, text)", "pg_logical_emit_message(boolean, text, bytea)"];
+/// The statements that let only `roles` call `pg_logical_emit_message` in this database: every
+/// overload the server has (PostgreSQL 17 adds a `flush` argument), revoked from PUBLIC and
+/// granted to each role.
+pub async fn restrict_emit_statements(client: &Client, roles: &[String]) -> Result<Vec<String>, tokio_postgres::Error> {
+    let overloads: Vec<String> = client
+        .query(
+            "SELECT p.oid::regprocedure::text FROM pg_proc p
+             WHERE p.proname = 'pg_logical_emit_message' AND p.pronamespace = 'pg_catalog'::regnamespace ORDER BY 1",
+            &[],
+        )
+        .await?
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
     let mut statements: Vec<String> =
-        SIGNATURES.iter().map(|s| format!("REVOKE EXECUTE ON FUNCTION pg_catalog.{s} FROM PUBLIC")).collect();
+        overloads.iter().map(|f| format!("REVOKE EXECUTE ON FUNCTION pg_catalog.{f} FROM PUBLIC")).collect();
     for role in roles {
-        statements.push(format!("GRANT EXECUTE ON FUNCTION pg_catalog.{} TO {}", SIGNATURES[1], ident(role)));
+        for f in &overloads {
+            statements.push(format!("GRANT EXECUTE ON FUNCTION pg_catalog.{f} TO {}", ident(role)));
+        }
     }
-    statements
+    Ok(statements)
 }
 
 /// Where [`apply`] stopped: the schema step (nothing of it committed) or a slot (the schema

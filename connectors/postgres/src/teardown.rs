@@ -91,6 +91,27 @@ fn numbered(prefix: &str) -> String {
     format!("^{prefix}_[0-9]+_[0-9]+$")
 }
 
+/// Committed WAL-only messages with the stream's prefix that its slot has not confirmed yet
+/// (a peek decodes the slot's WAL without consuming it). 0 when the slot cannot be read (an
+/// invalidated slot delivers nothing any more).
+pub async fn waiting_messages(client: &Client, s: &StreamObjects) -> i64 {
+    // pgoutput's message: 'M', flags (bit 0: transactional), the LSN (8 bytes), the prefix
+    // NUL-terminated — so the prefix starts at byte 11 (1-based).
+    let sql = "SELECT count(*) FROM pg_logical_slot_peek_binary_changes($1, NULL, NULL,
+                   'proto_version', '1', 'publication_names', $2, 'messages', 'true')
+               WHERE get_byte(data, 0) = 77 AND get_byte(data, 1) & 1 = 1
+                 AND substring(data FROM 11 FOR octet_length($3::bytea)) = $3::bytea";
+    let mut prefix = s.table.as_bytes().to_vec();
+    prefix.push(0);
+    match client.query_one(sql, &[&s.slot, &s.publication, &prefix]).await {
+        Ok(row) => row.get(0),
+        Err(e) => {
+            tracing::debug!(slot = %s.slot, error = %e, "cannot peek into the slot for WAL-only messages");
+            0
+        }
+    }
+}
+
 /// Reads what exists; changes nothing and takes no lock beyond what a `count(*)` takes.
 pub async fn inspect(client: &Client, plan: &TeardownPlan) -> Result<Inventory, tokio_postgres::Error> {
     let tables: Vec<String> = plan.streams.iter().map(|s| s.table.clone()).collect();
@@ -145,7 +166,17 @@ pub async fn inspect(client: &Client, plan: &TeardownPlan) -> Result<Inventory, 
 
     let mut streams = Vec::with_capacity(plan.streams.len());
     for s in &plan.streams {
-        let rows = if existing_tables.contains(&s.table) { Some(count(client, &s.table).await?) } else { None };
+        let mut rows = if existing_tables.contains(&s.table) { Some(count(client, &s.table).await?) } else { None };
+        let idle_slot = own_slots.iter().any(|(name, holder)| *name == s.slot && holder.is_none());
+        if idle_slot && existing_publications.contains(&s.publication) {
+            // WAL-only messages (`storage = "wal"`) waiting in the slot were never published
+            // either: they count as pending rows, so the slot is not dropped without
+            // --drop-pending.
+            let messages = waiting_messages(client, s).await;
+            if messages > 0 {
+                rows = Some(rows.unwrap_or(0) + messages);
+            }
+        }
         streams.push(StreamFound {
             objects: s.clone(),
             rows,

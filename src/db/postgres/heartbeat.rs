@@ -27,10 +27,14 @@ pub(super) async fn run(target: PgTarget, interval: Duration, mut stop: watch::R
         }
         let result = match &client {
             Some(c) => c
-                .execute("SELECT pg_logical_emit_message(false, $1, now()::text)", &[&HEARTBEAT_PREFIX])
+                .execute(
+                    // The bytea overload: the one `setup --restrict-emit` grants the streamer.
+                    "SELECT pg_logical_emit_message(false, $1, convert_to(now()::text, 'UTF8'))",
+                    &[&HEARTBEAT_PREFIX],
+                )
                 .await
                 .map(|_| ())
-                .map_err(|e| e.to_string()),
+                .map_err(|e| outbox_postgres::setup::describe(&e)),
             None => Err(format!("cannot connect to {}", target.display())),
         };
         match result {

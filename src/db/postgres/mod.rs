@@ -143,10 +143,16 @@ fn jobs(source: &SourceConfig, ctx: &JobContext<'_>) -> anyhow::Result<Vec<Strea
         let message_timeout_ms = ctx.kafka.message_timeout_ms;
         if settings.mode == Mode::Polling {
             let (target, checkpoint, poll) = (target.clone(), checkpoint.clone(), poll_settings(&settings, &labels));
-            let (table, slot) = (names.table.clone(), names.slot.clone());
+            let (table, slot, stream_names) = (names.table.clone(), names.slot.clone(), names.clone());
             let connect = move |lease: OwnerLease| {
-                let (target, table, checkpoint, poll, slot) =
-                    (target.clone(), table.clone(), checkpoint.clone(), poll.clone(), slot.clone());
+                let (target, table, checkpoint, poll, slot, names) = (
+                    target.clone(),
+                    table.clone(),
+                    checkpoint.clone(),
+                    poll.clone(),
+                    slot.clone(),
+                    stream_names.clone(),
+                );
                 async move {
                     // Streaming from the slot again later must first send what polling left.
                     let client = target
@@ -154,6 +160,7 @@ fn jobs(source: &SourceConfig, ctx: &JobContext<'_>) -> anyhow::Result<Vec<Strea
                         .await
                         .map_err(|e| Error::from_db(&format!("connecting to {}", target.display()), e))?;
                     let epoch = lease.db_epoch();
+                    poll::refuse_past_messages(&client, &checkpoint, &names).await?;
                     catchup::mark_pending(&client, &checkpoint, &table, epoch).await?;
                     let reader = PgPollTable::connect(&target, &table).await?.moving_slot(&slot);
                     let cleaner = PgPollTable::connect(&target, &table).await?.fenced_by(&checkpoint, epoch);

@@ -15,6 +15,7 @@ use outbox_postgres::setup::ident;
 use tokio_postgres::{Client, Row, Statement};
 
 use crate::error::Error;
+use crate::names::StreamNames;
 use crate::poll::{PollTable, PolledRow, Writers};
 use crate::record::RawRow;
 use crate::source::{DELETE_CHUNK, within};
@@ -217,4 +218,40 @@ impl PollTable for PgPollTable {
         let row = within("checking the table's writers in pg_locks", query).await?;
         Ok(row.get(0))
     }
+}
+
+/// Refuses polling where WAL-only messages (`storage = "wal"`) could be lost: polling cannot
+/// read them and moves the stream's slot past them. Halts while the enqueue functions still
+/// emit for this shard-partition (`setup` last ran with `storage = "wal"`), or while its slot
+/// holds committed messages of its prefix not yet published.
+pub(crate) async fn refuse_past_messages(client: &Client, checkpoint: &str, names: &StreamNames) -> Result<(), Error> {
+    let sql = format!("SELECT storage FROM {} WHERE stream = $1", ident(checkpoint));
+    // An older setup has no storage column: it never wrote WAL-only messages.
+    let storage: Option<String> = client.query_opt(&sql, &[&names.table]).await.ok().flatten().and_then(|r| r.get(0));
+    if storage.as_deref() == Some("wal") {
+        return Err(Error::definite(
+            format!(
+                "the enqueue functions write WAL-only messages for {} (setup last ran with storage = \"wal\"), which polling cannot read",
+                names.table
+            ),
+            "run `outbox-streamer setup` with this configuration first; messages already written are published by running this shard-partition with mode = \"cdc\" until they are",
+        ));
+    }
+    let objects = outbox_postgres::setup::StreamObjects {
+        table: names.table.clone(),
+        publication: names.publication.clone(),
+        slot: names.slot.clone(),
+        wal: false,
+    };
+    let waiting = outbox_postgres::teardown::waiting_messages(client, &objects).await;
+    if waiting > 0 {
+        return Err(Error::definite(
+            format!(
+                "{waiting} WAL-only message(s) of {} wait in slot {:?}; polling cannot read them and would move the slot past them",
+                names.table, names.slot
+            ),
+            "run this shard-partition with mode = \"cdc\" (storage = \"table\" reads them too) until they are published, then switch to polling",
+        ));
+    }
+    Ok(())
 }

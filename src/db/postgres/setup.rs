@@ -84,6 +84,12 @@ pub(super) async fn setup(source: &SourceConfig, how: &SetupRequest<'_>) -> anyh
         );
         plan.app_roles.extend(again);
     }
+    for lost in lost_wal_slots(&client, &plan).await? {
+        eprintln!(
+            "source {:?}: warning (storage = \"wal\"): {lost}: it is created again now, and the WAL-only messages committed after its last position were never read and may be lost",
+            source.name
+        );
+    }
     let waiting = privileges::open_transactions(&client, OLD_TRANSACTION_S).await?;
     if !waiting.is_empty() {
         eprintln!(
@@ -115,7 +121,7 @@ pub(super) async fn setup(source: &SourceConfig, how: &SetupRequest<'_>) -> anyh
         let keep: String = client.query_one("SHOW max_slot_wal_keep_size", &[]).await?.get(0);
         let roles: Vec<String> = plan.streamer_role.iter().chain(&plan.app_roles).cloned().collect();
         if restrict_emit {
-            let statements = pg::restrict_emit_statements(&roles);
+            let statements = pg::restrict_emit_statements(&client, &roles).await?;
             client.batch_execute(&statements.join(";\n")).await.map_err(|e| {
                 anyhow::anyhow!(
                     "source {:?}: --restrict-emit: {}; run setup as a superuser, or have one run: {}",
@@ -165,6 +171,32 @@ fn taken_slot_failure(source: &SourceConfig, database: &str, taken: &pg::TakenSl
         format!("replication slot {:?} exists with output plugin {:?}, not pgoutput", taken.slot, taken.plugin)
     };
     pg::CheckFailure { what, fix: crate::dberror::slot_prefix_fix(&source.name, &source.table_prefix, database) }
+}
+
+/// The `wal` shard-partitions whose slot is missing although an earlier setup created them
+/// (their checkpoint row exists): re-creating it resumes after a loss, which is said aloud.
+async fn lost_wal_slots(client: &tokio_postgres::Client, plan: &SetupPlan) -> anyhow::Result<Vec<String>> {
+    let wal: Vec<&StreamObjects> = plan.streams.iter().filter(|s| s.wal).collect();
+    if wal.is_empty() {
+        return Ok(Vec::new());
+    }
+    let checkpoint = plan.checkpoint_table();
+    let known: bool = client.query_one("SELECT to_regclass($1) IS NOT NULL", &[&pg::ident(&checkpoint)]).await?.get(0);
+    if !known {
+        return Ok(Vec::new());
+    }
+    let mut lost = Vec::new();
+    for s in wal {
+        let sql = format!(
+            "SELECT EXISTS (SELECT 1 FROM {} WHERE stream = $1)
+                AND NOT EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = $2 AND database = current_database())",
+            pg::ident(&checkpoint)
+        );
+        if client.query_one(&sql, &[&s.table, &s.slot]).await?.get::<_, bool>(0) {
+            lost.push(format!("replication slot {:?} of {} is missing", s.slot, s.table));
+        }
+    }
+    Ok(lost)
 }
 
 /// Transactions open longer than this are named while a new slot may wait on them.
