@@ -205,7 +205,7 @@ async fn wal_a_lost_slot_halts_and_never_skips_silently() {
     enqueue(&w, "lost").await;
     let second = w.start("second.log");
     let line = second.wait_for_one_halt(ARRIVAL).await;
-    assert!(line.contains("does not exist") && line.contains("may be lost"), "{line}");
+    assert!(line.contains("does not exist") && line.contains("may be lost") && line.contains("after LSN "), "{line}");
     assert!(line.contains("outbox-streamer setup"), "{line}");
     let slots: i64 =
         w.db.admin

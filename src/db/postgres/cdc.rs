@@ -531,6 +531,18 @@ impl Source for PgSource {
         if confirmed.as_u64() == 0 {
             return;
         }
+        if self.storage == Storage::Wal {
+            // No delete stores a published-up-to mark for WAL-only messages: store the
+            // confirmed position once per session, so a replay skips what was finished and a
+            // lost slot's halt can name where the messages that may be lost begin.
+            let sql = format!(
+                "UPDATE {} SET published_lsn = greatest(published_lsn, $2::text::pg_lsn), updated_at = now() WHERE stream = $1",
+                outbox_postgres::setup::ident(&self.checkpoint_table)
+            );
+            if let Err(e) = self.sql.execute(&sql, &[&self.names.table, &confirmed.to_pg_string()]).await {
+                tracing::debug!(error = %e, "could not store the confirmed position in the checkpoint on close");
+            }
+        }
         // The replication protocol has no final status on CopyDone; record the position now
         // so a restart does not replay what was already confirmed. The walsender may hold the
         // slot for a moment after the session closed.
