@@ -297,8 +297,12 @@ impl BenchDb {
                         (topic, payload_bytes as u64),
                     )
                     .await?;
-                    let first = tx.last_insert_id().context("no LAST_INSERT_ID after INSERT")? as i64;
+                    let first = tx.last_insert_id();
                     tx.commit().await?;
+                    let first = match wal {
+                        true => wal_first_id(&mut c).await?,
+                        false => first.context("no LAST_INSERT_ID after INSERT")? as i64,
+                    };
                     ids.extend(first..first + n as i64);
                     left -= n;
                     progress.fetch_add(n, Ordering::Relaxed);
@@ -457,6 +461,19 @@ async fn my_connect(url: &str) -> anyhow::Result<Conn> {
     Ok(Conn::new(opts).await?)
 }
 
+/// The `outbox-id` of the first row the connection's last transaction wrote into a BLACKHOLE
+/// (`storage = "wal"`) table: its GTID sequence number × 2^24, the row's place added per row
+/// (the streamer's identity of a WAL-only message; `id` means nothing in such a table).
+async fn wal_first_id(conn: &mut Conn) -> anyhow::Result<i64> {
+    let gtid: String = conn.query_first("SELECT @@last_gtid").await?.context("no @@last_gtid after COMMIT")?;
+    let seq: i64 = gtid
+        .rsplit('-')
+        .next()
+        .and_then(|s| s.parse().ok())
+        .with_context(|| format!("unexpected @@last_gtid {gtid:?}"))?;
+    Ok(seq << 24)
+}
+
 /// A MariaDB writer: multi-row INSERTs, one transaction each. Ids of one statement are
 /// consecutive from LAST_INSERT_ID() (innodb_autoinc_lock_mode 1, MariaDB's default).
 async fn run_mariadb_writer(
@@ -487,7 +504,10 @@ async fn run_mariadb_writer(
         n += plan.rows_per_txn;
         let mut tx = conn.start_transaction(TxOpts::default()).await?;
         tx.exec_drop(&insert, params).await?;
-        let first = tx.last_insert_id().context("no LAST_INSERT_ID after INSERT")? as i64;
+        let first = match plan.wal {
+            true => 0,
+            false => tx.last_insert_id().context("no LAST_INSERT_ID after INSERT")? as i64,
+        };
         if plan.shared_keys {
             for (i, key) in keys.iter().enumerate() {
                 tx.exec_drop("UPDATE bench_key_seq SET n = LAST_INSERT_ID(n + 1) WHERE k = ?", (key,)).await?;
@@ -497,6 +517,7 @@ async fn run_mariadb_writer(
         }
         tx.commit().await?;
         let at = Instant::now();
+        let first = if plan.wal { wal_first_id(&mut conn).await? } else { first };
         committed.extend((0..plan.rows_per_txn as i64).map(|i| (first + i, at)));
         progress.fetch_add(plan.rows_per_txn, Ordering::Relaxed);
     }

@@ -69,7 +69,8 @@ pub(crate) enum BenchStorage {
     /// Rows of the outbox table (inserted by the writers, deleted by the streamer).
     #[default]
     Table,
-    /// WAL-only messages (PostgreSQL logical messages written with `pg_logical_emit_message`).
+    /// WAL-only messages: PostgreSQL logical messages written with `pg_logical_emit_message`,
+    /// MariaDB rows inserted into a BLACKHOLE table (each identified by its GTID and place).
     Wal,
 }
 
@@ -83,7 +84,7 @@ pub(crate) enum BenchStorage {
 pub(crate) struct BenchArgs {
     #[arg(long, value_enum, default_value_t = BenchMode::Cdc)]
     pub mode: BenchMode,
-    /// Where messages live: `table` rows, or `wal` (PostgreSQL, CDC or ceiling only).
+    /// Where messages live: `table` rows, or `wal` (CDC or ceiling only).
     #[arg(long, value_enum, default_value_t = BenchStorage::Table)]
     pub storage: BenchStorage,
     /// The database under test.

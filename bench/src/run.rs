@@ -39,8 +39,13 @@ pub(crate) async fn bench(mut args: BenchArgs, streamer: &Path) -> anyhow::Resul
     if args.writers == 0 || args.rows_per_txn == 0 || args.partitions == 0 {
         bail!("--writers, --rows-per-txn and --partitions must be at least 1");
     }
-    if args.storage == BenchStorage::Wal && (args.db != DbKind::Postgres || args.mode == BenchMode::Polling) {
-        bail!("--storage wal needs --db postgres and --mode cdc or ceiling");
+    if args.storage == BenchStorage::Wal && args.mode == BenchMode::Polling {
+        bail!("--storage wal needs --mode cdc or ceiling (a WAL-only message is in no table to poll)");
+    }
+    if args.storage == BenchStorage::Wal && args.db == DbKind::Mariadb && args.shared_keys {
+        bail!(
+            "--shared-keys needs each row's id inside its transaction; with --db mariadb --storage wal the id is known only after COMMIT (its GTID)"
+        );
     }
     let env = |name: &str| {
         std::env::var(name).with_context(|| format!("{name} is not set; run `eval \"$(scripts/services env)\"` first"))
