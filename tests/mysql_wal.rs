@@ -219,3 +219,79 @@ async fn mariadb_wal_sigkill_at_random_moments_loses_nothing() {
     assert!(duplicates <= 3 * 20_000, "{duplicates} duplicates");
     assert!(streamer.stop());
 }
+
+/// Kafka stopped past the delivery timeout while messages keep going into the BLACKHOLE table:
+/// the stored checkpoint never passes an unsent message (nothing else holds them), and once
+/// Kafka is back every message arrives, first deliveries in commit order per key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mariadb_wal_kafka_outage_longer_than_the_delivery_timeout_loses_nothing() {
+    let w = World::mysql("yo").kafka_partitions(3).config(WAL).exclusive().build().await;
+    w.edit_config(|c| c.replace("message_timeout_ms = 10000", "message_timeout_ms = 3000"));
+    let table = w.table(0, 0);
+    let insert = format!("INSERT INTO {table} (topic, msg_key, payload) VALUES (?, ?, ?)");
+    let streamer = w.start("streamer.log");
+    let mut db = w.admin().await;
+    let mut n = 0;
+    // Each insert commits alone; answers its transaction's GTID sequence number.
+    let mut send = async |count: usize| {
+        let mut seqs = Vec::new();
+        for _ in 0..count {
+            let key = format!("k{}", n % 10);
+            db.exec_drop(&insert, (&w.topic, &key, format!("{key}:{n}"))).await.unwrap();
+            let gtid: String = db.query_first("SELECT @@last_gtid").await.unwrap().unwrap();
+            seqs.push(gtid_seq(&gtid));
+            n += 1;
+        }
+        seqs
+    };
+    send(100).await;
+    kafka::read_at_least(&w.topic, 3, 100, ARRIVAL).await;
+    let outage = crate::support::KafkaOutage::begin();
+    let during = send(200).await;
+    streamer.wait_for_metric("outbox_errors_total", &[("kind", "source")], 1.0, ARRIVAL).await;
+    let mut admin = w.admin().await;
+    let stored: Option<String> = admin
+        .exec_first(format!("SELECT gtid FROM {}_checkpoint WHERE stream = ?", w.prefix), (&table,))
+        .await
+        .unwrap()
+        .flatten();
+    let stored = stored.map_or(0, |g| g.split(',').map(|one| gtid_seq(one.trim())).max().unwrap_or(0));
+    assert!(stored < during[0], "the checkpoint passed an unsent message ({stored} ≥ {})", during[0]);
+    drop(outage);
+    let records = kafka::read_distinct(&w.topic, 3, 300, ARRIVAL).await;
+    kafka::assert_first_deliveries_in_order(&records, 300);
+    eprintln!("mariadb wal kafka outage: 300 messages, {} records ({} duplicates)", records.len(), records.len() - 300);
+    assert!(streamer.stop());
+    admin.disconnect().await.unwrap();
+}
+
+/// The sequence number of a MariaDB GTID `domain-server-seq`.
+fn gtid_seq(gtid: &str) -> u64 {
+    gtid.rsplit('-').next().and_then(|s| s.parse().ok()).unwrap_or_else(|| panic!("GTID {gtid:?}"))
+}
+
+/// A WAL-only message Kafka refuses (an unknown topic) halts naming `skip --message` with its
+/// outbox-id; a mistyped outbox-id is refused, and the named one clears the halt.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mariadb_wal_a_message_kafka_refuses_is_skipped_by_its_outbox_id() {
+    let w = World::mysql("yq").config(WAL).build().await;
+    let table = w.table(0, 0);
+    let insert = format!("INSERT INTO {table} (topic, payload) VALUES (?, ?)");
+    let mut db = w.admin().await;
+    let first = w.start("first.log");
+    db.exec_drop(&insert, (format!("{}-missing", w.topic), "refused")).await.unwrap();
+    db.exec_drop(&insert, (&w.topic, "after")).await.unwrap();
+    let line = first.wait_for_halt(ARRIVAL).await;
+    let id = line.split("--message ").nth(1).and_then(|r| r.split('`').next()).unwrap().to_string();
+    assert!(line.contains("not --id"), "{line}");
+    assert!(first.stop());
+    let typo = format!("{}", (id.parse::<i64>().unwrap() >> 24 | 1 << 30) << 24);
+    let (ok, out, err) = run_cli(&w.config, &["skip", "--stream", "test/0/0", "--message", &typo]);
+    assert!(!ok && err.contains("nothing changed"), "{out}\n{err}");
+    let (ok, out, err) = run_cli(&w.config, &["skip", "--stream", "test/0/0", "--message", &id]);
+    assert!(ok && out.contains("will not be published"), "{out}\n{err}");
+    let second = w.start("second.log");
+    assert_eq!(payloads(&kafka::read_at_least(&w.topic, 1, 1, ARRIVAL).await), ["after"]);
+    assert!(second.stop());
+    db.disconnect().await.unwrap();
+}

@@ -137,7 +137,8 @@ async fn wal_other_prefixes_and_untransactional_messages_are_not_published() {
 }
 
 /// A hand-written message with a malformed envelope halts its shard-partition naming the LSN
-/// and the field; the fix it names (`skip --message`) works, and the messages after it follow.
+/// and the field; the fix it names (`skip --message`) works — a mistyped LSN is refused — and the
+/// messages after it follow.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wal_a_malformed_envelope_halts_naming_its_lsn_and_skip_clears_it() {
     let w = World::postgres("wm").config(WAL).build().await;
@@ -157,6 +158,9 @@ async fn wal_a_malformed_envelope_halts_naming_its_lsn_and_skip_clears_it() {
     assert_eq!(named, lsn, "the halt names the LSN pg_logical_emit_message answered");
     assert_eq!(kafka::read_at_least(&w.topic, 1, 1, ARRIVAL).await.len(), 1, "only what precedes it");
     assert!(first.stop());
+    // A mistyped LSN names no waiting message: refused, and the skip list stays as it was.
+    let (ok, out, err) = run_cli(&w.config, &["skip", "--stream", "test/0/0", "--message", "0/1"]);
+    assert!(!ok && err.contains("no WAL-only message") && err.contains("nothing changed"), "{out}\n{err}");
     let (ok, out, err) = run_cli(&w.config, &["skip", "--stream", "test/0/0", "--message", &named]);
     assert!(ok && out.contains("will not be published"), "{out}\n{err}");
     let second = w.start("second.log");
@@ -244,6 +248,10 @@ async fn switching_storage_with_messages_in_flight_loses_nothing() {
     assert!(out.contains("cdc/wal"), "status shows the storage:\n{out}\n{err}");
     enqueue(&w, "message-1").await;
     assert_eq!(w.count(&table).await, 1, "wal storage emits it");
+    // With no streamer holding the slot, status counts the message waiting in it beside the row.
+    let (_, json, _) = run_cli_code(&w.config, &["status", "--json"]);
+    let rows: Vec<serde_json::Value> = serde_json::from_str(&json).unwrap();
+    assert_eq!((rows[0]["rows_pending"].as_i64(), rows[0]["messages_pending"].as_i64()), (Some(1), Some(1)), "{json}");
     let streamer = w.start("first.log");
     assert_eq!(payloads(&kafka::read_at_least(&w.topic, 1, 2, ARRIVAL).await), ["row-1", "message-1"]);
     w.wait_drained(&table).await;

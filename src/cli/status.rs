@@ -44,6 +44,8 @@ struct Row {
     active_pid: Option<i32>,
     lag_bytes: Option<i64>,
     rows_pending: Option<i64>,
+    /// WAL-only messages waiting (see [`StreamStatus::messages_pending`]).
+    messages_pending: Option<i64>,
     catchup_pending: Option<bool>,
     last_catchup_at: Option<String>,
     last_catchup_rows: Option<i64>,
@@ -76,6 +78,26 @@ impl Row {
         }
     }
 
+    /// Rows in the table plus the WAL-only messages counted in the slot.
+    fn pending(&self) -> Option<i64> {
+        Some(self.rows_pending? + self.messages_pending.unwrap_or(0))
+    }
+
+    /// [`Self::pending`] when nothing waiting is uncounted (a `wal` stream whose slot could
+    /// not be peeked may hold messages).
+    fn pending_known(&self) -> Option<i64> {
+        if self.storage == "wal" && self.messages_pending.is_none() { None } else { self.pending() }
+    }
+
+    /// The `pending` column: `N+` at the count's cap, `N+?` when WAL-only messages could not
+    /// be counted.
+    fn pending_text(&self) -> String {
+        let Some(n) = self.pending() else { return "-".to_string() };
+        let capped = if n >= PENDING_COUNT_CAP { "+" } else { "" };
+        let unknown = if self.pending_known().is_none() { "+?" } else { "" };
+        format!("{n}{capped}{unknown}")
+    }
+
     /// The row of what the database says about one shard-partition, with its problems.
     fn of(source: &SourceConfig, found: StreamStatus) -> Self {
         let mut row = Self::new(source, found.id);
@@ -91,6 +113,7 @@ impl Row {
         row.lag_bytes = found.lag_bytes;
         row.warning = found.warning;
         row.rows_pending = found.rows_pending;
+        row.messages_pending = found.messages_pending;
         (row.catchup_pending, row.last_catchup_at, row.last_catchup_rows) =
             (found.catchup_pending, found.last_catchup_at, found.last_catchup_rows);
         row.problems.extend(table_problems(&row, found.checkpoint_found));
@@ -136,8 +159,8 @@ pub(super) async fn status(
         }
     };
     for row in &mut rows {
-        row.streamer.settle(row.rows_pending);
-        let found = verdict::streamer_problems(row.streamer.state, row.rows_pending, row.lag_bytes, limits);
+        row.streamer.settle(row.pending_known());
+        let found = verdict::streamer_problems(row.streamer.state, row.pending(), row.lag_bytes, limits);
         row.problems.extend(found);
         row.lagging = row.problems.iter().any(Problem::is_lag);
         row.healthy = row.problems.is_empty();
@@ -250,7 +273,7 @@ fn print_table(rows: &[Row], coordinated: bool) {
             r.state,
             r.active_pid.map_or_else(dash, |p| p.to_string()),
             r.lag_bytes.map_or_else(dash, |l| l.to_string()),
-            r.rows_pending.map_or_else(dash, |p| if p >= PENDING_COUNT_CAP { format!("{p}+") } else { p.to_string() }),
+            r.pending_text(),
             catchup,
             r.position.clone().unwrap_or_else(dash),
         );

@@ -168,6 +168,10 @@ pub(crate) struct StreamStatus {
     pub lag_bytes: Option<i64>,
     /// Rows in the table, counted up to [`PENDING_COUNT_CAP`]; `None`: the table is unreadable.
     pub rows_pending: Option<i64>,
+    /// `storage = "wal"`: WAL-only messages waiting in the slot (PostgreSQL, counted while no
+    /// session holds the slot, up to [`PENDING_COUNT_CAP`]); `None` when they cannot be
+    /// counted (a held slot; MariaDB's binlog) or the storage is `table`.
+    pub messages_pending: Option<i64>,
     /// Whether the checkpoint table has the shard-partition's row.
     pub checkpoint_found: bool,
     pub catchup_pending: Option<bool>,
@@ -190,6 +194,7 @@ impl StreamStatus {
             active_pid: None,
             lag_bytes: None,
             rows_pending: None,
+            messages_pending: None,
             checkpoint_found: false,
             catchup_pending: None,
             last_catchup_at: None,

@@ -112,6 +112,34 @@ pub async fn waiting_messages(client: &Client, s: &StreamObjects) -> i64 {
     }
 }
 
+/// Like [`waiting_messages`], for `status`: decodes at most about `cap` changes (whole
+/// transactions), so a large backlog costs a bounded peek; the count is then a lower bound.
+pub async fn count_waiting(client: &Client, s: &StreamObjects, cap: i64) -> Result<i64, tokio_postgres::Error> {
+    let sql = "SELECT count(*) FROM pg_logical_slot_peek_binary_changes($1, NULL, $4::int,
+                   'proto_version', '1', 'publication_names', $2, 'messages', 'true')
+               WHERE get_byte(data, 0) = 77 AND get_byte(data, 1) & 1 = 1
+                 AND substring(data FROM 11 FOR octet_length($3::bytea)) = $3::bytea";
+    let mut prefix = s.table.as_bytes().to_vec();
+    prefix.push(0);
+    let cap = i32::try_from(cap).unwrap_or(i32::MAX);
+    Ok(client.query_one(sql, &[&s.slot, &s.publication, &prefix, &cap]).await?.get(0))
+}
+
+/// Whether a transactional message of `s`'s prefix at `lsn` (its `outbox-id`) waits in `s`'s
+/// slot: decodes the slot without consuming it, so the slot must not be held. Used by `skip
+/// --message` to refuse an LSN that names nothing the stream would read.
+pub async fn message_waits(client: &Client, s: &StreamObjects, lsn: i64) -> Result<bool, tokio_postgres::Error> {
+    // After 'M' and the flags byte comes the message's LSN (8 bytes), then the prefix.
+    let sql = "SELECT EXISTS (SELECT 1 FROM pg_logical_slot_peek_binary_changes($1, NULL, NULL,
+                   'proto_version', '1', 'publication_names', $2, 'messages', 'true')
+               WHERE get_byte(data, 0) = 77 AND get_byte(data, 1) & 1 = 1
+                 AND substring(data FROM 3 FOR 8) = int8send($4)
+                 AND substring(data FROM 11 FOR octet_length($3::bytea)) = $3::bytea)";
+    let mut prefix = s.table.as_bytes().to_vec();
+    prefix.push(0);
+    Ok(client.query_one(sql, &[&s.slot, &s.publication, &prefix, &lsn]).await?.get(0))
+}
+
 /// Reads what exists; changes nothing and takes no lock beyond what a `count(*)` takes.
 pub async fn inspect(client: &Client, plan: &TeardownPlan) -> Result<Inventory, tokio_postgres::Error> {
     let tables: Vec<String> = plan.streams.iter().map(|s| s.table.clone()).collect();

@@ -3,7 +3,7 @@
 
 use anyhow::{Context, bail};
 use outbox_mysql::mysql_async::prelude::Queryable;
-use outbox_mysql::mysql_async::{IsolationLevel, TxOpts};
+use outbox_mysql::mysql_async::{IsolationLevel, Transaction, TxOpts};
 
 use super::checkpoint::Checkpoint;
 use super::connect::mysql_opts;
@@ -69,8 +69,9 @@ pub(super) async fn skip(source: &SourceConfig, id: StreamId, what: &What) -> an
             tx.affected_rows()
         }
         What::Transaction(_) => 0,
-        What::Message { .. } => {
-            bail!("--message names a PostgreSQL WAL-only message; this source is MySQL/MariaDB: skip a row with --id")
+        What::Message { id, .. } => {
+            wal_message_exists(&mut tx, &names.table, *id).await?;
+            0
         }
     };
     let version: Option<String> = tx.query_first("SELECT @@version").await?;
@@ -83,4 +84,35 @@ pub(super) async fn skip(source: &SourceConfig, id: StreamId, what: &What) -> an
     tx.commit().await?;
     conn.disconnect().await.ok();
     Ok(done_message(what, deleted))
+}
+
+/// Refuses `--message` for a shard-partition whose table is not a BLACKHOLE (`storage =
+/// "wal"`) table, and an `outbox-id` whose transaction (GTID sequence × 2^24 + place, see
+/// `super::wal`) cannot exist: one the server has not reached yet is a typo.
+async fn wal_message_exists(tx: &mut Transaction<'_>, table: &str, id: i64) -> anyhow::Result<()> {
+    let engine: Option<String> = tx
+        .exec_first(
+            "SELECT ENGINE FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = ?",
+            (table,),
+        )
+        .await?;
+    if !engine.is_some_and(|e| e.eq_ignore_ascii_case("BLACKHOLE")) {
+        bail!(
+            "--message names a WAL-only message, but {table} is not a BLACKHOLE table (storage = \"table\"); skip a row with --id, as its halt message says"
+        );
+    }
+    let executed: Option<String> = tx.query_first("SELECT @@gtid_binlog_pos").await?;
+    let newest = executed
+        .unwrap_or_default()
+        .split(',')
+        .filter_map(|gtid| gtid.trim().rsplit('-').next()?.parse::<i64>().ok())
+        .max()
+        .unwrap_or(0);
+    if id < 0 || id >> 24 > newest {
+        bail!(
+            "--message {id}: no transaction of this server has GTID sequence number {} yet (its newest is {newest}), so no message of {table} has that outbox-id; nothing changed. Use the outbox-id the halt message names",
+            id >> 24
+        );
+    }
+    Ok(())
 }

@@ -5,7 +5,7 @@ use anyhow::{Context, bail};
 
 use super::connect::pg_target;
 use crate::config::SourceConfig;
-use crate::names::{StreamId, checkpoint_table};
+use crate::names::{StreamId, StreamNames, checkpoint_table};
 use crate::skip::{SkipList, What, add, done_message};
 
 pub(super) async fn skip(source: &SourceConfig, id: StreamId, what: &What) -> anyhow::Result<String> {
@@ -19,6 +19,9 @@ pub(super) async fn skip(source: &SourceConfig, id: StreamId, what: &What) -> an
             "the stream is running: slot {:?} is held by backend {pid}; stop its streamer (or wait until it halts), then run this again",
             names.slot
         );
+    }
+    if let What::Message { at, id } = what {
+        message_waits(&client, &names, at, *id).await?;
     }
     let (table, cp) = (outbox_postgres::setup::ident(&names.table), outbox_postgres::setup::ident(&checkpoint));
     let tx = client.build_transaction().isolation_level(tokio_postgres::IsolationLevel::RepeatableRead).start().await?;
@@ -65,4 +68,27 @@ pub(super) async fn skip(source: &SourceConfig, id: StreamId, what: &What) -> an
     .await?;
     tx.commit().await?;
     Ok(done_message(what, deleted))
+}
+
+/// Refuses `--message` unless a message of the stream's prefix at that LSN waits in its slot:
+/// a mistyped LSN, or one already published, would otherwise be accepted and change nothing
+/// while the halt it was meant to clear stays.
+async fn message_waits(client: &tokio_postgres::Client, names: &StreamNames, at: &str, id: i64) -> anyhow::Result<()> {
+    let objects = outbox_postgres::setup::StreamObjects {
+        table: names.table.clone(),
+        publication: names.publication.clone(),
+        slot: names.slot.clone(),
+        wal: true,
+    };
+    let waits = outbox_postgres::teardown::message_waits(client, &objects, id).await.with_context(|| {
+        format!("reading slot {:?} to find the message {at} (nothing changed; if the slot is lost, `outbox-streamer setup` names the fix)", names.slot)
+    })?;
+    if !waits {
+        bail!(
+            "no WAL-only message of {} at {at} (outbox-id {id}) waits in slot {:?}: the LSN is mistyped, names another stream's message, or it was published already; nothing changed. Use the LSN or outbox-id the halt message names",
+            names.table,
+            names.slot
+        );
+    }
+    Ok(())
 }

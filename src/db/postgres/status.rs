@@ -6,7 +6,7 @@ use outbox_postgres::setup::ident;
 use outbox_postgres::slot;
 
 use crate::config::{SourceConfig, Storage};
-use crate::db::{SlotProblem, StreamStatus};
+use crate::db::{PENDING_COUNT_CAP, SlotProblem, StreamStatus};
 use crate::names::{all_streams, checkpoint_table};
 
 /// Every shard-partition's status (see [`crate::db::Database::status`]).
@@ -49,11 +49,22 @@ pub(super) async fn status(source: &SourceConfig) -> anyhow::Result<Vec<StreamSt
         }
         row.checkpoint_found = catchup.is_some();
         row.position = st.confirmed_flush.map(|l| l.to_string());
-        row.slot = Some(names.slot);
+        row.slot = Some(names.slot.clone());
         row.active_pid = st.active_pid;
         row.lag_bytes = st.lag_bytes;
         if source.settings_for(id).storage == Storage::Wal {
             row.warning = keep_size.as_deref().and_then(outbox_postgres::setup::wal_retention_risk);
+            // A peek needs the slot free; a running streamer's lag is in lag_bytes.
+            if st.exists && st.active_pid.is_none() && row.slot_problem.is_none() {
+                let objects = outbox_postgres::setup::StreamObjects {
+                    table: names.table.clone(),
+                    publication: names.publication.clone(),
+                    slot: names.slot.clone(),
+                    wal: true,
+                };
+                row.messages_pending =
+                    outbox_postgres::teardown::count_waiting(&client, &objects, PENDING_COUNT_CAP).await.ok();
+            }
         }
         rows.push(row);
     }
