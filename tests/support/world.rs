@@ -186,18 +186,18 @@ impl<D: Database> World<D> {
     }
 
     /// Starts the streamer, then three times: once it streams and has published `progress`
-    /// records, SIGKILLs it at a seed-dependent moment (up to 200 ms later — a random point,
-    /// not a wait for a condition) and starts a new one. Returns the fourth, running.
+    /// records plus a seed-dependent number more (up to 199), SIGKILLs it — at a different point
+    /// of its work each time — and starts a new one. Returns the fourth, running.
     pub(crate) async fn kill_three_times(&self, progress: f64) -> Running {
         let mut streamer = self.start("run-0.log");
         let mut seed = 0x2545_f491_4f6c_dd1d_u64;
         for kill in 1..=3 {
             streamer.wait_for_state("streaming", ARRIVAL).await;
-            streamer.wait_for_metric("outbox_published_records_total", &[], progress, ARRIVAL).await;
             seed ^= seed << 13;
             seed ^= seed >> 7;
             seed ^= seed << 17;
-            tokio::time::sleep(Duration::from_millis(seed % 200)).await;
+            let at = progress + (seed % 200) as f64;
+            streamer.wait_for_metric("outbox_published_records_total", &[], at, ARRIVAL).await;
             streamer.kill();
             streamer = self.start(&format!("run-{kill}.log"));
         }

@@ -95,33 +95,24 @@ fn numbered(prefix: &str) -> String {
 /// (a peek decodes the slot's WAL without consuming it). 0 when the slot cannot be read (an
 /// invalidated slot delivers nothing any more).
 pub async fn waiting_messages(client: &Client, s: &StreamObjects) -> i64 {
-    // pgoutput's message: 'M', flags (bit 0: transactional), the LSN (8 bytes), the prefix
-    // NUL-terminated — so the prefix starts at byte 11 (1-based).
-    let sql = "SELECT count(*) FROM pg_logical_slot_peek_binary_changes($1, NULL, NULL,
-                   'proto_version', '1', 'publication_names', $2, 'messages', 'true')
-               WHERE get_byte(data, 0) = 77 AND get_byte(data, 1) & 1 = 1
-                 AND substring(data FROM 11 FOR octet_length($3::bytea)) = $3::bytea";
-    let mut prefix = s.table.as_bytes().to_vec();
-    prefix.push(0);
-    match client.query_one(sql, &[&s.slot, &s.publication, &prefix]).await {
-        Ok(row) => row.get(0),
-        Err(e) => {
-            tracing::debug!(slot = %s.slot, error = %e, "cannot peek into the slot for WAL-only messages");
-            0
-        }
-    }
+    count_waiting(client, s, None).await.unwrap_or_else(|e| {
+        tracing::debug!(slot = %s.slot, error = %e, "cannot peek into the slot for WAL-only messages");
+        0
+    })
 }
 
-/// Like [`waiting_messages`], for `status`: decodes at most about `cap` changes (whole
-/// transactions), so a large backlog costs a bounded peek; the count is then a lower bound.
-pub async fn count_waiting(client: &Client, s: &StreamObjects, cap: i64) -> Result<i64, tokio_postgres::Error> {
+/// The messages [`waiting_messages`] counts, decoding at most about `cap` changes (whole
+/// transactions) when given — `status` bounds its peek so, and the count is then a lower bound.
+pub async fn count_waiting(client: &Client, s: &StreamObjects, cap: Option<i64>) -> Result<i64, tokio_postgres::Error> {
+    // pgoutput's message: 'M', flags (bit 0: transactional), the LSN (8 bytes), the prefix
+    // NUL-terminated — so the prefix starts at byte 11 (1-based).
     let sql = "SELECT count(*) FROM pg_logical_slot_peek_binary_changes($1, NULL, $4::int,
                    'proto_version', '1', 'publication_names', $2, 'messages', 'true')
                WHERE get_byte(data, 0) = 77 AND get_byte(data, 1) & 1 = 1
                  AND substring(data FROM 11 FOR octet_length($3::bytea)) = $3::bytea";
     let mut prefix = s.table.as_bytes().to_vec();
     prefix.push(0);
-    let cap = i32::try_from(cap).unwrap_or(i32::MAX);
+    let cap = cap.map(|c| i32::try_from(c).unwrap_or(i32::MAX));
     Ok(client.query_one(sql, &[&s.slot, &s.publication, &prefix, &cap]).await?.get(0))
 }
 

@@ -189,3 +189,8 @@ fn jobs(source: &SourceConfig, ctx: &JobContext<'_>) -> anyhow::Result<Vec<Strea
     }
     Ok(jobs)
 }
+
+/// The connector's names of a shard-partition's objects, from the core's.
+fn objects(names: crate::names::StreamNames, wal: bool) -> outbox_postgres::setup::StreamObjects {
+    outbox_postgres::setup::StreamObjects { table: names.table, publication: names.publication, slot: names.slot, wal }
+}

@@ -237,12 +237,7 @@ pub(crate) async fn refuse_past_messages(client: &Client, checkpoint: &str, name
             "run `outbox-streamer setup` with this configuration first; messages already written are published by running this shard-partition with mode = \"cdc\" until they are",
         ));
     }
-    let objects = outbox_postgres::setup::StreamObjects {
-        table: names.table.clone(),
-        publication: names.publication.clone(),
-        slot: names.slot.clone(),
-        wal: false,
-    };
+    let objects = super::objects(names.clone(), false);
     let waiting = outbox_postgres::teardown::waiting_messages(client, &objects).await;
     if waiting > 0 {
         return Err(Error::definite(

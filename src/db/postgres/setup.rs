@@ -22,7 +22,7 @@ fn postgres_plan(source: &SourceConfig, streamer: &PgTarget, app_roles: &[String
             .map(|id| {
                 let n = source.stream_names(id);
                 let wal = source.settings_for(id).storage == crate::config::Storage::Wal;
-                StreamObjects { table: n.table, publication: n.publication, slot: n.slot, wal }
+                super::objects(n, wal)
             })
             .collect(),
         streamer_role: Some(streamer.user().to_string()),

@@ -74,12 +74,7 @@ pub(super) async fn skip(source: &SourceConfig, id: StreamId, what: &What) -> an
 /// a mistyped LSN, or one already published, would otherwise be accepted and change nothing
 /// while the halt it was meant to clear stays.
 async fn message_waits(client: &tokio_postgres::Client, names: &StreamNames, at: &str, id: i64) -> anyhow::Result<()> {
-    let objects = outbox_postgres::setup::StreamObjects {
-        table: names.table.clone(),
-        publication: names.publication.clone(),
-        slot: names.slot.clone(),
-        wal: true,
-    };
+    let objects = super::objects(names.clone(), true);
     let waits = outbox_postgres::teardown::message_waits(client, &objects, id).await.with_context(|| {
         format!("reading slot {:?} to find the message {at} (nothing changed; if the slot is lost, `outbox-streamer setup` names the fix)", names.slot)
     })?;

@@ -56,14 +56,9 @@ pub(super) async fn status(source: &SourceConfig) -> anyhow::Result<Vec<StreamSt
             row.warning = keep_size.as_deref().and_then(outbox_postgres::setup::wal_retention_risk);
             // A peek needs the slot free; a running streamer's lag is in lag_bytes.
             if st.exists && st.active_pid.is_none() && row.slot_problem.is_none() {
-                let objects = outbox_postgres::setup::StreamObjects {
-                    table: names.table.clone(),
-                    publication: names.publication.clone(),
-                    slot: names.slot.clone(),
-                    wal: true,
-                };
+                let objects = super::objects(names.clone(), true);
                 row.messages_pending =
-                    outbox_postgres::teardown::count_waiting(&client, &objects, PENDING_COUNT_CAP).await.ok();
+                    outbox_postgres::teardown::count_waiting(&client, &objects, Some(PENDING_COUNT_CAP)).await.ok();
             }
         }
         rows.push(row);

@@ -40,7 +40,7 @@ pub(super) async fn tear_down(
             .iter()
             .map(|id| {
                 let n = source.stream_names(*id);
-                StreamObjects { table: n.table, publication: n.publication, slot: n.slot, wal: false }
+                super::objects(n, false)
             })
             .collect(),
         checkpoint_table: checkpoint_table(prefix),
