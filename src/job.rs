@@ -28,7 +28,7 @@ use crate::metrics::{self as m, state};
 use crate::names::{StreamNames, all_streams};
 use crate::policy::{Action, Phase, policy};
 use crate::poll::PollSettings;
-use crate::sink::{self, Broker, BrokerSettings};
+use crate::sink::{self, Broker, BrokerSettings, Sink as _};
 use crate::source::Source;
 use crate::streamer::{StreamLabels, StreamMemory, run_session};
 

@@ -41,6 +41,7 @@ pub(crate) mod metrics;
 pub(crate) mod names;
 pub(crate) mod policy;
 pub mod poll;
+pub(crate) mod progress;
 pub(crate) mod record;
 pub(crate) mod replay;
 pub(crate) mod run;

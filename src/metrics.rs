@@ -14,6 +14,8 @@ pub(crate) const SKIPPED_REPLAYED_ROWS: &str = "outbox_replayed_rows_skipped_tot
 pub(crate) const SKIPPED_ROWS: &str = "outbox_skipped_rows_total";
 pub(crate) const SWEPT_ROWS: &str = "outbox_swept_rows_total";
 pub(crate) const SINK_FULL_WAITS: &str = "outbox_sink_full_waits_total";
+pub(crate) const KAFKA_TXN_COMMITS: &str = "outbox_kafka_transaction_commits_total";
+pub(crate) const KAFKA_TXN_ABORTS: &str = "outbox_kafka_transaction_aborts_total";
 pub(crate) const STATEMENT_WRITES: &str = "outbox_statement_logged_writes_total";
 pub(crate) const ERRORS: &str = "outbox_errors_total";
 pub(crate) const IN_FLIGHT_RECORDS: &str = "outbox_in_flight_records";
@@ -56,6 +58,16 @@ pub(crate) fn describe() {
         SKIPPED_REPLAYED_ROWS,
         Unit::Count,
         "rows of replayed transactions this stream had already published, not sent again"
+    );
+    describe_counter!(
+        KAFKA_TXN_COMMITS,
+        Unit::Count,
+        "Kafka transactions committed with their progress record (delivery = exactly-once)"
+    );
+    describe_counter!(
+        KAFKA_TXN_ABORTS,
+        Unit::Count,
+        "Kafka transactions aborted (delivery = exactly-once); their records are sent again in a new one"
     );
     describe_counter!(
         SKIPPED_ROWS,
@@ -132,6 +144,8 @@ pub(crate) fn init_stream(labels: &[(&'static str, String); 3]) {
         CATCHUPS,
         CATCHUP_ROWS,
         SINK_FULL_WAITS,
+        KAFKA_TXN_COMMITS,
+        KAFKA_TXN_ABORTS,
     ] {
         counter!(name, labels).increment(0);
     }
@@ -177,6 +191,8 @@ mod tests {
         super::DELETED_ROWS,
         super::DEAD_LETTERED_RECORDS,
         super::SKIPPED_REPLAYED_ROWS,
+        super::KAFKA_TXN_COMMITS,
+        super::KAFKA_TXN_ABORTS,
         super::SKIPPED_ROWS,
         super::SWEPT_ROWS,
         super::STATEMENT_WRITES,

@@ -50,7 +50,8 @@ pub(crate) async fn run(mut config: Config) -> anyhow::Result<()> {
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut tasks = JoinSet::new();
     let mut jobs = Vec::new();
-    let ctx = JobContext { kafka: &config.kafka, instance: instance.as_deref() };
+    let cluster = config.coordination.as_ref().map_or("default", |c| c.cluster_name.as_str());
+    let ctx = JobContext { kafka: &config.kafka, instance: instance.as_deref(), cluster };
     for source in &config.sources {
         let database = db::of(source.kind);
         jobs.extend(database.jobs(source, &ctx)?);

@@ -115,6 +115,21 @@ pub(crate) trait Source: Send {
     /// in this session).
     fn reached(done: &Self::Position, mark: &Self::Position) -> bool;
 
+    /// Exactly-once: `position` as a progress record stores it (a text [`Source::begun_within`]
+    /// reads back in a later session, on another instance, after a restart). `None` when this
+    /// source's positions mean nothing outside their session (polling's batch numbers).
+    fn progress_mark(_position: &Self::Position) -> Option<String> {
+        None
+    }
+
+    /// Exactly-once: whether the transaction of the last [`SourceEvent::Begin`] that
+    /// [`Source::next`] returned is at or before `mark` (from [`Source::progress_mark`]), so
+    /// that its records are already in Kafka. Called right after that `Begin`. A mark this
+    /// source cannot read is a definite error (its progress record is not this stream's).
+    fn begun_within(&self, _mark: &str) -> Result<bool, Error> {
+        Ok(false)
+    }
+
     /// Whether an operator said to skip row `id` (or, when its id cannot be read, the rows of
     /// the transaction being read, labelled `label`) with `outbox-streamer skip`. A row id
     /// is skipped only in a transaction that committed before the command ran. With

@@ -41,6 +41,7 @@ use crate::sink::{Failure, Sink, Verdict};
 use crate::source::{Source, SourceEvent};
 use crate::sweep::{Step, Sweep};
 use cleanup::{Cleaning, running};
+use exactly_once::ExactlyOnce;
 use handoff::{Body, InFlight, Pending};
 
 /// The header naming the owner epoch under ZooKeeper coordination.
@@ -137,6 +138,9 @@ pub(crate) struct StreamMemory<P> {
     /// Topics the cluster's metadata showed ready (or that took a record): their records go
     /// out without waiting. Others are looked up once per session first.
     topics_ok: HashSet<String>,
+    /// Exactly-once: rows Kafka refused on their own, with the refusal; their transaction
+    /// was aborted, and the next session dead-letters them without sending them again.
+    refused: std::collections::HashMap<i64, String>,
 }
 
 /// More distinct topics than this and [`StreamMemory::topics_ok`] starts over (each topic is
@@ -152,6 +156,7 @@ impl<P> Default for StreamMemory<P> {
             halted: None,
             last_halt: None,
             topics_ok: HashSet::new(),
+            refused: std::collections::HashMap::new(),
         }
     }
 }
@@ -196,7 +201,25 @@ pub(crate) async fn run_session<S: Source, K: Sink>(
     memory: &mut StreamMemory<S::Position>,
 ) -> Result<(), Error> {
     memory.last_halt = None;
-    tracing::debug!(sink = K::NAME, transactional = K::TRANSACTIONAL, "session starts");
+    tracing::debug!(sink = K::NAME, transactional = sink.transactional(), "session starts");
+    let eo = if sink.transactional() {
+        match resume::<K>(sink, labels).await {
+            Ok(progress) => Some(ExactlyOnce::new(
+                settings.transaction_interval_ms,
+                settings.transaction_max_records,
+                S::POSITION_HEADER,
+                progress,
+            )),
+            Err(e) => {
+                if tokio::time::timeout(Duration::from_secs(5), source.close()).await.is_err() {
+                    tracing::warn!("closing the database sessions timed out; dropped them");
+                }
+                return Err(e);
+            }
+        }
+    } else {
+        None
+    };
     if let Some((ids, upto)) = memory.unfinished.take() {
         let ids: Arc<[i64]> = ids.into();
         match source.finish(ids.clone(), upto.clone()).await {
@@ -243,9 +266,10 @@ pub(crate) async fn run_session<S: Source, K: Sink>(
         },
         hot: HotMetrics::new(&labels.metric_labels()),
         looked_up: HashSet::new(),
+        eo,
     };
     let result = s.main_loop(&mut source, shutdown).await;
-    let drained = s.drain(&mut source, message_timeout).await;
+    let drained = s.drain(&mut source, message_timeout, result.is_ok()).await;
     // A dead link must not hold the shard-partition: closing gets a few seconds, then the
     // connections are simply dropped.
     if tokio::time::timeout(Duration::from_secs(5), source.close()).await.is_err() {
@@ -285,6 +309,8 @@ struct Session<'a, P, K: Sink> {
     hot: HotMetrics,
     /// Topics whose metadata this session asked for (once each).
     looked_up: HashSet<String>,
+    /// Under `delivery = "exactly-once"`: the Kafka transaction and the progress it builds on.
+    eo: Option<ExactlyOnce>,
 }
 
 /// Header values that stay the same for a whole session, formatted once.
@@ -304,6 +330,9 @@ struct HotMetrics {
     in_flight_records: metrics::Gauge,
     in_flight_bytes: metrics::Gauge,
     full_waits: metrics::Counter,
+    kafka_commits: metrics::Counter,
+    kafka_aborts: metrics::Counter,
+    replayed: metrics::Counter,
 }
 
 impl HotMetrics {
@@ -315,6 +344,9 @@ impl HotMetrics {
             in_flight_records: gauge!(m::IN_FLIGHT_RECORDS, labels),
             in_flight_bytes: gauge!(m::IN_FLIGHT_BYTES, labels),
             full_waits: counter!(m::SINK_FULL_WAITS, labels),
+            kafka_commits: counter!(m::KAFKA_TXN_COMMITS, labels),
+            kafka_aborts: counter!(m::KAFKA_TXN_ABORTS, labels),
+            replayed: counter!(m::SKIPPED_REPLAYED_ROWS, labels),
         }
     }
 }
@@ -331,6 +363,22 @@ struct DeadLetter {
     headers: Vec<(String, Vec<u8>)>,
     /// The `headers` column's text when it was not.
     raw_headers: Option<Vec<u8>>,
+}
+
+impl DeadLetter {
+    /// The copy of a well-formed record the broker refused.
+    fn of(seq: TxnSeq, reason: String, record: OutboxRecord) -> Self {
+        Self {
+            seq,
+            id: record.id,
+            reason,
+            topic: Some(record.topic.into_bytes()),
+            key: record.key,
+            payload: record.payload,
+            headers: record.headers,
+            raw_headers: None,
+        }
+    }
 }
 
 impl<P: Clone + std::fmt::Display + Send + Sync + 'static, K: Sink> Session<'_, P, K> {
@@ -361,6 +409,8 @@ impl<P: Clone + std::fmt::Display + Send + Sync + 'static, K: Sink> Session<'_, 
                     return Ok(());
                 }
             }
+            self.eo_turn::<S>().await?;
+            let txn_due = self.eo.as_ref().and_then(|eo| eo.due(self.open.is_some()));
             // The cleanup timer runs only while a prefix waits to be deleted.
             let due = last_cleanup + if self.tracker.has_ready() { cleanup_every } else { NOTHING_TO_CLEAN };
             if cleanup.deadline() != due {
@@ -374,6 +424,7 @@ impl<P: Clone + std::fmt::Display + Send + Sync + 'static, K: Sink> Session<'_, 
             let ready_limit = self.settings.cleanup_max_rows.saturating_mul(READY_ROWS_PER_CLEANUP_ROWS);
             let may_read = self.in_flight_bytes < budget
                 && self.waiting.is_empty()
+                && !self.eo.as_ref().is_some_and(|eo| eo.closing)
                 && !(cleaning_runs && self.tracker.ready_rows() >= ready_limit);
             let cleaning = &mut self.cleaning;
             tokio::select! {
@@ -404,6 +455,7 @@ impl<P: Clone + std::fmt::Display + Send + Sync + 'static, K: Sink> Session<'_, 
                     last_cleanup = tokio::time::Instant::now();
                     self.start_cleanup(source)?;
                 }
+                _ = tokio::time::sleep_until(txn_due.unwrap_or_else(tokio::time::Instant::now)), if txn_due.is_some() => {}
                 _ = sweep.tick(), if S::SWEEPS && self.open.is_none() && finish_by.is_none() => {
                     self.sweep(source).await?;
                 }
@@ -425,6 +477,7 @@ impl<P: Clone + std::fmt::Display + Send + Sync + 'static, K: Sink> Session<'_, 
         match event {
             SourceEvent::Begin { label } => {
                 self.open = Some(self.tracker.begin());
+                self.eo_begin(source, &label)?;
                 self.label = label;
             }
             SourceEvent::Row(row) => {
@@ -433,6 +486,14 @@ impl<P: Clone + std::fmt::Display + Send + Sync + 'static, K: Sink> Session<'_, 
                     Ok(record) => (Some(record.id), !record.in_table),
                     Err(invalid) => (invalid.id, invalid.message_at.is_some()),
                 };
+                if self.eo_row_covered() {
+                    // In Kafka already (a committed transaction's progress record says so):
+                    // deleted with its transaction, not sent again.
+                    self.tracker.sent(seq, id.filter(|_| !message));
+                    self.tracker.acked(seq);
+                    self.hot.replayed.increment(1);
+                    return Ok(());
+                }
                 if source.skips(id, message, &self.label) {
                     counter!(m::SKIPPED_ROWS, &kind_labels(&self.metric_labels, "operator")).increment(1);
                     tracing::warn!(
@@ -451,6 +512,7 @@ impl<P: Clone + std::fmt::Display + Send + Sync + 'static, K: Sink> Session<'_, 
             }
             SourceEvent::Commit(position) => {
                 let seq = self.open.take().ok_or_else(|| Error::transient("a commit without a begin"))?;
+                self.eo_commit();
                 self.last_position = Some(position.clone());
                 self.tracker.commit(seq, position);
             }
@@ -481,6 +543,10 @@ impl<P: Clone + std::fmt::Display + Send + Sync + 'static, K: Sink> Session<'_, 
     /// then halts the stream with nothing after the row sent).
     async fn publish(&mut self, seq: TxnSeq, record: OutboxRecord) -> Result<(), Error> {
         self.labels.lease.check().map_err(Error::fenced)?;
+        if let Some(reason) = self.memory.refused.remove(&record.id) {
+            self.tracker.sent(seq, record.in_table.then_some(record.id));
+            return self.dead_letter(DeadLetter::of(seq, reason, record)).await;
+        }
         let suspect = self.memory.suspects.contains(&record.id);
         let unconfirmed_topic = self.topic_unconfirmed(&record.topic).await;
         let alone = suspect || self.memory.is_halted_row(record.id) || unconfirmed_topic;
@@ -526,7 +592,10 @@ impl<P: Clone + std::fmt::Display + Send + Sync + 'static, K: Sink> Session<'_, 
         self.update_gauges();
         let failure = match result {
             Ok(()) => {
-                self.tracker.acked(d.seq);
+                match &mut self.eo {
+                    Some(eo) => eo.hold(d.seq),
+                    None => self.tracker.acked(d.seq),
+                }
                 if let Some(topic) = d.confirms_topic {
                     self.confirm_topic(topic);
                 }
@@ -579,17 +648,18 @@ impl<P: Clone + std::fmt::Display + Send + Sync + 'static, K: Sink> Session<'_, 
         counter!(m::ERRORS, &kind_labels(&self.metric_labels, "kafka_definite")).increment(1);
         self.memory.suspects.remove(&d.id);
         let reason = format!("{} refused it: {failure}", K::NAME);
+        if self.eo.is_some() && self.settings.on_bad_row == BadRowPolicy::DeadLetter {
+            // The refusal spoiled the Kafka transaction: it is aborted, and the next session
+            // sends the dead-letter copy in its place.
+            self.memory.refused.insert(d.id, reason);
+            return Err(Error::transient(format!(
+                "{} refused row id={} on its own; the Kafka transaction is aborted and the row goes to the dead-letter topic in the next one",
+                K::NAME,
+                d.id
+            )));
+        }
         match (self.settings.on_bad_row, d.record) {
-            (BadRowPolicy::DeadLetter, Some(record)) => Ok(Some(DeadLetter {
-                seq: d.seq,
-                id: d.id,
-                reason,
-                topic: Some(record.topic.into_bytes()),
-                key: record.key,
-                payload: record.payload,
-                headers: record.headers,
-                raw_headers: None,
-            })),
+            (BadRowPolicy::DeadLetter, Some(record)) => Ok(Some(DeadLetter::of(d.seq, reason, *record))),
             _ => {
                 let halt = if d.kind == Kind::Message {
                     let place = format!("at the WAL-only message outbox-id={} of {}: ", d.id, self.labels.table);
@@ -822,7 +892,12 @@ impl<P: Clone + std::fmt::Display + Send + Sync + 'static, K: Sink> Session<'_, 
 
     /// After the main loop: wait for records already handed to Kafka (bounded by the message
     /// timeout), then delete and checkpoint the acknowledged prefix.
-    async fn drain<S: Source<Position = P>>(&mut self, source: &mut S, message_timeout: Duration) -> Result<(), Error> {
+    async fn drain<S: Source<Position = P>>(
+        &mut self,
+        source: &mut S,
+        message_timeout: Duration,
+        clean: bool,
+    ) -> Result<(), Error> {
         let deadline = Instant::now() + message_timeout + Duration::from_secs(5);
         let mut first_error = None;
         while !self.deliveries.is_empty() {
@@ -843,7 +918,8 @@ impl<P: Clone + std::fmt::Display + Send + Sync + 'static, K: Sink> Session<'_, 
                 }
             }
         }
-        let cleaned = self.cleanup_now(source).await;
+        let ended = self.eo_end::<S>(clean && first_error.is_none()).await;
+        let cleaned = self.cleanup_now(source).await.and(ended);
         match first_error {
             Some(e) => Err(e),
             None => cleaned,
@@ -870,12 +946,23 @@ impl<P: Clone + std::fmt::Display + Send + Sync + 'static, K: Sink> Session<'_, 
     }
 }
 
+/// Exactly-once: registers the sink for the shard-partition and reads its last committed
+/// progress record.
+async fn resume<K: Sink>(sink: &K, labels: &StreamLabels) -> Result<Option<crate::progress::Progress>, Error> {
+    let Some(value) = sink.resume().await? else { return Ok(None) };
+    let key = format!("{}/{}", labels.source, labels.id);
+    let progress = crate::progress::Progress::decode(&value, "the progress topic", &key)?;
+    tracing::info!(mark = ?progress.mark, partial = ?progress.partial, "resuming after the last committed Kafka transaction");
+    Ok(Some(progress))
+}
+
 pub(crate) fn kind_labels(base: &[(&'static str, String); 3], kind: &'static str) -> [(&'static str, String); 4] {
     let [a, b, c] = base.clone();
     [a, b, c, ("kind", kind.to_string())]
 }
 
 mod cleanup;
+mod exactly_once;
 mod handoff;
 #[cfg(test)]
 mod tests;

@@ -23,6 +23,20 @@ use crate::support::{KafkaOutage, kafka, wait_until};
 /// `mysql_cdc::mariadb_sigkill_at_random_moments_loses_nothing` and
 /// `mysql_cdc::mariadb_polling_sigkill_at_random_moments_loses_nothing`.
 pub(crate) async fn sigkill<D: Database>(w: World<D>, txns: usize, pace: Duration) {
+    sigkill_with(w, txns, pace, false).await;
+}
+
+/// [`sigkill`] under `delivery = "exactly-once"` (the world's config sets it): a
+/// `read_committed` reader sees every row exactly once; a `read_uncommitted` one sees the
+/// aborted copies too (counted, to show the test can tell the difference).
+///
+/// Run by `postgres_faults::exactly_once_sigkill_at_random_moments_sends_each_row_once` and
+/// `mysql_cdc::mariadb_exactly_once_sigkill_at_random_moments_sends_each_row_once`.
+pub(crate) async fn sigkill_exactly_once<D: Database>(w: World<D>, txns: usize, pace: Duration) {
+    sigkill_with(w, txns, pace, true).await;
+}
+
+async fn sigkill_with<D: Database>(w: World<D>, txns: usize, pace: Duration, exactly_once: bool) {
     const ROWS_PER_TXN: usize = 200;
     let total = txns * ROWS_PER_TXN;
     let table = w.table(0, 0);
@@ -122,6 +136,17 @@ pub(crate) async fn sigkill<D: Database>(w: World<D>, txns: usize, pace: Duratio
     }
     assert_eq!(lost, 0, "rows lost");
     assert_eq!(seen.len(), total, "every row arrived, and no other");
+    if exactly_once {
+        assert_eq!(duplicates, 0, "a read_committed consumer sees each row once");
+        kafka::assert_first_deliveries_in_order(&records, total);
+        let uncommitted = kafka::count_uncommitted(&w.topic, partitions, total, ARRIVAL).await;
+        eprintln!(
+            "{} exactly-once sigkill: {} records read_uncommitted, {} of them aborted copies",
+            D::NAME,
+            uncommitted,
+            uncommitted - total
+        );
+    }
     // Duplicates come only from rows acknowledged but not yet deleted at a kill: at most what
     // was in flight, bounded by the in-flight budget and the cleanup batch per kill.
     assert!(duplicates <= 3 * 20_000, "{duplicates} duplicates");

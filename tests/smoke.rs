@@ -82,6 +82,7 @@ async fn kafka_metadata_tells_a_missing_topic_from_an_existing_one() {
         linger_ms: 0,
         message_timeout_ms: 10_000,
         properties: Default::default(),
+        transactional_id: None,
     })
     .unwrap();
     let existing = kafka::fresh_topic("smoke-meta", 1).await;

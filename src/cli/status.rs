@@ -31,6 +31,8 @@ struct Row {
     mode: &'static str,
     /// `table` or `wal`.
     storage: &'static str,
+    /// `at-least-once` or `exactly-once`.
+    delivery: &'static str,
     /// Settings that could lose messages (see [`StreamStatus::warning`]).
     warning: Option<String>,
     /// What the streamer is doing, as its instance reports it.
@@ -73,6 +75,7 @@ impl Row {
                 Mode::Polling => "polling",
             },
             storage: source.settings_for(id).storage.as_str(),
+            delivery: source.settings_for(id).delivery.as_str(),
             key: format!("{}.{}", source.name, source.stream_names(id).table),
             ..Self::default()
         }
@@ -267,7 +270,7 @@ fn print_table(rows: &[Row], coordinated: bool) {
             r.source,
             r.shard,
             r.partition,
-            if r.storage == "wal" { format!("{}/wal", r.mode) } else { r.mode.to_string() },
+            mode_text(r),
             if r.lagging { format!("{word} LAGGING") } else { word.to_string() },
             owner_column(Some(r)),
             r.state,
@@ -278,6 +281,18 @@ fn print_table(rows: &[Row], coordinated: bool) {
             r.position.clone().unwrap_or_else(dash),
         );
     }
+}
+
+/// The mode column: `cdc`, with `/wal` for WAL-only storage and `/eo` for exactly-once.
+fn mode_text(r: &Row) -> String {
+    let mut text = r.mode.to_string();
+    if r.storage == "wal" {
+        text.push_str("/wal");
+    }
+    if r.delivery == "exactly-once" {
+        text.push_str("/eo");
+    }
+    text
 }
 
 /// One line per reason under the table: per shard-partition for a halt, a retry or a

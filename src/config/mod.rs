@@ -44,7 +44,7 @@ mod validate;
 
 pub(crate) use error::ConfigError;
 pub(crate) use sections::{Config, CoordinationConfig, KafkaConfig, SourceConfig, SourceKind};
-pub(crate) use stream::{BadRowPolicy, Mode, Storage, StreamSettings};
+pub(crate) use stream::{BadRowPolicy, Delivery, Mode, Storage, StreamSettings};
 
 #[cfg(test)]
 mod tests;

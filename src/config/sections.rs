@@ -53,6 +53,12 @@ pub(crate) struct KafkaConfig {
     pub sasl_password_file: Option<PathBuf>,
     /// `[kafka.tls]`: TLS to the brokers, translated into librdkafka's `ssl.*` properties.
     pub tls: Option<TlsSettings>,
+    /// Exactly-once: the compacted topic of progress records (created by `setup`).
+    #[serde(default = "default_progress_topic")]
+    pub progress_topic: String,
+    /// Exactly-once: transactional ids are `<prefix>.<cluster>.<source>.<shard>-<partition>`.
+    #[serde(default = "default_transactional_id_prefix")]
+    pub transactional_id_prefix: String,
 }
 
 impl Default for KafkaConfig {
@@ -64,8 +70,18 @@ impl Default for KafkaConfig {
             sasl_password_env: None,
             sasl_password_file: None,
             tls: None,
+            progress_topic: default_progress_topic(),
+            transactional_id_prefix: default_transactional_id_prefix(),
         }
     }
+}
+
+fn default_progress_topic() -> String {
+    "outbox-streamer-progress".into()
+}
+
+fn default_transactional_id_prefix() -> String {
+    "outbox-streamer".into()
 }
 
 fn default_brokers() -> String {

@@ -17,6 +17,8 @@ pub(crate) const DEFAULT_POLL_BATCH: u32 = 1024;
 pub(crate) const DEFAULT_POLL_INTERVAL_MS: u64 = 25;
 pub(crate) const DEFAULT_SWEEP_INTERVAL_MS: u64 = 30_000;
 /// The first wait before a halted shard-partition tries again; it doubles up to 5 minutes.
+pub(crate) const DEFAULT_TRANSACTION_INTERVAL_MS: u64 = 20;
+pub(crate) const DEFAULT_TRANSACTION_MAX_RECORDS: usize = 10_000;
 pub(crate) const DEFAULT_HALT_RETRY_MS: u64 = 30_000;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
@@ -73,6 +75,28 @@ impl Storage {
     }
 }
 
+/// What a consumer of a shard-partition's records may see after a crash.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub(crate) enum Delivery {
+    /// Records acknowledged by Kafka whose rows were not deleted yet are sent again after a
+    /// crash; consumers deduplicate by `outbox-id`.
+    #[default]
+    AtLeastOnce,
+    /// Records go in Kafka transactions with a progress record (see `docs/exactly-once.md`): a
+    /// `read_committed` consumer sees each message once, whatever is killed when.
+    ExactlyOnce,
+}
+
+impl Delivery {
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Delivery::AtLeastOnce => "at-least-once",
+            Delivery::ExactlyOnce => "exactly-once",
+        }
+    }
+}
+
 /// What happens to a row that can never become a Kafka record.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "kebab-case")]
@@ -95,6 +119,13 @@ pub(crate) struct StreamOverrides {
     pub mode: Option<Mode>,
     /// Where messages live: `table` (the default) or `wal` (see `docs/architecture.md`).
     pub storage: Option<Storage>,
+    /// `at-least-once` (the default) or `exactly-once` (Kafka transactions).
+    pub delivery: Option<Delivery>,
+    /// Exactly-once: a Kafka transaction commits once it is this old (at the next end of a
+    /// source transaction).
+    pub transaction_interval_ms: Option<u64>,
+    /// Exactly-once: … or holds this many records (a larger source transaction is split).
+    pub transaction_max_records: Option<usize>,
     pub linger_ms: Option<u64>,
     pub compression: Option<Compression>,
     pub on_bad_row: Option<BadRowPolicy>,
@@ -117,6 +148,9 @@ pub(crate) struct StreamOverrides {
 pub(crate) struct StreamSettings {
     pub mode: Mode,
     pub storage: Storage,
+    pub delivery: Delivery,
+    pub transaction_interval_ms: u64,
+    pub transaction_max_records: usize,
     pub linger_ms: u64,
     pub compression: Compression,
     pub on_bad_row: BadRowPolicy,
@@ -136,6 +170,9 @@ impl Default for StreamSettings {
         Self {
             mode: Mode::Cdc,
             storage: Storage::Table,
+            delivery: Delivery::AtLeastOnce,
+            transaction_interval_ms: DEFAULT_TRANSACTION_INTERVAL_MS,
+            transaction_max_records: DEFAULT_TRANSACTION_MAX_RECORDS,
             linger_ms: DEFAULT_LINGER_MS,
             compression: DEFAULT_COMPRESSION,
             on_bad_row: BadRowPolicy::Halt,
@@ -159,6 +196,15 @@ impl StreamSettings {
         }
         if let Some(v) = o.storage {
             self.storage = v;
+        }
+        if let Some(v) = o.delivery {
+            self.delivery = v;
+        }
+        if let Some(v) = o.transaction_interval_ms {
+            self.transaction_interval_ms = v;
+        }
+        if let Some(v) = o.transaction_max_records {
+            self.transaction_max_records = v;
         }
         if let Some(v) = o.linger_ms {
             self.linger_ms = v;

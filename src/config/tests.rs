@@ -234,3 +234,29 @@ fn wal_storage_is_per_shard_partition_and_needs_cdc() {
     let e = Config::from_toml(&format!("{MINIMAL}\n[source.defaults]\nstorage = \"heap\"\n")).unwrap_err().to_string();
     assert!(e.contains("storage") || e.contains("heap"), "{e}");
 }
+
+#[test]
+fn delivery_is_per_shard_partition_and_exactly_once_is_refused_where_it_is_not_built() {
+    let text = format!(
+        "{MINIMAL}\n[[source.override]]\nshard = 1\ndelivery = \"exactly-once\"\ntransaction_interval_ms = 50\n"
+    );
+    let c = Config::from_toml(&text).unwrap();
+    let s = &c.sources[0];
+    let eo = s.settings_for(StreamId { shard: 1, partition: 0 });
+    assert_eq!((eo.delivery, eo.transaction_interval_ms), (super::Delivery::ExactlyOnce, 50));
+    assert_eq!(s.settings_for(StreamId { shard: 0, partition: 0 }).delivery, super::Delivery::AtLeastOnce);
+    assert_eq!(c.kafka.progress_topic, "outbox-streamer-progress");
+    let polling = format!("{MINIMAL}\n[source.defaults]\ndelivery = \"exactly-once\"\nmode = \"polling\"\n");
+    let e = Config::from_toml(&polling).unwrap_err().to_string();
+    assert!(e.contains("delivery") && e.contains("mode = \"cdc\""), "{e}");
+    let e = Config::from_toml(&format!("{MINIMAL}\n[source.defaults]\ntransaction_max_records = 0\n"))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("transaction_max_records"), "{e}");
+    let e =
+        Config::from_toml(&format!("{MINIMAL}\n[source.defaults]\ndelivery = \"twice\"\n")).unwrap_err().to_string();
+    assert!(e.contains("delivery") || e.contains("twice"), "{e}");
+    let bad_topic = format!("[kafka]\nprogress_topic = \"no spaces\"\n{MINIMAL}");
+    let e = Config::from_toml(&bad_topic).unwrap_err().to_string();
+    assert!(e.contains("kafka.progress_topic"), "{e}");
+}

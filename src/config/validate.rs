@@ -5,7 +5,7 @@ use std::collections::HashSet;
 
 use super::error::{ConfigError, invalid};
 use super::sections::{Config, MAX_PARTITIONS, MAX_SHARDS, MetricsConfig, SourceKind};
-use super::stream::{BadRowPolicy, Mode, Storage, StreamOverrides};
+use super::stream::{BadRowPolicy, Delivery, Mode, Storage, StreamOverrides};
 
 impl MetricsConfig {
     fn validate(&self) -> Result<(), ConfigError> {
@@ -71,6 +71,15 @@ impl Config {
         ];
         if let Some(tls) = &self.kafka.tls {
             tls.validate_for_kafka("kafka.tls", &self.kafka.properties)?;
+        }
+        if !is_kafka_topic_name(&self.kafka.progress_topic) {
+            return Err(invalid(
+                "kafka.progress_topic",
+                "must be a Kafka topic name: 1 to 249 characters of [a-zA-Z0-9._-], not \".\" or \"..\"",
+            ));
+        }
+        if !is_kafka_topic_name(&self.kafka.transactional_id_prefix) || self.kafka.transactional_id_prefix.len() > 100 {
+            return Err(invalid("kafka.transactional_id_prefix", "must be 1 to 100 characters of [a-zA-Z0-9._-]"));
         }
         if password_sources.iter().filter(|set| **set).count() > 1 {
             return Err(invalid(
@@ -198,6 +207,14 @@ impl Config {
                         ),
                     ));
                 }
+                if st.delivery == Delivery::ExactlyOnce && st.mode == Mode::Polling {
+                    return Err(invalid(
+                        f("defaults.delivery"),
+                        format!(
+                            "shard-partition {id} uses delivery = \"exactly-once\" with mode = \"polling\": exactly-once is built for CDC streams only so far; use mode = \"cdc\" or delivery = \"at-least-once\""
+                        ),
+                    ));
+                }
                 if st.on_bad_row == BadRowPolicy::DeadLetter && st.dead_letter_topic.is_none() {
                     return Err(invalid(
                         f("defaults.dead_letter_topic"),
@@ -244,6 +261,12 @@ fn check_overrides(field: &str, o: &StreamOverrides) -> Result<(), ConfigError> 
     }
     if o.halt_retry_ms.is_some_and(|v| !(100..=300_000).contains(&v)) {
         return Err(invalid(format!("{field}.halt_retry_ms"), "must be between 100 and 300000"));
+    }
+    if o.transaction_interval_ms.is_some_and(|v| !(1..=60_000).contains(&v)) {
+        return Err(invalid(format!("{field}.transaction_interval_ms"), "must be between 1 and 60000"));
+    }
+    if o.transaction_max_records.is_some_and(|v| !(1..=1_000_000).contains(&v)) {
+        return Err(invalid(format!("{field}.transaction_max_records"), "must be between 1 and 1000000"));
     }
     if o.dead_letter_topic.as_deref().is_some_and(|t| !is_kafka_topic_name(t)) {
         return Err(invalid(

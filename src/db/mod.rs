@@ -43,6 +43,9 @@ pub(crate) struct JobContext<'a> {
     /// Under ZooKeeper ownership, this instance's name (PostgreSQL shows it as the sessions'
     /// `application_name`).
     pub instance: Option<&'a str>,
+    /// The coordination cluster's name (`default` without coordination): part of each
+    /// shard-partition's transactional id.
+    pub cluster: &'a str,
 }
 
 /// A database the streamer can read an outbox from.

@@ -1,63 +1,139 @@
-//! Kafka as a [`Sink`]: the producer of `outbox_kafka`, its settings per shard-partition, and
-//! its errors' verdicts.
+//! Kafka as a [`Sink`]: the producer of `outbox_kafka`, its settings per shard-partition, its
+//! errors' verdicts, and its transactions under exactly-once delivery.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use futures::FutureExt;
 use futures::future::Map;
 use outbox_kafka::classify::{about_the_topic, hint};
 use outbox_kafka::producer::{DeliveryFuture, DeliveryResultOwned, topic_of};
-use outbox_kafka::{Class, ErrorCode, KafkaError, Producer, ProducerSettings, classify};
+use outbox_kafka::progress::ReaderSettings;
+use outbox_kafka::{Class, ErrorCode, KafkaError, Producer, ProducerSettings, TxnClass, TxnFailure, classify};
 use tokio::sync::oneshot::error::RecvError;
 
 use super::{Failure, Offer, Outgoing, Sink, Verdict};
-use crate::config::{KafkaConfig, StreamSettings};
+use crate::config::{Delivery, KafkaConfig, StreamSettings};
 use crate::error::Error;
 use crate::streamer::StreamLabels;
 
-/// The sink every shard-partition publishes through: one Kafka producer each.
-pub(crate) type Broker = Producer;
+/// The sink every shard-partition publishes through: one Kafka producer each, transactional
+/// under exactly-once delivery.
+#[derive(Debug)]
+pub(crate) struct Broker {
+    producer: Producer,
+    exactly_once: Option<Transactions>,
+}
+
+/// What exactly-once adds to a shard-partition's producer.
+#[derive(Debug)]
+struct Transactions {
+    /// The progress topic and the record's key (the transactional id).
+    topic: String,
+    key: String,
+    reader: ReaderSettings,
+    /// `init_transactions` succeeded: registered with the cluster, earlier owners fenced.
+    registered: AtomicBool,
+}
 
 /// What opening a shard-partition's [`Broker`] takes.
-pub(crate) type BrokerSettings = ProducerSettings;
+#[derive(Debug, Clone)]
+pub(crate) struct BrokerSettings {
+    producer: ProducerSettings,
+    /// Under exactly-once: the progress topic.
+    progress_topic: Option<String>,
+}
 
 /// The producer settings of one shard-partition: the `[kafka]` section with its stream's
-/// overrides, and a client id naming the shard-partition.
-pub(crate) fn broker_settings(kafka: &KafkaConfig, s: &StreamSettings, labels: &StreamLabels) -> BrokerSettings {
-    ProducerSettings {
-        brokers: kafka.brokers.clone(),
-        client_id: format!("outbox-streamer-{}-{}-{}", labels.source, labels.id.shard, labels.id.partition),
-        compression: s.compression.as_str().into(),
-        linger_ms: s.linger_ms,
-        message_timeout_ms: kafka.message_timeout_ms,
-        properties: kafka.properties.clone(),
+/// overrides, a client id naming the shard-partition and, under exactly-once, its
+/// transactional id (see [`crate::progress::transactional_id`]).
+pub(crate) fn broker_settings(
+    kafka: &KafkaConfig,
+    s: &StreamSettings,
+    labels: &StreamLabels,
+    cluster: &str,
+) -> BrokerSettings {
+    let exactly_once = s.delivery == Delivery::ExactlyOnce;
+    BrokerSettings {
+        producer: ProducerSettings {
+            brokers: kafka.brokers.clone(),
+            client_id: format!("outbox-streamer-{}-{}-{}", labels.source, labels.id.shard, labels.id.partition),
+            compression: s.compression.as_str().into(),
+            linger_ms: s.linger_ms,
+            message_timeout_ms: kafka.message_timeout_ms,
+            properties: kafka.properties.clone(),
+            transactional_id: exactly_once.then(|| {
+                crate::progress::transactional_id(&kafka.transactional_id_prefix, cluster, &labels.source, labels.id)
+            }),
+        },
+        progress_topic: exactly_once.then(|| kafka.progress_topic.clone()),
     }
 }
 
 /// Opens a shard-partition's producer; an error is definite (the halt's message and fix), with
 /// the producer's error as its source.
 pub(crate) fn open(settings: &BrokerSettings) -> Result<Broker, Error> {
-    Producer::new(settings).map_err(|e| {
+    let producer = Producer::new(&settings.producer).map_err(|e| {
         Error::definite(
             format!("cannot create the Kafka producer: {e}"),
             "correct the [kafka] settings, then restart (this halt does not clear by itself)",
         )
         .with_source(e)
-    })
+    })?;
+    let exactly_once = match (&settings.progress_topic, &settings.producer.transactional_id) {
+        (Some(topic), Some(key)) => Some(Transactions {
+            topic: topic.clone(),
+            key: key.clone(),
+            reader: ReaderSettings {
+                brokers: settings.producer.brokers.clone(),
+                properties: settings.producer.properties.clone(),
+            },
+            registered: AtomicBool::new(false),
+        }),
+        _ => None,
+    };
+    Ok(Broker { producer, exactly_once })
 }
 
 /// Waits (up to 5 s) for what the producer still holds to be acknowledged, then drops it,
 /// which purges anything left.
 pub(crate) async fn close(broker: Broker) {
-    let _ = tokio::task::spawn_blocking(move || broker.flush(Duration::from_secs(5))).await;
+    let _ = tokio::task::spawn_blocking(move || broker.producer.flush(Duration::from_secs(5))).await;
+}
+
+/// How long one transaction call may take before the session ends (transient) and the next
+/// starts over from the last committed progress.
+const TXN_CALL_TIMEOUT: Duration = Duration::from_secs(30);
+
+impl Broker {
+    fn transactions(&self) -> Result<&Transactions, Error> {
+        self.exactly_once.as_ref().ok_or_else(|| Error::transient("a transaction call on an at-least-once producer"))
+    }
+}
+
+/// A failed transaction call as the loop sees it: a fenced (or otherwise dead) producer stops
+/// the shard-partition as revoked; anything else ends the session, which aborts and starts
+/// over from the last committed progress record.
+fn txn_error(e: TxnFailure, key: &str) -> Error {
+    match e.class {
+        TxnClass::Fatal => {
+            let why = if e.fenced() {
+                format!(
+                    "Kafka fenced the transactional producer {key}: a newer owner of this shard-partition registered the same transactional id ({e})"
+                )
+            } else {
+                format!("the transactional producer {key} can no longer be used: {e}")
+            };
+            Error::fenced(why)
+        }
+        TxnClass::Abort | TxnClass::Retry => Error::transient(e.to_string()),
+    }
 }
 
 type Report = Result<DeliveryResultOwned, RecvError>;
 
-impl Sink for Producer {
+impl Sink for Broker {
     const NAME: &'static str = "Kafka";
-    // Exactly-once (transactional producers) is not built yet.
-    const TRANSACTIONAL: bool = false;
     type Delivery = Map<DeliveryFuture, fn(Report) -> Result<(), Failure>>;
 
     fn send(&self, r: &Outgoing<'_>) -> Result<Self::Delivery, Offer> {
@@ -69,7 +145,7 @@ impl Sink for Producer {
             headers: r.headers,
             stamp: r.stamp,
         };
-        match self.try_send(&out) {
+        match self.producer.try_send(&out) {
             Ok(delivery) => Ok(delivery.map(settled as fn(Report) -> Result<(), Failure>)),
             Err(outbox_kafka::Offer::Full) => Err(Offer::Full),
             // The topic names what a halt on an unknown topic waits for.
@@ -78,11 +154,11 @@ impl Sink for Producer {
     }
 
     async fn ready(&self) {
-        self.room().await;
+        self.producer.room().await;
     }
 
     async fn topic_ready(&self, topic: &str) -> Option<bool> {
-        Producer::topic_ready(self, topic).await
+        self.producer.topic_ready(topic).await
     }
 
     /// librdkafka reports a missing topic either as its own `UnknownTopic` (definite) or, once
@@ -92,7 +168,7 @@ impl Sink for Producer {
     async fn recheck(&self, mut f: Failure) -> Failure {
         if f.verdict == Verdict::Unsure {
             let missing = match &f.topic {
-                Some(topic) => self.topic_missing(topic).await,
+                Some(topic) => self.producer.topic_missing(topic).await,
                 None => false,
             };
             if missing {
@@ -105,6 +181,73 @@ impl Sink for Producer {
             }
         }
         f
+    }
+
+    fn transactional(&self) -> bool {
+        self.exactly_once.is_some()
+    }
+
+    /// Registers the transactional id once per producer (fencing any earlier owner and
+    /// aborting what it left open), then reads the last committed progress record.
+    async fn resume(&self) -> Result<Option<Vec<u8>>, Error> {
+        let t = self.transactions()?;
+        if !t.registered.load(Ordering::Acquire) {
+            self.producer.init_transactions(TXN_CALL_TIMEOUT).await.map_err(|e| txn_error(e, &t.key))?;
+            t.registered.store(true, Ordering::Release);
+        }
+        let (reader, topic, key) = (t.reader.clone(), t.topic.clone(), t.key.clone());
+        let read = tokio::task::spawn_blocking(move || {
+            outbox_kafka::progress::last_committed(&reader, &topic, key.as_bytes(), TXN_CALL_TIMEOUT)
+        })
+        .await
+        .map_err(|e| Error::transient(format!("reading the progress topic: {e}")))?;
+        read.map_err(|e| match e.rdkafka_error_code() {
+            Some(ErrorCode::UnknownTopic | ErrorCode::UnknownTopicOrPartition) => Error::definite(
+                format!("the progress topic {} does not exist", t.topic),
+                format!(
+                    "run `outbox-streamer setup` (it creates it), or create it compacted: kafka-topics.sh --create --topic {} --partitions 1 --config cleanup.policy=compact; the stream then resumes by itself",
+                    t.topic
+                ),
+            ),
+            Some(ErrorCode::TopicAuthorizationFailed | ErrorCode::GroupAuthorizationFailed) => Error::definite(
+                format!("reading the progress topic {}: {e}", t.topic),
+                "grant the streamer's principal READ on the progress topic and on the group outbox-streamer-progress-reader (see docs/configuration.md)",
+            ),
+            _ => Error::transient(format!("reading the progress topic {}: {e}", t.topic)),
+        })
+    }
+
+    fn begin(&self) -> Result<(), Error> {
+        let t = self.transactions()?;
+        self.producer.begin_transaction().map_err(|e| txn_error(e, &t.key))
+    }
+
+    /// Sends the progress record last in the open transaction, then commits it.
+    async fn commit(&self, progress: Vec<u8>) -> Result<(), Error> {
+        let t = self.transactions()?;
+        let record = outbox_kafka::Outgoing {
+            topic: &t.topic,
+            key: Some(t.key.as_bytes()),
+            payload: Some(&progress),
+            partition: None,
+            headers: &[],
+            stamp: &[],
+        };
+        // The record's own report is not awaited: the commit fails if it failed.
+        let mut offered = self.producer.try_send(&record);
+        while let Err(outbox_kafka::Offer::Full) = offered {
+            self.producer.room().await;
+            offered = self.producer.try_send(&record);
+        }
+        if let Err(outbox_kafka::Offer::Refused(e)) = offered {
+            return Err(Error::transient(format!("the progress record was refused: {e}")));
+        }
+        self.producer.commit_transaction(TXN_CALL_TIMEOUT).await.map_err(|e| txn_error(e, &t.key))
+    }
+
+    async fn abort(&self) -> Result<(), Error> {
+        let t = self.transactions()?;
+        self.producer.abort_transaction(TXN_CALL_TIMEOUT).await.map_err(|e| txn_error(e, &t.key))
     }
 }
 

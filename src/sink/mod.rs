@@ -12,8 +12,10 @@
 //!   owns the meaning of its errors: the loop never looks inside them.
 //! * A verdict the error alone cannot give ([`Verdict::Unsure`]) is settled by
 //!   [`Sink::recheck`], which may ask the broker.
-//! * [`Sink::TRANSACTIONAL`] says whether the sink can commit records and a progress record
-//!   atomically (exactly-once builds on it).
+//! * Exactly-once ([`Sink::transactional`]): records are sent between [`Sink::begin`] and
+//!   [`Sink::commit`], which writes a progress record last and commits them all atomically, or
+//!   [`Sink::abort`]; [`Sink::resume`] reads the last committed progress record before a
+//!   session (see [`crate::progress`]). A sink that cannot returns `false` and is never asked.
 //!
 //! Kafka ([`kafka`]) is the first implementation; nothing outside it names the Kafka client.
 //!
@@ -102,9 +104,6 @@ pub(crate) trait Sink: Send + Sync {
     /// The broker's name in messages ("Kafka refused it").
     const NAME: &'static str;
 
-    /// Whether records and a progress record can be committed atomically.
-    const TRANSACTIONAL: bool;
-
     /// Resolves when the record is acknowledged, or with its failure.
     type Delivery: Future<Output = Result<(), Failure>> + Send + Unpin + 'static;
 
@@ -121,4 +120,25 @@ pub(crate) trait Sink: Send + Sync {
 
     /// Settles a [`Verdict::Unsure`] failure (any other comes back as it is).
     fn recheck(&self, failure: Failure) -> impl Future<Output = Failure> + Send;
+
+    /// Whether this sink delivers exactly once: records go in transactions with a progress
+    /// record, and the calls below are used.
+    fn transactional(&self) -> bool;
+
+    /// Before a session: makes the sink the only one publishing for the shard-partition (an
+    /// earlier owner is fenced and its open transaction aborted), then reads the last committed
+    /// progress record's value.
+    fn resume(&self) -> impl Future<Output = Result<Option<Vec<u8>>, crate::error::Error>> + Send;
+
+    /// Opens a transaction; records sent until [`Sink::commit`] or [`Sink::abort`] belong to it.
+    fn begin(&self) -> Result<(), crate::error::Error>;
+
+    /// Writes `progress` as the transaction's last record and commits it, once every record of
+    /// it is acknowledged. A fenced sink's error is [`Error::fenced`]; any other failure leaves
+    /// the transaction to abort.
+    fn commit(&self, progress: Vec<u8>) -> impl Future<Output = Result<(), crate::error::Error>> + Send;
+
+    /// Aborts the open transaction: none of its records is ever seen by a `read_committed`
+    /// consumer.
+    fn abort(&self) -> impl Future<Output = Result<(), crate::error::Error>> + Send;
 }

@@ -63,6 +63,7 @@ impl<P: Clone + std::fmt::Display + Send + Sync + 'static, K: Sink> Session<'_, 
     /// Offers a record to the sink behind those already waiting for room. `Some` is a row the
     /// sink refused before sending it (its verdict, for the caller to settle).
     pub(super) fn offer(&mut self, pending: Pending) -> Result<Option<Delivered>, Error> {
+        self.counted();
         if !self.waiting.is_empty() {
             self.waiting.push_back(pending);
             return Ok(None);
@@ -97,6 +98,7 @@ impl<P: Clone + std::fmt::Display + Send + Sync + 'static, K: Sink> Session<'_, 
     /// outlast the right to publish).
     pub(super) fn try_offer(&mut self, mut pending: Pending) -> Result<Offered, Error> {
         self.labels.lease.check().map_err(Error::fenced)?;
+        self.begin_kafka_txn()?;
         let sent = {
             let id_text = pending.meta.id.to_string();
             let label = pending.label.as_deref().unwrap_or(&self.label);

@@ -58,6 +58,16 @@ struct SinkState {
     missing: HashSet<String>,
     /// How many offers found the sink full.
     full: usize,
+    /// Exactly-once: records go in transactions.
+    transactional: bool,
+    in_txn: bool,
+    /// Where the open transaction's records start in `received`.
+    txn_from: usize,
+    /// Records of committed transactions, in order.
+    committed: Vec<Received>,
+    /// The last committed progress record.
+    progress: Option<Vec<u8>>,
+    commits: usize,
 }
 
 #[derive(Default)]
@@ -83,7 +93,6 @@ fn header<'a>(headers: &'a [(&str, &[u8])], name: &str) -> &'a [u8] {
 
 impl Sink for FakeSink {
     const NAME: &'static str = "Fake";
-    const TRANSACTIONAL: bool = false;
     type Delivery = Map<oneshot::Receiver<Result<(), Failure>>, fn(Report) -> Result<(), Failure>>;
 
     fn send(&self, r: &Outgoing<'_>) -> Result<Self::Delivery, Offer> {
@@ -125,6 +134,41 @@ impl Sink for FakeSink {
             f.verdict = Verdict::Transient;
         }
         f
+    }
+
+    fn transactional(&self) -> bool {
+        lock(&self.state).transactional
+    }
+
+    async fn resume(&self) -> Result<Option<Vec<u8>>, Error> {
+        Ok(lock(&self.state).progress.clone())
+    }
+
+    fn begin(&self) -> Result<(), Error> {
+        let mut s = lock(&self.state);
+        assert!(!s.in_txn, "a transaction began inside another");
+        s.in_txn = true;
+        s.txn_from = s.received.len();
+        Ok(())
+    }
+
+    async fn commit(&self, progress: Vec<u8>) -> Result<(), Error> {
+        let mut s = lock(&self.state);
+        assert!(s.in_txn, "a commit without a transaction");
+        assert!(s.open.is_empty(), "a commit with records unacknowledged");
+        s.in_txn = false;
+        let from = s.txn_from;
+        let records: Vec<Received> = s.received[from..].to_vec();
+        s.committed.extend(records);
+        s.progress = Some(progress);
+        s.commits += 1;
+        Ok(())
+    }
+
+    async fn abort(&self) -> Result<(), Error> {
+        let mut s = lock(&self.state);
+        s.in_txn = false;
+        Ok(())
     }
 }
 
@@ -178,6 +222,8 @@ struct SourceLog {
 
 struct FakeSource {
     events: mpsc::UnboundedReceiver<SourceEvent<u64>>,
+    /// The position of the transaction last begun (its label is `L<position>`).
+    begun: u64,
     log: Arc<Mutex<SourceLog>>,
     /// The SQL session: a finish holds it while it runs, and reading rows back waits for it.
     session: Arc<tokio::sync::Mutex<()>>,
@@ -191,6 +237,9 @@ impl Source for FakeSource {
     async fn next(&mut self) -> Result<Option<SourceEvent<u64>>, Error> {
         let event = self.events.recv().await;
         lock(&self.log).read += 1;
+        if let Some(SourceEvent::Begin { label }) = &event {
+            self.begun = label.trim_start_matches('L').parse().unwrap_or(0);
+        }
         Ok(event)
     }
 
@@ -245,6 +294,14 @@ impl Source for FakeSource {
         done >= mark
     }
 
+    fn progress_mark(position: &u64) -> Option<String> {
+        Some(position.to_string())
+    }
+
+    fn begun_within(&self, mark: &str) -> Result<bool, Error> {
+        Ok(self.begun <= mark.parse::<u64>().map_err(|e| Error::transient(e.to_string()))?)
+    }
+
     fn skips(&self, _id: Option<i64>, _message: bool, _label: &str) -> bool {
         false
     }
@@ -278,7 +335,7 @@ fn start_with(
     let (events, rx) = mpsc::unbounded_channel();
     let log = Arc::new(Mutex::new(log));
     let (stop, mut stop_rx) = watch::channel(false);
-    let source = FakeSource { events: rx, log: log.clone(), session: Arc::default() };
+    let source = FakeSource { events: rx, begun: 0, log: log.clone(), session: Arc::default() };
     let sink = sink.clone();
     let task = tokio::spawn(async move {
         let labels = StreamLabels {
@@ -712,4 +769,105 @@ async fn a_bad_row_read_back_while_a_finish_holds_the_sql_session_waits_for_it()
     hold.notify_one();
     until("both prefixes are finished", || session.deleted() == [1, 3]).await;
     session.stop().await.0.unwrap();
+}
+
+// ---- exactly-once -----------------------------------------------------------------------
+
+fn transactional(progress: Option<crate::progress::Progress>) -> Arc<FakeSink> {
+    FakeSink::with(|s| {
+        s.auto_ack = true;
+        s.transactional = true;
+        s.progress = progress.map(|p| p.encode());
+    })
+}
+
+fn committed_ids(sink: &FakeSink) -> Vec<i64> {
+    lock(&sink.state).committed.iter().map(|r| r.id).collect()
+}
+
+fn last_progress(sink: &FakeSink) -> crate::progress::Progress {
+    let value = lock(&sink.state).progress.clone().expect("a progress record");
+    crate::progress::Progress::decode(&value, "t", "k").unwrap()
+}
+
+#[tokio::test(start_paused = true)]
+async fn exactly_once_deletes_rows_only_once_a_kafka_transaction_holding_them_committed() {
+    let sink = transactional(None);
+    let eo = StreamSettings { delivery: crate::config::Delivery::ExactlyOnce, ..settings() };
+    let session = start(&sink, eo, StreamMemory::default());
+    session.txn(10, &[1, 2]);
+    session.txn(20, &[3]);
+    until("the rows are deleted", || session.deleted().len() == 3).await;
+    assert_eq!(committed_ids(&sink), [1, 2, 3], "deleted only once committed in Kafka");
+    assert_eq!(last_progress(&sink).mark.as_deref(), Some("20"));
+    assert_eq!(last_progress(&sink).partial, None);
+    let (result, _) = session.stop().await;
+    result.unwrap();
+    assert!(!lock(&sink.state).in_txn, "no transaction left open");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_restart_deletes_what_the_last_progress_record_covers_and_sends_the_rest() {
+    // Kafka holds transactions 10 and 20 and the first two rows of 30; the database deleted
+    // none of them (the streamer died between the Kafka commit and the delete).
+    let progress = crate::progress::Progress::new(
+        "outbox-lsn",
+        Some("20".into()),
+        Some(crate::progress::Partial { transaction: "L30".into(), rows: 2 }),
+    );
+    let sink = transactional(Some(progress));
+    let eo = StreamSettings { delivery: crate::config::Delivery::ExactlyOnce, ..settings() };
+    let session = start(&sink, eo, StreamMemory::default());
+    session.txn(10, &[1, 2]);
+    session.txn(20, &[3]);
+    session.txn(30, &[4, 5, 6]);
+    session.txn(40, &[7]);
+    until("every row is deleted", || session.deleted().len() == 7).await;
+    let (result, _) = session.stop().await;
+    result.unwrap();
+    assert_eq!(sink.ids(), [6, 7], "only what Kafka did not hold is sent");
+    assert_eq!(committed_ids(&sink), [6, 7]);
+    assert_eq!(last_progress(&sink).mark.as_deref(), Some("40"));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_source_transaction_larger_than_a_kafka_transaction_is_split_with_its_rows_counted() {
+    let sink = transactional(None);
+    let eo =
+        StreamSettings { delivery: crate::config::Delivery::ExactlyOnce, transaction_max_records: 2, ..settings() };
+    let session = start(&sink, eo, StreamMemory::default());
+    session.begin(10);
+    for id in 1..=5 {
+        session.row(id);
+    }
+    until("the first split commits", || lock(&sink.state).commits >= 1).await;
+    let split = last_progress(&sink);
+    assert_eq!(split.mark, None);
+    let partial = split.partial.expect("the open source transaction is named");
+    assert_eq!(partial.transaction, "L10");
+    assert!(partial.rows >= 2, "{partial:?}");
+    assert!(session.deleted().is_empty(), "nothing is deleted before the source transaction commits");
+    session.send(SourceEvent::Commit(10));
+    until("the rows are deleted", || session.deleted().len() == 5).await;
+    assert_eq!(committed_ids(&sink), [1, 2, 3, 4, 5]);
+    let (result, _) = session.stop().await;
+    result.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_failed_record_aborts_the_kafka_transaction_and_the_next_session_resends_it() {
+    let sink = transactional(None);
+    lock(&sink.state).fail_once.insert((TOPIC.into(), 2), Verdict::Transient);
+    let eo = StreamSettings { delivery: crate::config::Delivery::ExactlyOnce, ..settings() };
+    let session = start(&sink, eo.clone(), StreamMemory::default());
+    session.txn(10, &[1, 2]);
+    let (result, memory) = session.ended().await;
+    assert_eq!(result.unwrap_err().kind(), Kind::Transient);
+    assert!(committed_ids(&sink).is_empty(), "the aborted transaction's records count for nothing");
+    let session = start(&sink, eo, memory);
+    session.txn(10, &[1, 2]);
+    until("the rows are deleted", || session.deleted().len() == 2).await;
+    let (result, _) = session.stop().await;
+    result.unwrap();
+    assert_eq!(committed_ids(&sink), [1, 2]);
 }

@@ -226,10 +226,40 @@ fn scan(
     partitions: i32,
     timeout: Duration,
     settle: Duration,
+    on_record: impl FnMut(&rdkafka::message::BorrowedMessage<'_>) -> bool,
+) {
+    scan_as("read_committed", topic, partitions, timeout, settle, on_record);
+}
+
+/// Counts every record of `topic` (all partitions) with `read_uncommitted`: aborted records
+/// of Kafka transactions too. Reads until `at_least` arrived, then a little longer.
+pub(crate) async fn count_uncommitted(topic: &str, partitions: i32, at_least: usize, timeout: Duration) -> usize {
+    let topic = topic.to_string();
+    tokio::task::spawn_blocking(move || {
+        let mut n = 0;
+        scan_as("read_uncommitted", &topic, partitions, timeout, Duration::from_secs(1), |_| {
+            n += 1;
+            n >= at_least
+        });
+        n
+    })
+    .await
+    .expect("reader thread")
+}
+
+/// [`scan`] with the consumer's `isolation.level` (librdkafka's default, and the other
+/// readers', is `read_committed`).
+fn scan_as(
+    isolation: &str,
+    topic: &str,
+    partitions: i32,
+    timeout: Duration,
+    settle: Duration,
     mut on_record: impl FnMut(&rdkafka::message::BorrowedMessage<'_>) -> bool,
 ) {
     let consumer: BaseConsumer = ClientConfig::new()
         .set("bootstrap.servers", brokers())
+        .set("isolation.level", isolation)
         .set("group.id", unique("test-reader"))
         .set("enable.auto.commit", "false")
         .set("enable.partition.eof", "false")

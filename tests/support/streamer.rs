@@ -285,6 +285,7 @@ pub(crate) fn source_config(
         r#"[kafka]
 brokers = "{brokers}"
 message_timeout_ms = 10000
+transactional_id_prefix = "{prefix}"
 
 [[source]]
 name = "test"

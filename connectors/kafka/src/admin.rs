@@ -1,5 +1,5 @@
-//! Topic administration for the benchmark and tools (the streamer itself never creates or
-//! deletes topics).
+//! Topic administration for the benchmark, the tools and `setup` (which creates the progress
+//! topic of exactly-once delivery); the streamer itself never creates or deletes topics.
 
 use std::time::Duration;
 
@@ -22,6 +22,35 @@ pub async fn create_topic(brokers: &str, topic: &str, partitions: i32, replicati
         }
     }
     Ok(())
+}
+
+/// Creates the compacted `topic` exactly-once delivery keeps its progress records in: one
+/// partition, the cluster's default replication, `cleanup.policy=compact`. `properties` are the
+/// connection's (`security.*`, `ssl.*`, `sasl.*` are used). An existing topic is fine; the
+/// answer says whether it was created.
+pub async fn create_progress_topic(
+    brokers: &str,
+    properties: &std::collections::BTreeMap<String, String>,
+    topic: &str,
+) -> Result<bool, KafkaError> {
+    let mut cfg = ClientConfig::new();
+    cfg.set("bootstrap.servers", brokers);
+    for (k, v) in properties {
+        if ["security.", "ssl.", "sasl."].iter().any(|p| k.starts_with(p)) {
+            cfg.set(k, v);
+        }
+    }
+    let admin: AdminClient<DefaultClientContext> = cfg.create()?;
+    let new = NewTopic::new(topic, 1, TopicReplication::Fixed(-1))
+        .set("cleanup.policy", "compact")
+        .set("min.compaction.lag.ms", "0")
+        .set("segment.ms", "3600000");
+    let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(30)));
+    match admin.create_topics([&new], &opts).await?.pop() {
+        Some(Ok(_)) => Ok(true),
+        Some(Err((_, RDKafkaErrorCode::TopicAlreadyExists))) | None => Ok(false),
+        Some(Err((_, code))) => Err(KafkaError::AdminOp(code)),
+    }
 }
 
 /// Deletes `topic`; a topic that does not exist is fine.

@@ -65,6 +65,9 @@ pub struct ProducerSettings {
     pub message_timeout_ms: u64,
     /// Extra librdkafka properties; the [`RESERVED_PROPERTIES`] are set after them.
     pub properties: BTreeMap<String, String>,
+    /// Makes the producer transactional (see [`crate::transaction`]): records are sent only
+    /// between [`Producer::begin_transaction`] and [`Producer::commit_transaction`].
+    pub transactional_id: Option<String>,
 }
 
 /// One record to publish; borrowed from the outbox row.
@@ -89,6 +92,17 @@ pub fn topic_of(message: &OwnedMessage) -> String {
 struct Client {
     queue: MainQueue,
     producer: BaseProducer<LogContext>,
+}
+
+/// Access to the librdkafka client behind a [`Producer`], shareable with a blocking thread.
+pub(crate) trait AsBase: Send + Sync {
+    fn producer(&self) -> &BaseProducer<LogContext>;
+}
+
+impl AsBase for Client {
+    fn producer(&self) -> &BaseProducer<LogContext> {
+        &self.producer
+    }
 }
 
 /// Serves the main queue whenever librdkafka says it has events, until the producer is gone.
@@ -235,6 +249,8 @@ pub const RESERVED_PROPERTIES: &[(&str, &str)] = &[
     ("partitioner", "partitioner"),
     ("message.timeout.ms", "message.timeout.ms"),
     ("delivery.timeout.ms", "message.timeout.ms"),
+    ("transactional.id", "transactional.id"),
+    ("transaction.timeout.ms", "transaction.timeout.ms"),
 ];
 
 /// The property `key` stands for when the producer reserves it (see [`RESERVED_PROPERTIES`]).
@@ -263,6 +279,13 @@ impl Producer {
         cfg.set("message.timeout.ms", settings.message_timeout_ms.to_string());
         for (k, v) in FIXED {
             cfg.set(*k, *v);
+        }
+        if let Some(id) = &settings.transactional_id {
+            // A transaction may not outlive its records' own timeout by much: the broker aborts
+            // one that stays open longer (a frozen owner's), and librdkafka requires
+            // message.timeout.ms <= transaction.timeout.ms.
+            cfg.set("transactional.id", id)
+                .set("transaction.timeout.ms", crate::transaction::timeout_ms(settings.message_timeout_ms).to_string());
         }
         let runtime = tokio::runtime::Handle::try_current().map_err(|_| {
             KafkaError::ClientCreation(
@@ -319,6 +342,11 @@ impl Producer {
         let _ = tokio::time::timeout(ROOM_WAIT, self.room.notified()).await;
     }
 
+    /// The client itself, for the transaction calls of [`crate::transaction`].
+    pub(crate) fn base(&self) -> Arc<dyn AsBase> {
+        self.client.clone()
+    }
+
     /// Waits up to `timeout` for everything enqueued to be acknowledged or failed.
     pub fn flush(&self, timeout: Duration) -> Result<(), KafkaError> {
         self.client.producer.flush(timeout)
@@ -372,6 +400,7 @@ mod tests {
             linger_ms: 0,
             message_timeout_ms: 1_000,
             properties: [("queue.buffering.max.messages".to_string(), "1".to_string())].into(),
+            transactional_id: None,
         };
         let producer = Producer::new(&settings).unwrap();
         let rec = Outgoing { topic: "t", key: None, payload: Some(b"p"), partition: Some(0), headers: &[], stamp: &[] };
@@ -405,6 +434,7 @@ mod tests {
             linger_ms: 0,
             message_timeout_ms,
             properties: BTreeMap::new(),
+            transactional_id: None,
         }
     }
 

@@ -558,6 +558,33 @@ impl Source for MySource {
         Ok(Probe { candidates, max_id: max.flatten(), mark: MyPosition { resume: mark.clone(), done: mark } })
     }
 
+    /// The GTID state (or set) after the position's transactions; the file form as
+    /// `file:<name>:<offset>`.
+    fn progress_mark(position: &MyPosition) -> Option<String> {
+        let done = &position.done;
+        Some(match done.gtid_text() {
+            Some(gtid) => format!("gtid:{gtid}"),
+            None => format!("file:{}:{}", done.file(), done.offset()),
+        })
+    }
+
+    fn begun_within(&self, mark: &str) -> Result<bool, Error> {
+        let unreadable = |why: String| crate::progress::unreadable(mark, &why);
+        let position = if let Some(gtid) = mark.strip_prefix("gtid:") {
+            Position::from_stored(self.flavor, Some(gtid), "", 0).map_err(unreadable)?
+        } else if let Some((file, offset)) = mark.strip_prefix("file:").and_then(|f| f.rsplit_once(':')) {
+            let offset = offset.parse().map_err(|_| unreadable("the offset is not a number".into()))?;
+            Position::from_stored(self.flavor, None, file, offset).map_err(unreadable)?
+        } else {
+            return Err(unreadable("it is neither gtid:<state> nor file:<name>:<offset>".into()));
+        };
+        if let (Position::File { .. }, Some(open)) = (&position, &self.open) {
+            // Without GTIDs: the transaction starts before the end of the last one in Kafka.
+            return Ok(position.at_or_after(&open.before) && position != open.before);
+        }
+        Ok(self.current.as_ref().is_some_and(|txn| position.contains(txn)))
+    }
+
     fn reached(done: &MyPosition, mark: &MyPosition) -> bool {
         done.done.at_or_after(&mark.done)
     }

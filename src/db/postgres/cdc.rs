@@ -157,6 +157,8 @@ pub(crate) struct PgSource {
     last_heard: tokio::time::Instant,
     /// Transactions read and not yet confirmed: (xid, commit LSN). See [`visibility`].
     xids: std::collections::VecDeque<(u32, Lsn)>,
+    /// The `final_lsn` of the last transaction begun (exactly-once's [`Source::begun_within`]).
+    begun: Lsn,
     /// The finish's prepared deletes; one finish runs at a time.
     deleter: Arc<Mutex<cleanup::RowDeleter>>,
     /// Skips transactions whose commit starts below the published-up-to mark: this stream
@@ -245,6 +247,7 @@ impl PgSource {
             silence_limit,
             last_heard: tokio::time::Instant::now(),
             xids: std::collections::VecDeque::new(),
+            begun: Lsn(0),
             deleter: Arc::new(Mutex::new(
                 cleanup::RowDeleter::new(&names.table).recording_in(checkpoint_table, &names.table),
             )),
@@ -446,6 +449,7 @@ impl Source for PgSource {
             };
             let event = match change {
                 Change::Begin { final_lsn, xid } => {
+                    self.begun = final_lsn;
                     self.xids.push_back((xid, final_lsn));
                     self.replay.begin(|published| final_lsn < *published);
                     SourceEvent::Begin { label: final_lsn.to_string() }
@@ -586,6 +590,17 @@ impl Source for PgSource {
         let mark: String = row.get(2);
         let mark = Lsn::parse(&mark).map_err(|e| Error::transient(format!("reading the WAL position: {e}")))?;
         Ok(Probe { candidates: row.get(0), max_id: row.get(1), mark })
+    }
+
+    fn progress_mark(position: &Lsn) -> Option<String> {
+        Some(position.to_string())
+    }
+
+    /// A transaction's commit record starts at its `final_lsn` and ends at its `end_lsn`, the
+    /// position stored for it; every later transaction's starts at or after that end.
+    fn begun_within(&self, mark: &str) -> Result<bool, Error> {
+        let mark = Lsn::parse(mark).map_err(|e| crate::progress::unreadable(mark, &e.to_string()))?;
+        Ok(self.begun < mark)
     }
 
     fn reached(done: &Lsn, mark: &Lsn) -> bool {

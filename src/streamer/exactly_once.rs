@@ -1,0 +1,231 @@
+//! Exactly-once delivery in the loop: records go in Kafka transactions that end with a progress
+//! record ([`crate::progress`]); only what a committed transaction holds counts as acknowledged.
+//!
+//! * A Kafka transaction begins with the first record sent after the last one ended. It is
+//!   closed once it is `transaction_interval_ms` old or holds `transaction_max_records`
+//!   records: reading pauses at the next end of a source transaction (or, for a source
+//!   transaction that outgrows it — `transaction_max_records` or [`SPLIT_AFTER`] — right away,
+//!   with the rows so far named in `partial`), every record is acknowledged, and the commit
+//!   writes the progress record last.
+//! * Acknowledgements are held until the commit; then they reach the [`AckTracker`], so a row
+//!   is deleted (and the position stored) only once a committed transaction holds its record.
+//! * A failure aborts the transaction (the session ends; the next one starts from the last
+//!   committed progress). A record the broker refused on its own is remembered: the next
+//!   session dead-letters (or halts on) it without sending it in the new transaction.
+//! * On a restart, the last committed progress record says which source transactions (and
+//!   which first rows of one) are in Kafka: their rows are deleted, not sent again.
+//!
+//! [`AckTracker`]: crate::ack::AckTracker
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::Session;
+use crate::ack::TxnSeq;
+use crate::error::Error;
+use crate::progress::{Partial, Progress};
+use crate::sink::Sink;
+use crate::source::Source;
+
+/// A source transaction still open this long after its Kafka transaction began is split: the
+/// broker aborts a transaction open longer than its timeout.
+const SPLIT_AFTER: Duration = Duration::from_secs(5);
+
+/// A session's exactly-once state.
+#[derive(Debug)]
+pub(super) struct ExactlyOnce {
+    interval: Duration,
+    max_records: usize,
+    /// The open Kafka transaction: when it began and how many records it holds.
+    open: Option<(Instant, usize)>,
+    /// Acknowledgements of the open transaction's records, released at its commit.
+    held: Vec<TxnSeq>,
+    /// What the last committed progress record said (read at the start, then written).
+    committed: Progress,
+    /// The source kind's position header: a progress record of another kind covers nothing.
+    kind: &'static str,
+    /// Row events of the source transaction being read so far.
+    rows_read: u64,
+    /// How many of them, from its first, a committed Kafka transaction already holds.
+    covered: u64,
+    /// Reading pauses until the open Kafka transaction commits.
+    pub(super) closing: bool,
+}
+
+impl ExactlyOnce {
+    pub(super) fn new(interval_ms: u64, max_records: usize, kind: &'static str, resumed: Option<Progress>) -> Self {
+        let committed = match resumed {
+            Some(p) if p.source == kind => p,
+            Some(p) => {
+                tracing::info!(
+                    written_by = %p.source,
+                    "the last progress record was written by another kind of session (a catch-up); it covers nothing here"
+                );
+                Progress::new(kind, None, None)
+            }
+            None => Progress::new(kind, None, None),
+        };
+        Self {
+            interval: Duration::from_millis(interval_ms),
+            max_records,
+            open: None,
+            held: Vec::new(),
+            committed,
+            kind,
+            rows_read: 0,
+            covered: 0,
+            closing: false,
+        }
+    }
+
+    /// When the loop must look again whether to close the open transaction.
+    pub(super) fn due(&self, in_source_txn: bool) -> Option<Instant> {
+        let (began, _) = self.open?;
+        Some(began + if in_source_txn { SPLIT_AFTER } else { self.interval })
+    }
+
+    /// Whether the open transaction should close now.
+    fn should_close(&self, in_source_txn: bool) -> bool {
+        let Some((began, records)) = self.open else { return false };
+        let age = began.elapsed();
+        if in_source_txn {
+            records >= self.max_records || age >= SPLIT_AFTER
+        } else {
+            records >= self.max_records || age >= self.interval
+        }
+    }
+
+    /// Holds an acknowledgement until the commit.
+    pub(super) fn hold(&mut self, seq: TxnSeq) {
+        self.held.push(seq);
+    }
+}
+
+impl<P: Clone + std::fmt::Display + Send + Sync + 'static, K: Sink> Session<'_, P, K> {
+    /// Opens a Kafka transaction for the record about to be sent, unless one is open.
+    pub(super) fn begin_kafka_txn(&mut self) -> Result<(), Error> {
+        let Some(eo) = &mut self.eo else { return Ok(()) };
+        if eo.open.is_none() {
+            self.sink.begin()?;
+            eo.open = Some((Instant::now(), 0));
+        }
+        Ok(())
+    }
+
+    /// Counts a record handed to the open transaction.
+    pub(super) fn counted(&mut self) {
+        if let Some(eo) = &mut self.eo
+            && let Some((_, records)) = &mut eo.open
+        {
+            *records += 1;
+        }
+    }
+
+    /// A source transaction begins: how much of it a committed Kafka transaction holds.
+    pub(super) fn eo_begin<S: Source<Position = P>>(&mut self, source: &S, label: &str) -> Result<(), Error> {
+        let Some(eo) = &mut self.eo else { return Ok(()) };
+        eo.rows_read = 0;
+        eo.covered = 0;
+        if let Some(mark) = &eo.committed.mark
+            && source.begun_within(mark)?
+        {
+            eo.covered = u64::MAX;
+        } else if let Some(partial) = &eo.committed.partial
+            && partial.transaction == label
+        {
+            eo.covered = partial.rows;
+        }
+        Ok(())
+    }
+
+    /// A row event of the source transaction: whether a committed Kafka transaction holds it.
+    pub(super) fn eo_row_covered(&mut self) -> bool {
+        let Some(eo) = &mut self.eo else { return false };
+        eo.rows_read += 1;
+        eo.rows_read <= eo.covered
+    }
+
+    /// The source transaction committed.
+    pub(super) fn eo_commit(&mut self) {
+        if let Some(eo) = &mut self.eo {
+            eo.rows_read = 0;
+            eo.covered = 0;
+        }
+    }
+
+    /// Marks the open Kafka transaction for closing when it is due; commits it once nothing
+    /// it holds is unsettled. Called at the top of every loop turn.
+    pub(super) async fn eo_turn<S: Source<Position = P>>(&mut self) -> Result<(), Error> {
+        let in_source_txn = self.open.is_some();
+        let Some(eo) = &mut self.eo else { return Ok(()) };
+        if !eo.closing && eo.should_close(in_source_txn) {
+            eo.closing = true;
+        }
+        if eo.closing && self.deliveries.is_empty() && self.waiting.is_empty() {
+            self.commit_kafka_txn::<S>().await?;
+        }
+        Ok(())
+    }
+
+    /// Commits the open Kafka transaction with its progress record, then releases the
+    /// acknowledgements it held. Every record of it must be settled.
+    pub(super) async fn commit_kafka_txn<S: Source<Position = P>>(&mut self) -> Result<(), Error> {
+        let in_source_txn = self.open.is_some();
+        let mark = self.last_position.as_ref().and_then(S::progress_mark);
+        let Some(eo) = &mut self.eo else { return Ok(()) };
+        eo.closing = false;
+        if eo.open.is_none() {
+            return Ok(());
+        }
+        self.labels.lease.check().map_err(Error::fenced)?;
+        let mark = mark.or_else(|| eo.committed.mark.clone());
+        let partial = in_source_txn.then(|| Partial { transaction: self.label.clone(), rows: eo.rows_read });
+        let progress = Progress::new(eo.kind, mark, partial);
+        self.sink.commit(progress.encode()).await?;
+        eo.open = None;
+        eo.committed = progress;
+        // What the transaction holds now counts as covered, should the source transaction
+        // be read again in this session (it is not; the next session reads the record).
+        for seq in std::mem::take(&mut eo.held) {
+            self.tracker.acked(seq);
+        }
+        self.hot.kafka_commits.increment(1);
+        Ok(())
+    }
+
+    /// Ends the session's Kafka transaction: commits what it holds when the session ended
+    /// cleanly and every record was acknowledged, aborts it otherwise.
+    pub(super) async fn eo_end<S: Source<Position = P>>(&mut self, clean: bool) -> Result<(), Error> {
+        let Some(eo) = &self.eo else { return Ok(()) };
+        if eo.open.is_none() {
+            return Ok(());
+        }
+        if clean && self.deliveries.is_empty() && self.waiting.is_empty() {
+            match self.commit_kafka_txn::<S>().await {
+                Ok(()) => return Ok(()),
+                Err(e) => {
+                    self.eo_abort().await;
+                    return Err(e);
+                }
+            }
+        }
+        self.eo_abort().await;
+        Ok(())
+    }
+
+    /// Aborts the open Kafka transaction, dropping its held acknowledgements (its rows are
+    /// sent again by the next session). A failure to abort is left to the broker, which
+    /// aborts the transaction when the next session registers the transactional id.
+    pub(super) async fn eo_abort(&mut self) {
+        let Some(eo) = &mut self.eo else { return };
+        eo.held.clear();
+        eo.closing = false;
+        if eo.open.take().is_some() {
+            if let Err(e) = self.sink.abort().await {
+                tracing::warn!(error = %e, "aborting the Kafka transaction failed; the next session's registration aborts it");
+            }
+            self.hot.kafka_aborts.increment(1);
+        }
+    }
+}
