@@ -243,8 +243,8 @@ fn delivery_is_per_shard_partition_and_exactly_once_is_refused_where_it_is_not_b
     let c = Config::from_toml(&text).unwrap();
     let s = &c.sources[0];
     let eo = s.settings_for(StreamId { shard: 1, partition: 0 });
-    assert_eq!((eo.delivery, eo.transaction_interval_ms), (super::Delivery::ExactlyOnce, 50));
-    assert_eq!(s.settings_for(StreamId { shard: 0, partition: 0 }).delivery, super::Delivery::AtLeastOnce);
+    assert_eq!((eo.delivery, eo.transaction_interval_ms), (Delivery::ExactlyOnce, 50));
+    assert_eq!(s.settings_for(StreamId { shard: 0, partition: 0 }).delivery, Delivery::AtLeastOnce);
     assert_eq!(c.kafka.progress_topic, "outbox-streamer-progress");
     let polling = format!("{MINIMAL}\n[source.defaults]\ndelivery = \"exactly-once\"\nmode = \"polling\"\n");
     let e = Config::from_toml(&polling).unwrap_err().to_string();
