@@ -70,6 +70,18 @@ impl Error {
         Self::new(Kind::Fenced, context)
     }
 
+    /// [`Kind::Fenced`] by the broker rather than by ZooKeeper or a stored epoch: a newer
+    /// producer registered the shard-partition's transactional id. `fix` says what to do when
+    /// no coordination explains it (a second instance runs the shard-partition).
+    pub(crate) fn fenced_by_broker(context: impl Into<String>, fix: impl Into<String>) -> Self {
+        Self { fix: Some(fix.into()), ..Self::new(Kind::Fenced, context) }
+    }
+
+    /// Whether this is [`Self::fenced_by_broker`].
+    pub(crate) fn by_broker(&self) -> bool {
+        self.kind == Kind::Fenced && self.fix.is_some()
+    }
+
     /// See [`Kind::Definite`]: `context` says what is wrong, `fix` what to do about it.
     pub(crate) fn definite(context: impl Into<String>, fix: impl Into<String>) -> Self {
         Self { fix: Some(fix.into()), ..Self::new(Kind::Definite, context) }

@@ -236,6 +236,7 @@ async fn stream_task<S, F, Fut>(
         // A halt cleared for good: the next one waits the first interval again. A session
         // that cleared it and halted again soon after keeps the grown interval, so a halt that
         // only seemed to clear cannot retry at the first interval for ever.
+        let by_broker = result.as_ref().is_err_and(Error::by_broker);
         let error = match result {
             Ok(()) => None,
             Err(e) => Some((policy(e.kind(), Phase::Streaming), e.to_string())),
@@ -249,6 +250,10 @@ async fn stream_task<S, F, Fut>(
         }
         let Some((action, msg)) = error else { break };
         match action {
+            Action::Stop if by_broker => {
+                fenced_by_broker(&labels, &metric_labels, &msg, &mut stop).await;
+                return;
+            }
             Action::Stop => {
                 revoked(&labels, &metric_labels, &msg, &mut stop).await;
                 return;
@@ -435,6 +440,26 @@ async fn revoked(
     stopped(labels, metric_labels);
     gauge!(m::OWNER_EPOCH, "stream" => labels.key()).set(0.0);
     tracing::warn!(reason = %msg, "stopped: ownership can no longer be confirmed");
+}
+
+/// Kafka fenced the shard-partition's transactional producer: a newer producer took its
+/// transactional id. Under coordination that is the next owner (this instance lost its lease,
+/// perhaps while frozen): stop, as for a lost lease. Without it, a second instance runs the
+/// shard-partition: halt, with the message's fix, until an operator restarts this one (the
+/// fenced producer can never publish again).
+async fn fenced_by_broker(
+    labels: &StreamLabels,
+    metric_labels: &[(&'static str, String); 3],
+    msg: &str,
+    stop: &mut watch::Receiver<bool>,
+) {
+    if labels.lease.epoch().is_none() {
+        halt_for_good(labels, metric_labels, msg, stop).await;
+        return;
+    }
+    stopped(labels, metric_labels);
+    gauge!(m::OWNER_EPOCH, "stream" => labels.key()).set(0.0);
+    tracing::warn!(reason = %msg, "stopped: Kafka fenced this owner's producer; a newer owner publishes now");
 }
 
 /// Sleeps `backoff` (or until shutdown), then doubles it up to the maximum.

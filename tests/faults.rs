@@ -160,6 +160,19 @@ async fn sigkill_with<D: Database>(w: World<D>, txns: usize, pace: Duration, exa
 /// Run by `postgres_faults::{,polling_}kafka_outage_longer_than_the_delivery_timeout_loses_nothing`
 /// and `mysql_cdc::mariadb_{,polling_}kafka_outage_longer_than_the_delivery_timeout_loses_nothing`.
 pub(crate) async fn kafka_outage<D: Database>(w: World<D>) {
+    kafka_outage_with(w, false).await;
+}
+
+/// [`kafka_outage`] under exactly-once delivery (the world's config sets it): a
+/// `read_committed` reader sees each row once, in order.
+///
+/// Run by `postgres_faults::exactly_once_kafka_outage_sends_each_row_once` and
+/// `mysql_cdc::mariadb_exactly_once_kafka_outage_sends_each_row_once`.
+pub(crate) async fn kafka_outage_exactly_once<D: Database>(w: World<D>) {
+    kafka_outage_with(w, true).await;
+}
+
+async fn kafka_outage_with<D: Database>(w: World<D>, exactly_once: bool) {
     w.edit_config(|c| c.replace("message_timeout_ms = 10000", "message_timeout_ms = 3000"));
     let table = w.table(0, 0);
     let partitions = w.kafka_partitions;
@@ -186,6 +199,9 @@ pub(crate) async fn kafka_outage<D: Database>(w: World<D>) {
 
     let records = kafka::read_at_least(&w.topic, partitions, 300, ARRIVAL).await;
     kafka::assert_first_deliveries_in_order(&records, 300);
+    if exactly_once {
+        assert_eq!(records.len(), 300, "a read_committed reader sees each row once");
+    }
     eprintln!("{} kafka outage: 300 rows, {} records ({} duplicates)", D::NAME, records.len(), records.len() - 300);
     w.wait_drained(&table).await;
     assert!(streamer.stop());
@@ -196,6 +212,18 @@ pub(crate) async fn kafka_outage<D: Database>(w: World<D>) {
 /// Run by `postgres_faults::a_million_row_transaction_passes_with_bounded_memory` and
 /// `mysql_cdc::mariadb_a_million_row_transaction_passes_with_bounded_memory`.
 pub(crate) async fn million_row_transaction<D: Database>(w: World<D>) {
+    million_rows(w, false).await;
+}
+
+/// [`million_row_transaction`] under exactly-once delivery (the world's config sets it): the
+/// transaction is split across Kafka transactions, and each row arrives once.
+///
+/// Run by `postgres_faults::exactly_once_a_million_row_transaction_arrives_once_with_bounded_memory`.
+pub(crate) async fn million_row_transaction_exactly_once<D: Database>(w: World<D>) {
+    million_rows(w, true).await;
+}
+
+async fn million_rows<D: Database>(w: World<D>, exactly_once: bool) {
     const ROWS: usize = 1_000_000;
     let table = w.table(0, 0);
     let streamer = w.start("streamer.log");
@@ -203,6 +231,9 @@ pub(crate) async fn million_row_transaction<D: Database>(w: World<D>) {
     let partitions = w.kafka_partitions;
     let (records, distinct) = kafka::count_distinct_ids(&w.topic, partitions, ROWS, Duration::from_secs(900)).await;
     assert_eq!(distinct, ROWS, "every row of the transaction arrived");
+    if exactly_once {
+        assert_eq!(records, ROWS, "each row once");
+    }
     w.wait_drained(&table).await;
     let peak = streamer.peak_rss_bytes();
     eprintln!("{} million-row transaction: {records} records, streamer peak RSS {} MiB", D::NAME, peak / (1 << 20));

@@ -77,6 +77,14 @@ async fn mariadb_exactly_once_sigkill_at_random_moments_sends_each_row_once() {
     faults::sigkill_exactly_once(w, 100, Duration::from_millis(40)).await;
 }
 
+/// [`faults::kafka_outage_exactly_once`].
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mariadb_exactly_once_kafka_outage_sends_each_row_once() {
+    let w =
+        World::mysql("meo").kafka_partitions(3).config(crate::postgres_faults::EXACTLY_ONCE).exclusive().build().await;
+    faults::kafka_outage_exactly_once(w).await;
+}
+
 /// The same in polling mode.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn mariadb_polling_sigkill_at_random_moments_loses_nothing() {

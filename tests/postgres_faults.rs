@@ -27,6 +27,20 @@ async fn exactly_once_sigkill_at_random_moments_sends_each_row_once() {
     faults::sigkill_exactly_once(w, 250, Duration::from_millis(20)).await;
 }
 
+/// [`faults::kafka_outage_exactly_once`].
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exactly_once_kafka_outage_sends_each_row_once() {
+    let w = World::postgres("eko").kafka_partitions(3).config(EXACTLY_ONCE).exclusive().build().await;
+    faults::kafka_outage_exactly_once(w).await;
+}
+
+/// [`faults::million_row_transaction_exactly_once`].
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exactly_once_a_million_row_transaction_arrives_once_with_bounded_memory() {
+    let w = World::postgres("eom").kafka_partitions(3).config(EXACTLY_ONCE).build().await;
+    faults::million_row_transaction_exactly_once(w).await;
+}
+
 /// The `[source.defaults]` line of an exactly-once world.
 pub(crate) const EXACTLY_ONCE: &str = "delivery = \"exactly-once\"";
 

@@ -34,6 +34,8 @@ struct Transactions {
     reader: ReaderSettings,
     /// `init_transactions` succeeded: registered with the cluster, earlier owners fenced.
     registered: AtomicBool,
+    /// An abort failed (the cluster unreachable): it is tried again before the next session.
+    abort_pending: AtomicBool,
 }
 
 /// What opening a shard-partition's [`Broker`] takes.
@@ -89,6 +91,7 @@ pub(crate) fn open(settings: &BrokerSettings) -> Result<Broker, Error> {
                 properties: settings.producer.properties.clone(),
             },
             registered: AtomicBool::new(false),
+            abort_pending: AtomicBool::new(false),
         }),
         _ => None,
     };
@@ -124,7 +127,10 @@ fn txn_error(e: TxnFailure, key: &str) -> Error {
             } else {
                 format!("the transactional producer {key} can no longer be used: {e}")
             };
-            Error::fenced(why)
+            Error::fenced_by_broker(
+                why,
+                "make sure one instance runs each shard-partition (run them under [coordination], or give two deployments sharing this Kafka cluster different kafka.transactional_id_prefix values), then restart this one; nothing was sent twice",
+            )
         }
         TxnClass::Abort | TxnClass::Retry => Error::transient(e.to_string()),
     }
@@ -195,6 +201,10 @@ impl Sink for Broker {
             self.producer.init_transactions(TXN_CALL_TIMEOUT).await.map_err(|e| txn_error(e, &t.key))?;
             t.registered.store(true, Ordering::Release);
         }
+        if t.abort_pending.load(Ordering::Acquire) {
+            self.producer.abort_transaction(TXN_CALL_TIMEOUT).await.map_err(|e| txn_error(e, &t.key))?;
+            t.abort_pending.store(false, Ordering::Release);
+        }
         let (reader, topic, key) = (t.reader.clone(), t.topic.clone(), t.key.clone());
         let read = tokio::task::spawn_blocking(move || {
             outbox_kafka::progress::last_committed(&reader, &topic, key.as_bytes(), TXN_CALL_TIMEOUT)
@@ -245,9 +255,12 @@ impl Sink for Broker {
         self.producer.commit_transaction(TXN_CALL_TIMEOUT).await.map_err(|e| txn_error(e, &t.key))
     }
 
+    /// A failed abort is tried again by the next [`Sink::resume`].
     async fn abort(&self) -> Result<(), Error> {
         let t = self.transactions()?;
-        self.producer.abort_transaction(TXN_CALL_TIMEOUT).await.map_err(|e| txn_error(e, &t.key))
+        let aborted = self.producer.abort_transaction(TXN_CALL_TIMEOUT).await;
+        t.abort_pending.store(aborted.is_err(), Ordering::Release);
+        aborted.map_err(|e| txn_error(e, &t.key))
     }
 }
 
