@@ -276,9 +276,20 @@ async fn switching_storage_with_messages_in_flight_loses_nothing() {
 /// acknowledged but not yet confirmed at a kill) stay bounded.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wal_sigkill_at_random_moments_loses_nothing() {
+    wal_sigkill(World::postgres("wk").config(WAL).build().await, false).await;
+}
+
+/// The same under exactly-once delivery: a `read_committed` reader sees each message once (a
+/// message's position says whether a committed Kafka transaction holds it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wal_exactly_once_sigkill_at_random_moments_sends_each_message_once() {
+    let w = World::postgres("wek").config(WAL).config(crate::postgres_faults::EXACTLY_ONCE).build().await;
+    wal_sigkill(w, true).await;
+}
+
+async fn wal_sigkill(w: World<PgDb>, exactly_once: bool) {
     const TXNS: usize = 60;
     const PER_TXN: i64 = 200;
-    let w = World::postgres("wk").config(WAL).build().await;
     let emitted = Arc::new(std::sync::Mutex::new(Vec::new()));
     let writer = {
         let conn = crate::support::pg::connect(&w.db.admin_url).await;
@@ -307,7 +318,10 @@ async fn wal_sigkill_at_random_moments_loses_nothing() {
     assert_eq!(seen, emitted, "every emitted message arrived, and no other");
     kafka::assert_first_deliveries_in_order(&records, total);
     let duplicates = records.len() - total;
-    eprintln!("wal sigkill: {total} messages, 3 kills, {duplicates} duplicates");
+    eprintln!("wal sigkill (exactly-once: {exactly_once}): {total} messages, 3 kills, {duplicates} duplicates");
+    if exactly_once {
+        assert_eq!(duplicates, 0, "a read_committed reader sees each message once");
+    }
     assert!(duplicates <= 3 * 20_000, "{duplicates} duplicates");
     assert!(streamer.stop());
 }
