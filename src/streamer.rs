@@ -543,7 +543,8 @@ impl<P: Clone + std::fmt::Display + Send + Sync + 'static, K: Sink> Session<'_, 
     /// then halts the stream with nothing after the row sent).
     async fn publish(&mut self, seq: TxnSeq, record: OutboxRecord) -> Result<(), Error> {
         self.labels.lease.check().map_err(Error::fenced)?;
-        if let Some(reason) = self.memory.refused.remove(&record.id) {
+        // Kept until the row is deleted: the transaction carrying the copy may abort too.
+        if let Some(reason) = self.memory.refused.get(&record.id).cloned() {
             self.tracker.sent(seq, record.in_table.then_some(record.id));
             return self.dead_letter(DeadLetter::of(seq, reason, record)).await;
         }

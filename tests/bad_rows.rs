@@ -163,12 +163,27 @@ async fn mariadb_skip_discards_a_halted_row_but_never_while_streaming() {
 /// record of the batch was dead-lettered without its payload and deleted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn refused_batches_are_resent_alone_and_bad_rows_dead_lettered_whole() {
-    let topic = crate::support::unique("bb").replace('_', "-");
+    refused_batches("bb", false).await;
+}
+
+/// The same under exactly-once delivery: each refusal aborts its Kafka transaction, the next
+/// session sends the rows alone and the dead-letter copy in a clean one; a `read_committed`
+/// reader sees every good row once and the copy once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exactly_once_refused_rows_are_dead_lettered_in_a_clean_transaction() {
+    refused_batches("eb", true).await;
+}
+
+async fn refused_batches(name: &str, exactly_once: bool) {
+    let topic = crate::support::unique(name).replace('_', "-");
     kafka::create_topic_with(&topic, 1, &[("max.message.bytes", "20000")]).await;
     let dlq = crate::support::unique("bbdlq").replace('_', "-");
     kafka::create_topic_with(&dlq, 1, &[("max.message.bytes", "200000")]).await;
-    let extra = format!("on_bad_row = \"dead-letter\"\ndead_letter_topic = \"{dlq}\"\ncompression = \"none\"");
-    let w = World::postgres("bb").config(&extra).build().await;
+    let mut extra = format!("on_bad_row = \"dead-letter\"\ndead_letter_topic = \"{dlq}\"\ncompression = \"none\"");
+    if exactly_once {
+        extra = format!("{extra}\n{}", crate::postgres_faults::EXACTLY_ONCE);
+    }
+    let w = World::postgres(name).config(&extra).build().await;
     let table = w.table(0, 0);
     let streamer = w.start("streamer.log");
     // 30 rows of 4 kB, one transaction: together far above 20 kB, each one well below.
@@ -192,6 +207,9 @@ async fn refused_batches_are_resent_alone_and_bad_rows_dead_lettered_whole() {
     let mut expected: BTreeSet<String> = (0..30).map(|i| format!("r{i:02}")).collect();
     expected.insert("after".into());
     assert_eq!(got, expected, "every row of the refused batch is published; only the big one is not");
+    if exactly_once {
+        assert_eq!(records.len(), 31, "each row once for a read_committed reader");
+    }
     let dead = kafka::read_at_least(&dlq, 1, 1, ARRIVAL).await;
     assert_eq!(dead.len(), 1, "only the row too large alone is dead-lettered");
     assert_eq!(dead[0].payload_str(), big, "with its payload");

@@ -63,9 +63,13 @@ async fn held_delete_does_not_stop_reading<D: Database>(builder: WorldBuilder<D>
             D::last_report(&mut c, &table).await.filter(|t| *t > published)
         })
         .await;
+        // B's own start may be confirmed: an idle report made while the server had read up to
+        // B's commit record but not yet decoded it names that record's start, and the server
+        // still decodes a transaction whose commit starts at the confirmed position (only one
+        // before it is skipped). Past it, B would be lost to the log.
         let confirmed = D::confirmed_position(&mut admin, &table).await.unwrap_or(0);
         assert!(
-            confirmed < b_position,
+            confirmed <= b_position,
             "confirmed {confirmed:X} reached row B ({b_position:X}) while B's delete was held (log before B: {before_b:X})"
         );
     }

@@ -74,6 +74,11 @@ impl<P: Clone + std::fmt::Display + Send + Sync + 'static, K: Sink> Session<'_, 
         };
         source.finished(position.clone());
         // A suspect is sent alone until its row is deleted (a replay sends it again).
+        if !self.memory.refused.is_empty() {
+            for id in ids.iter() {
+                self.memory.refused.remove(id);
+            }
+        }
         if !self.memory.suspects.is_empty() {
             for id in ids.iter() {
                 self.memory.suspects.remove(id);

@@ -21,6 +21,19 @@ pub struct ReaderSettings {
     pub properties: BTreeMap<String, String>,
 }
 
+/// The reader's client context: the end of a partition is what it waits for, not an error.
+struct Quiet;
+
+impl rdkafka::client::ClientContext for Quiet {
+    fn error(&self, error: KafkaError, reason: &str) {
+        if !matches!(error, KafkaError::PartitionEOF(_)) {
+            tracing::warn!(target: "librdkafka", error = %error, "progress reader: {reason}");
+        }
+    }
+}
+
+impl rdkafka::consumer::ConsumerContext for Quiet {}
+
 /// The value of `key`'s last committed record in `topic`, or `None` when there is none.
 /// Blocking; reads every partition from its start to its last stable offset within `timeout`.
 /// A missing topic is `UnknownTopic`.
@@ -42,7 +55,7 @@ pub fn last_committed(
         .set("enable.partition.eof", "true")
         .set("isolation.level", "read_committed")
         .set("fetch.wait.max.ms", "10");
-    let consumer: BaseConsumer = cfg.create()?;
+    let consumer: BaseConsumer<Quiet> = cfg.create_with_context(Quiet)?;
     let deadline = Instant::now() + timeout;
     let metadata = consumer.fetch_metadata(Some(topic), timeout)?;
     let partitions: Vec<i32> = match metadata.topics().iter().find(|t| t.name() == topic) {
