@@ -12,11 +12,17 @@
 //!   [`progress_mark`](crate::source::Source::progress_mark)) is in Kafka; `null` when none is.
 //! * `partial`: a source transaction split across Kafka transactions (it outgrew one): its
 //!   label (`outbox-lsn` / `outbox-gtid`) and how many of its rows, in log order, are in Kafka.
-//! * `source`: the position header of the source that wrote it; a record of another kind of
-//!   source (a catch-up's, a polling stream's) covers nothing.
+//! * `ids`: for a source whose positions mean nothing outside their session (polling, a
+//!   catch-up's drain), the ids of the rows that committed Kafka transactions hold and that
+//!   were not known to be deleted when it was written, as inclusive ranges
+//!   (`"ids":[[1,40],[42,42]]`); absent when empty.
+//! * `source`: the position header of the source that wrote it; the `mark` and `partial` of a
+//!   record of another kind of source (a catch-up's, a polling stream's) cover nothing.
 //!
 //! A restarted session reads the last committed record (`read_committed`) and treats the
 //! records it covers as published: their rows are deleted, not sent again.
+
+use std::collections::BTreeSet;
 
 use serde::{Deserialize, Serialize};
 
@@ -29,6 +35,8 @@ pub(crate) struct Progress {
     pub source: String,
     pub mark: Option<String>,
     pub partial: Option<Partial>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ids: Vec<[i64; 2]>,
 }
 
 /// Part of a source transaction that is in Kafka.
@@ -42,9 +50,31 @@ pub(crate) struct Partial {
 
 const VERSION: u32 = 1;
 
+/// The most row ids a progress record may name: a record this build writes names one Kafka
+/// transaction's rows and those of the few before it not yet deleted, far fewer.
+const MAX_IDS: u64 = 10_000_000;
+
 impl Progress {
     pub(crate) fn new(source: &str, mark: Option<String>, partial: Option<Partial>) -> Self {
-        Self { v: VERSION, source: source.to_string(), mark, partial }
+        Self { v: VERSION, source: source.to_string(), mark, partial, ids: Vec::new() }
+    }
+
+    /// The same record naming `ids` (see the module docs).
+    pub(crate) fn with_ids(mut self, ids: &BTreeSet<i64>) -> Self {
+        let mut ranges: Vec<[i64; 2]> = Vec::new();
+        for &id in ids {
+            match ranges.last_mut() {
+                Some(r) if r[1].checked_add(1) == Some(id) => r[1] = id,
+                _ => ranges.push([id, id]),
+            }
+        }
+        self.ids = ranges;
+        self
+    }
+
+    /// The row ids the record names, ascending.
+    pub(crate) fn id_list(&self) -> Vec<i64> {
+        self.ids.iter().flat_map(|[a, b]| *a..=*b).collect()
     }
 
     pub(crate) fn encode(&self) -> Vec<u8> {
@@ -69,6 +99,20 @@ impl Progress {
                 ),
                 "run the outbox-streamer version that wrote it, or a newer one",
             ));
+        }
+        let mut total: u64 = 0;
+        for [a, b] in &progress.ids {
+            total = total.saturating_add(b.abs_diff(*a).saturating_add(1));
+            if a > b || total > MAX_IDS {
+                return Err(Error::definite(
+                    format!(
+                        "the progress record of {key} in topic {topic} names row ids no outbox-streamer writes (range {a}..{b}, more than {MAX_IDS} ids, or reversed)"
+                    ),
+                    format!(
+                        "the progress topic holds records only outbox-streamer writes; delete the key (produce a tombstone for {key}) and accept at-least-once for the records in flight"
+                    ),
+                ));
+            }
         }
         Ok(progress)
     }
@@ -105,5 +149,29 @@ mod tests {
         assert!(e.to_string().contains("version 2"), "{e}");
         let e = Progress::decode(b"junk", "progress", "key").unwrap_err();
         assert!(e.to_string().contains("topic progress"), "{e}");
+    }
+
+    #[test]
+    fn ids_are_stored_as_ranges_and_absent_when_none() {
+        let none = Progress::new("outbox-poll-batch", None, None);
+        assert!(!String::from_utf8(none.encode()).unwrap().contains("ids"));
+        let ids: BTreeSet<i64> = [-3, -2, 1, 2, 3, 7, i64::MAX].into_iter().collect();
+        let p = none.with_ids(&ids);
+        assert_eq!(p.ids, vec![[-3, -2], [1, 3], [7, 7], [i64::MAX, i64::MAX]]);
+        let back = Progress::decode(&p.encode(), "t", "k").unwrap();
+        assert_eq!(back.id_list(), ids.into_iter().collect::<Vec<_>>());
+        // A record without the field (written before it existed) names none.
+        let old = Progress::decode(b"{\"v\":1,\"source\":\"x\",\"mark\":null,\"partial\":null}", "t", "k").unwrap();
+        assert!(old.ids.is_empty());
+    }
+
+    #[test]
+    fn a_forged_range_is_refused_before_it_is_expanded() {
+        for forged in [r#"[[0,9223372036854775807]]"#, r#"[[5,1]]"#, r#"[[-9223372036854775808,9223372036854775807]]"#]
+        {
+            let value = format!(r#"{{"v":1,"source":"x","mark":null,"partial":null,"ids":{forged}}}"#);
+            let e = Progress::decode(value.as_bytes(), "t", "key").unwrap_err();
+            assert!(e.to_string().contains("names row ids"), "{forged}: {e}");
+        }
     }
 }

@@ -122,6 +122,15 @@ pub(crate) trait Source: Send {
         None
     }
 
+    /// Exactly-once by rows, for a source whose positions mean nothing outside their session
+    /// ([`Source::progress_mark`] is `None`: polling, a catch-up's drain): the position a
+    /// finish stores before anything is read. With it, progress records name the ids of the
+    /// rows committed Kafka transactions hold, and a session first finishes (deletes) those
+    /// an earlier one left. `None` (the default): progress is by position.
+    fn before_reading(&self) -> Option<Self::Position> {
+        None
+    }
+
     /// Exactly-once: whether the transaction of the last [`SourceEvent::Begin`] that
     /// [`Source::next`] returned is at or before `mark` (from [`Source::progress_mark`]), so
     /// that its records are already in Kafka. Called right after that `Begin`. A mark this

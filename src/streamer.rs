@@ -203,20 +203,48 @@ pub(crate) async fn run_session<S: Source, K: Sink>(
     memory.last_halt = None;
     tracing::debug!(sink = K::NAME, transactional = sink.transactional(), "session starts");
     let eo = if sink.transactional() {
-        match resume::<K>(sink, labels).await {
-            Ok(progress) => Some(ExactlyOnce::new(
-                settings.transaction_interval_ms,
-                settings.transaction_max_records,
-                S::POSITION_HEADER,
-                progress,
-            )),
+        let resumed = match resume::<K>(sink, labels).await {
+            Ok(progress) => progress,
             Err(e) => {
                 if tokio::time::timeout(Duration::from_secs(5), source.close()).await.is_err() {
                     tracing::warn!("closing the database sessions timed out; dropped them");
                 }
                 return Err(e);
             }
+        };
+        let by_rows = source.before_reading();
+        // Rows an earlier session's committed Kafka transactions hold: deleted before
+        // anything is read, so they are not read (and sent) again.
+        if let (Some(before), Some(progress)) = (&by_rows, &resumed)
+            && !progress.ids.is_empty()
+        {
+            let ids: Vec<i64> = progress.id_list();
+            match source.finish(ids.clone().into(), before.clone()).await {
+                Ok(deleted) => {
+                    source.finished(before.clone());
+                    tracing::info!(
+                        rows = ids.len(),
+                        deleted,
+                        "deleted the rows the last committed Kafka transaction holds"
+                    );
+                    counter!(m::DELETED_ROWS, &labels.metric_labels()).increment(deleted);
+                    counter!(m::SKIPPED_REPLAYED_ROWS, &labels.metric_labels()).increment(deleted);
+                }
+                Err(e) => {
+                    if tokio::time::timeout(Duration::from_secs(5), source.close()).await.is_err() {
+                        tracing::warn!("closing the database sessions timed out; dropped them");
+                    }
+                    return Err(e);
+                }
+            }
         }
+        Some(ExactlyOnce::new(
+            settings.transaction_interval_ms,
+            settings.transaction_max_records,
+            S::POSITION_HEADER,
+            by_rows.is_some(),
+            resumed,
+        ))
     } else {
         None
     };
@@ -594,7 +622,7 @@ impl<P: Clone + std::fmt::Display + Send + Sync + 'static, K: Sink> Session<'_, 
         let failure = match result {
             Ok(()) => {
                 match &mut self.eo {
-                    Some(eo) => eo.hold(d.seq),
+                    Some(eo) => eo.hold(d.seq, d.id),
                     None => self.tracker.acked(d.seq),
                 }
                 if let Some(topic) = d.confirms_topic {
@@ -920,7 +948,10 @@ impl<P: Clone + std::fmt::Display + Send + Sync + 'static, K: Sink> Session<'_, 
             }
         }
         let ended = self.eo_end::<S>(clean && first_error.is_none()).await;
-        let cleaned = self.cleanup_now(source).await.and(ended);
+        let mut cleaned = self.cleanup_now(source).await.and(ended);
+        if cleaned.is_ok() && clean && first_error.is_none() {
+            cleaned = self.eo_tidy::<S>().await;
+        }
         match first_error {
             Some(e) => Err(e),
             None => cleaned,
@@ -953,7 +984,12 @@ async fn resume<K: Sink>(sink: &K, labels: &StreamLabels) -> Result<Option<crate
     let Some(value) = sink.resume().await? else { return Ok(None) };
     let key = format!("{}/{}", labels.source, labels.id);
     let progress = crate::progress::Progress::decode(&value, "the progress topic", &key)?;
-    tracing::info!(mark = ?progress.mark, partial = ?progress.partial, "resuming after the last committed Kafka transaction");
+    tracing::info!(
+        mark = ?progress.mark,
+        partial = ?progress.partial,
+        row_ranges = progress.ids.len(),
+        "resuming after the last committed Kafka transaction"
+    );
     Ok(Some(progress))
 }
 

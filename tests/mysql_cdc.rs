@@ -92,6 +92,14 @@ async fn mariadb_polling_sigkill_at_random_moments_loses_nothing() {
     faults::sigkill(w, 100, Duration::from_millis(40)).await;
 }
 
+/// The same under exactly-once delivery ([`faults::sigkill_exactly_once`]).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn mariadb_polling_exactly_once_sigkill_at_random_moments_sends_each_row_once() {
+    let config = format!("{POLLING}\n{}", crate::postgres_faults::EXACTLY_ONCE);
+    let w = World::mysql("mpe").kafka_partitions(3).config(&config).build().await;
+    faults::sigkill_exactly_once(w, 100, Duration::from_millis(40)).await;
+}
+
 /// A NULL topic halts its shard-partition with one error naming the row, the column and the
 /// fix ([`faults::bad_row_halts_its_shard_partition`]).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

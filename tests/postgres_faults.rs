@@ -27,6 +27,15 @@ async fn exactly_once_sigkill_at_random_moments_sends_each_row_once() {
     faults::sigkill_exactly_once(w, 250, Duration::from_millis(20)).await;
 }
 
+/// The same in polling mode: each progress record names the rows its Kafka transaction holds,
+/// and a restarted session deletes those before it reads.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn polling_exactly_once_sigkill_at_random_moments_sends_each_row_once() {
+    let config = format!("{POLLING}\n{EXACTLY_ONCE}");
+    let w = World::postgres("epk").kafka_partitions(4).config(&config).build().await;
+    faults::sigkill_exactly_once(w, 250, Duration::from_millis(20)).await;
+}
+
 /// [`faults::kafka_outage_exactly_once`].
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn exactly_once_kafka_outage_sends_each_row_once() {

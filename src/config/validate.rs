@@ -5,7 +5,7 @@ use std::collections::HashSet;
 
 use super::error::{ConfigError, invalid};
 use super::sections::{Config, MAX_PARTITIONS, MAX_SHARDS, MetricsConfig, SourceKind};
-use super::stream::{BadRowPolicy, Delivery, Mode, Storage, StreamOverrides};
+use super::stream::{BadRowPolicy, Mode, Storage, StreamOverrides};
 
 impl MetricsConfig {
     fn validate(&self) -> Result<(), ConfigError> {
@@ -204,14 +204,6 @@ impl Config {
                         f("defaults.storage"),
                         format!(
                             "shard-partition {id} uses storage = \"wal\" with mode = \"polling\": WAL-only messages are in no table to poll; use mode = \"cdc\""
-                        ),
-                    ));
-                }
-                if st.delivery == Delivery::ExactlyOnce && st.mode == Mode::Polling {
-                    return Err(invalid(
-                        f("defaults.delivery"),
-                        format!(
-                            "shard-partition {id} uses delivery = \"exactly-once\" with mode = \"polling\": exactly-once is built for CDC streams only so far; use mode = \"cdc\" or delivery = \"at-least-once\""
                         ),
                     ));
                 }

@@ -485,6 +485,10 @@ impl<T: PollTable> Source for PollSource<T> {
         false
     }
 
+    fn before_reading(&self) -> Option<PollPosition> {
+        Some(PollPosition { batch: 0, rows_through: 0 })
+    }
+
     fn skips(&self, _id: Option<i64>, _message: bool, _label: &str) -> bool {
         // A row to skip in polling mode is simply deleted by `outbox-streamer skip`.
         false

@@ -73,6 +73,9 @@ impl<P: Clone + std::fmt::Display + Send + Sync + 'static, K: Sink> Session<'_, 
             }
         };
         source.finished(position.clone());
+        if let Some(eo) = &mut self.eo {
+            eo.deleted(&ids);
+        }
         // A suspect is sent alone until its row is deleted (a replay sends it again).
         if !self.memory.refused.is_empty() {
             for id in ids.iter() {

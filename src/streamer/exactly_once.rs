@@ -14,9 +14,17 @@
 //!   session dead-letters (or halts on) it without sending it in the new transaction.
 //! * On a restart, the last committed progress record says which source transactions (and
 //!   which first rows of one) are in Kafka: their rows are deleted, not sent again.
+//! * A source whose positions mean nothing outside their session (polling:
+//!   [`Source::before_reading`]) is tracked by rows instead: each progress record names the
+//!   ids of the rows committed Kafka transactions hold and not yet deleted, and the next
+//!   session deletes those before it reads. Once rows are deleted, the next record leaves them
+//!   out: the next transaction's, or — when none began within `transaction_interval_ms` and at
+//!   a clean end — one committed for it alone, so that an id used again later (an identity
+//!   restarted lower) is not taken for a row already sent.
 //!
 //! [`AckTracker`]: crate::ack::AckTracker
 
+use std::collections::BTreeSet;
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -51,10 +59,28 @@ pub(super) struct ExactlyOnce {
     covered: u64,
     /// Reading pauses until the open Kafka transaction commits.
     pub(super) closing: bool,
+    /// Progress by rows (see the module docs): the ids of the open transaction's records, and
+    /// those committed transactions hold whose rows are not deleted yet. `None`: by position.
+    by_rows: Option<ByRows>,
+}
+
+/// Row ids for progress by rows.
+#[derive(Debug, Default)]
+struct ByRows {
+    held: Vec<i64>,
+    undeleted: BTreeSet<i64>,
+    /// Since when the last committed record names rows deleted since.
+    stale_since: Option<Instant>,
 }
 
 impl ExactlyOnce {
-    pub(super) fn new(interval_ms: u64, max_records: usize, kind: &'static str, resumed: Option<Progress>) -> Self {
+    pub(super) fn new(
+        interval_ms: u64,
+        max_records: usize,
+        kind: &'static str,
+        by_rows: bool,
+        resumed: Option<Progress>,
+    ) -> Self {
         let committed = match resumed {
             Some(p) if p.source == kind => p,
             Some(p) => {
@@ -76,13 +102,19 @@ impl ExactlyOnce {
             rows_read: 0,
             covered: 0,
             closing: false,
+            by_rows: by_rows.then(ByRows::default),
         }
     }
 
     /// When the loop must look again whether to close the open transaction.
     pub(super) fn due(&self, in_source_txn: bool) -> Option<Instant> {
-        let (began, _) = self.open?;
+        let Some((began, _)) = self.open else { return self.refresh_due() };
         Some(began + if in_source_txn { SPLIT_AFTER } else { self.interval })
+    }
+
+    /// When a record leaving out deleted rows is due, if one is.
+    fn refresh_due(&self) -> Option<Instant> {
+        Some(self.by_rows.as_ref()?.stale_since? + self.interval)
     }
 
     /// Whether the open transaction should close now.
@@ -96,9 +128,27 @@ impl ExactlyOnce {
         }
     }
 
-    /// Holds an acknowledgement until the commit.
-    pub(super) fn hold(&mut self, seq: TxnSeq) {
+    /// Holds an acknowledgement of row `id`'s record until the commit.
+    pub(super) fn hold(&mut self, seq: TxnSeq, id: i64) {
         self.held.push(seq);
+        if let Some(rows) = &mut self.by_rows {
+            rows.held.push(id);
+        }
+    }
+
+    /// Rows `ids` are deleted: progress records need not name them any more.
+    pub(super) fn deleted(&mut self, ids: &[i64]) {
+        if let Some(rows) = &mut self.by_rows
+            && !rows.undeleted.is_empty()
+        {
+            let before = rows.undeleted.len();
+            for id in ids {
+                rows.undeleted.remove(id);
+            }
+            if rows.undeleted.len() < before {
+                rows.stale_since.get_or_insert_with(Instant::now);
+            }
+        }
     }
 }
 
@@ -164,8 +214,17 @@ impl<P: Clone + std::fmt::Display + Send + Sync + 'static, K: Sink> Session<'_, 
         }
         if eo.closing && self.deliveries.is_empty() && self.waiting.is_empty() {
             self.commit_kafka_txn::<S>().await?;
+        } else if eo.open.is_none() && eo.refresh_due().is_some_and(|due| due <= Instant::now()) {
+            self.refresh_progress::<S>().await?;
         }
         Ok(())
+    }
+
+    /// Commits a Kafka transaction holding only a progress record that leaves out the rows
+    /// deleted since the last one (progress by rows; nothing else is open).
+    async fn refresh_progress<S: Source<Position = P>>(&mut self) -> Result<(), Error> {
+        self.begin_kafka_txn()?;
+        self.commit_kafka_txn::<S>().await
     }
 
     /// Commits the open Kafka transaction with its progress record, then releases the
@@ -179,9 +238,19 @@ impl<P: Clone + std::fmt::Display + Send + Sync + 'static, K: Sink> Session<'_, 
             return Ok(());
         }
         self.labels.lease.check().map_err(Error::fenced)?;
-        let mark = mark.or_else(|| eo.committed.mark.clone());
-        let partial = in_source_txn.then(|| Partial { transaction: self.label.clone(), rows: eo.rows_read });
-        let progress = Progress::new(eo.kind, mark, partial);
+        let progress = match &mut eo.by_rows {
+            // Positions mean nothing to the next session: the rows say it all.
+            Some(rows) => {
+                rows.undeleted.extend(rows.held.drain(..));
+                rows.stale_since = None;
+                Progress::new(eo.kind, None, None).with_ids(&rows.undeleted)
+            }
+            None => {
+                let mark = mark.or_else(|| eo.committed.mark.clone());
+                let partial = in_source_txn.then(|| Partial { transaction: self.label.clone(), rows: eo.rows_read });
+                Progress::new(eo.kind, mark, partial)
+            }
+        };
         self.sink.commit(progress.encode()).await?;
         eo.open = None;
         eo.committed = progress;
@@ -214,12 +283,28 @@ impl<P: Clone + std::fmt::Display + Send + Sync + 'static, K: Sink> Session<'_, 
         Ok(())
     }
 
+    /// After a clean end's last delete: leaves no progress record naming deleted rows behind.
+    pub(super) async fn eo_tidy<S: Source<Position = P>>(&mut self) -> Result<(), Error> {
+        let Some(eo) = &self.eo else { return Ok(()) };
+        if eo.open.is_some() || eo.refresh_due().is_none() {
+            return Ok(());
+        }
+        let refreshed = self.refresh_progress::<S>().await;
+        if refreshed.is_err() {
+            self.eo_abort().await;
+        }
+        refreshed
+    }
+
     /// Aborts the open Kafka transaction, dropping its held acknowledgements (its rows are
     /// sent again by the next session). A failure to abort is left to the broker, which
     /// aborts the transaction when the next session registers the transactional id.
     pub(super) async fn eo_abort(&mut self) {
         let Some(eo) = &mut self.eo else { return };
         eo.held.clear();
+        if let Some(rows) = &mut eo.by_rows {
+            rows.held.clear();
+        }
         eo.closing = false;
         if eo.open.take().is_some() {
             if let Err(e) = self.sink.abort().await {

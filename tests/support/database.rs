@@ -136,6 +136,14 @@ pub(crate) trait Database: Sized + Send + Sync + 'static {
     /// Sessions waiting at `table`'s gate (MariaDB shows the trigger's statement as theirs).
     fn waiting_at_gate(conn: &mut Self::Conn, table: &str) -> impl Future<Output = i64> + Send;
 
+    /// Empties `table` and starts its ids again from the first (PostgreSQL's `RESTART
+    /// IDENTITY`; MariaDB's `TRUNCATE` resets `AUTO_INCREMENT`).
+    fn truncate_restarting_ids(conn: &mut Self::Conn, table: &str) -> impl Future<Output = ()> + Send;
+
+    /// Ends the sessions waiting at `table`'s gate, as the server does when their client dies:
+    /// their open transactions roll back.
+    fn kill_waiting_at_gate(conn: &mut Self::Conn, table: &str) -> impl Future<Output = ()> + Send;
+
     /// When the stream of `table` last reported its position to the server (seconds on the
     /// server's clock, with a fraction), where [`Database::SLOT`]; `None` otherwise or while
     /// no stream is connected.
@@ -293,6 +301,21 @@ impl Database for PgDb {
         .get(0)
     }
 
+    async fn truncate_restarting_ids(conn: &mut Self::Conn, table: &str) {
+        conn.batch_execute(&format!("TRUNCATE {table} RESTART IDENTITY")).await.unwrap();
+    }
+
+    async fn kill_waiting_at_gate(conn: &mut Self::Conn, table: &str) {
+        conn.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted
+               AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
+               AND objid = hashtext($1)::oid",
+            &[&table],
+        )
+        .await
+        .unwrap();
+    }
+
     async fn last_report(conn: &mut Self::Conn, table: &str) -> Option<f64> {
         conn.query_opt(
             "SELECT extract(epoch FROM r.reply_time)::float8 FROM pg_replication_slots s
@@ -437,6 +460,23 @@ impl Database for MyDb {
             .await
             .unwrap();
         n.unwrap()
+    }
+
+    async fn truncate_restarting_ids(conn: &mut Self::Conn, table: &str) {
+        conn.query_drop(format!("TRUNCATE TABLE {table}")).await.unwrap();
+    }
+
+    async fn kill_waiting_at_gate(conn: &mut Self::Conn, table: &str) {
+        let ids: Vec<u64> = conn
+            .query(format!(
+                "SELECT id FROM information_schema.processlist
+                  WHERE state = 'User lock' AND INSTR(info, 'GET_LOCK(''{table}_gate''') > 0"
+            ))
+            .await
+            .unwrap();
+        for id in ids {
+            conn.query_drop(format!("KILL {id}")).await.unwrap();
+        }
     }
 
     async fn last_report(_conn: &mut Self::Conn, _table: &str) -> Option<f64> {
