@@ -167,6 +167,48 @@ async fn only_the_owner_moves_a_polling_streams_slot() {
     assert_eq!(records.len(), 200);
 }
 
+/// The same pause under exactly-once delivery. Both instances produce under the
+/// shard-partition's one transactional id: when the new owner registers it, the broker aborts
+/// whatever the paused owner had open and fences its producer, so what the paused owner had
+/// handed to Kafka never becomes visible. A `read_committed` reader sees every row once, in
+/// order, and the owner epoch never goes back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exactly_once_an_owner_paused_past_its_session_adds_no_duplicate() {
+    let mut c = Cluster::new("ze", 1, 1, false).await;
+    let config = config_with(
+        &c.w.config,
+        "status_interval_ms = 100",
+        &format!("status_interval_ms = 100\n{}", crate::postgres_faults::EXACTLY_ONCE),
+        "exactly-once.toml",
+    );
+    let writer = Writer::start(&c.w.db.admin_url, &c.tables, &c.w.topic);
+    let a = c.start_with(&config);
+    let held = c.wait_for_counts(&[1], SETTLE).await;
+    let old_epoch = held[0].1;
+    kafka::wait_for_header(&c.w.topic, 3, "outbox-owner-epoch", &old_epoch.to_string(), ARRIVAL).await;
+    let b = c.start_with(&config);
+    c.wait_for_counts(&[1, 0], SETTLE).await;
+
+    // Paused while rows flow: it has a Kafka transaction open, records in it.
+    c.instance(a).run.freeze();
+    let held = c.wait_for_counts(&[0, 1], Duration::from_millis(SESSION_MS) + TAKEOVER_MARGIN).await;
+    let new_epoch = held[0].1;
+    assert!(new_epoch > old_epoch, "a new lease has a larger epoch");
+    kafka::wait_for_header(&c.w.topic, 3, "outbox-owner-epoch", &new_epoch.to_string(), ARRIVAL).await;
+
+    c.instance(a).run.resume();
+    c.instance(a).run.wait_for_log("ZooKeeper session lost", SETTLE).await;
+    c.wait_for_counts(&[0, 1], SETTLE).await;
+    let log = c.instance(b).run.log_text();
+    assert!(
+        log.contains("resuming after the last committed Kafka transaction"),
+        "the new owner resumed from the progress record:\n{log}"
+    );
+
+    let duplicates = c.finish(writer).await;
+    assert_eq!(duplicates, 0, "a read_committed reader sees each row once");
+}
+
 /// MariaDB has no single-reader slot: the epoch in the checkpoint row is the fence. An owner
 /// paused past its session resumes to find a newer epoch stored and stops; no record of its
 /// epoch follows the new owner's, and nothing is lost.

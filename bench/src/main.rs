@@ -74,6 +74,17 @@ pub(crate) enum BenchStorage {
     Wal,
 }
 
+/// The streamer's `delivery` setting.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, ValueEnum, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub(crate) enum BenchDelivery {
+    #[default]
+    AtLeastOnce,
+    /// Kafka transactions with a progress record; the checker reads `read_committed`
+    /// (librdkafka's default), so latency includes the transaction interval.
+    ExactlyOnce,
+}
+
 /// The command line of `outbox-bench`.
 #[derive(Debug, Clone, Parser)]
 #[command(
@@ -87,6 +98,13 @@ pub(crate) struct BenchArgs {
     /// Where messages live: `table` rows, or `wal` (CDC or ceiling only).
     #[arg(long, value_enum, default_value_t = BenchStorage::Table)]
     pub storage: BenchStorage,
+    /// The streamer's `delivery`.
+    #[arg(long, value_enum, default_value_t = BenchDelivery::AtLeastOnce)]
+    pub delivery: BenchDelivery,
+    /// The streamer's `transaction_interval_ms` under exactly-once (default: the config
+    /// default, 20 ms).
+    #[arg(long)]
+    pub transaction_interval_ms: Option<u64>,
     /// The database under test.
     #[arg(long, value_enum, default_value_t = DbKind::Postgres)]
     pub db: DbKind,

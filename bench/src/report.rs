@@ -5,7 +5,7 @@ use std::path::Path;
 
 use serde::Serialize;
 
-use crate::{BenchMode, BenchStorage, DbKind, HoldOpen, charts, neighbours};
+use crate::{BenchDelivery, BenchMode, BenchStorage, DbKind, HoldOpen, charts, neighbours};
 
 /// The results of one run.
 #[derive(Debug, Serialize)]
@@ -15,6 +15,9 @@ pub(crate) struct Report {
     /// Where messages lived (absent in reports before 2026-12-05: `table`).
     #[serde(default)]
     pub storage: BenchStorage,
+    /// The streamer's delivery (absent in reports before 2026-12-06: at-least-once).
+    #[serde(default)]
+    pub delivery: BenchDelivery,
     pub db: DbKind,
     pub target_rate: u64,
     pub writers: usize,
@@ -135,7 +138,12 @@ fn markdown_row(r: &Report) -> String {
         r.scenario,
         r.db,
         r.mode,
-        if r.storage == BenchStorage::Wal { " (wal)" } else { "" },
+        match (r.storage, r.delivery) {
+            (BenchStorage::Wal, BenchDelivery::ExactlyOnce) => " (wal, eo)",
+            (BenchStorage::Wal, _) => " (wal)",
+            (_, BenchDelivery::ExactlyOnce) => " (eo)",
+            _ => "",
+        },
         target,
         r.messages,
         r.throughput_msgs_per_s,

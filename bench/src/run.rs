@@ -15,7 +15,7 @@ use outbox_postgres::connect::PgTarget;
 use crate::db::BenchDb;
 use crate::private_dir::PrivateDir;
 use crate::report::{Report, print_markdown};
-use crate::{BenchArgs, BenchMode, BenchStorage, DbKind, check, load, neighbours, procstat};
+use crate::{BenchArgs, BenchDelivery, BenchMode, BenchStorage, DbKind, check, load, neighbours, procstat};
 
 /// Where the streamer under test serves its metrics; the report quotes its own latency view.
 const BENCH_METRICS_PORT: u16 = 29188;
@@ -99,9 +99,9 @@ async fn run(
     let topic = topic.to_string();
     // The password stays out of the file: `${VAR}` is expanded from the streamer's environment.
     let config_text = format!(
-        "[kafka]\nbrokers = \"{brokers}\"\n\n[metrics]\nlisten = \"127.0.0.1:{metrics_port}\"\n\n[[source]]\nname = \"bench\"\nkind = \"{kind}\"\n\
+        "[kafka]\nbrokers = \"{brokers}\"\ntransactional_id_prefix = \"{run_id}\"\n\n[metrics]\nlisten = \"127.0.0.1:{metrics_port}\"\n\n[[source]]\nname = \"bench\"\nkind = \"{kind}\"\n\
              url = \"{url}\"\ntable_prefix = \"{run_id}\"\nshards = 1\npartitions = {p}\n\n\
-             [source.defaults]\nlinger_ms = {linger}\nmode = \"{mode}\"\nstorage = \"{storage}\"\n{cleanup}{status}{poll}",
+             [source.defaults]\nlinger_ms = {linger}\nmode = \"{mode}\"\nstorage = \"{storage}\"\n{cleanup}{status}{poll}{delivery}",
         kind = db.kind_str(),
         url = db.streamer_url_with(&format!("${{{PASSWORD_VAR}}}")),
         p = args.partitions,
@@ -112,6 +112,13 @@ async fn run(
         cleanup = args.cleanup_interval_ms.map_or_else(String::new, |ms| format!("cleanup_interval_ms = {ms}\n")),
         status = args.status_interval_ms.map_or_else(String::new, |ms| format!("status_interval_ms = {ms}\n")),
         poll = args.poll_interval_ms.map_or_else(String::new, |ms| format!("poll_interval_ms = {ms}\n")),
+        delivery = match args.delivery {
+            BenchDelivery::AtLeastOnce => String::new(),
+            BenchDelivery::ExactlyOnce => format!(
+                "delivery = \"exactly-once\"\n{}",
+                args.transaction_interval_ms.map_or_else(String::new, |ms| format!("transaction_interval_ms = {ms}\n"))
+            ),
+        },
     );
     let config_path = dir.write(CONFIG_FILE, &config_text).context("writing the streamer's config")?;
     setup(streamer_bin, &config_path, db).await?;
@@ -222,6 +229,7 @@ async fn run(
         scenario: args.scenario.clone(),
         mode: args.mode,
         storage: args.storage,
+        delivery: args.delivery,
         db: args.db,
         target_rate: args.rate,
         writers: args.writers,

@@ -272,6 +272,13 @@ impl Producer {
             // a definite error, well before the message timeout turns it into a transient one.
             .set("topic.metadata.propagation.max.ms", (settings.message_timeout_ms / 3).clamp(1000, 5000).to_string())
             .set("socket.keepalive.enable", "true");
+        if settings.transactional_id.is_some() {
+            // A transaction's first record to a partition waits for the partition to join it,
+            // which the coordinator refuses (CONCURRENT_TRANSACTIONS) until the last commit's
+            // markers are written; librdkafka asks again after this backoff, 100 ms by default.
+            // Measured in docs/benchmarks.md; `properties` may still set it.
+            cfg.set("retry.backoff.ms", "5");
+        }
         for (k, v) in &settings.properties {
             cfg.set(k, v);
         }
@@ -340,6 +347,17 @@ impl Producer {
     /// came since the last call counts), or after [`ROOM_WAIT`] at the latest.
     pub async fn room(&self) {
         let _ = tokio::time::timeout(ROOM_WAIT, self.room.notified()).await;
+    }
+
+    /// Waits until every record handed over has been reported (librdkafka counts none in
+    /// flight), or `timeout`. Never blocks the thread: each look is a flush with no wait.
+    pub(crate) async fn reported(&self, timeout: Duration) {
+        let deadline = tokio::time::Instant::now() + timeout;
+        while self.client.producer.flush(Duration::ZERO).is_err() && tokio::time::Instant::now() < deadline {
+            // A report wakes `room` a moment before librdkafka counts its record out: look
+            // again soon even without another wake-up.
+            let _ = tokio::time::timeout(Duration::from_millis(1), self.room.notified()).await;
+        }
     }
 
     /// The client itself, for the transaction calls of [`crate::transaction`].
