@@ -182,7 +182,7 @@ async fn stream_task<S, F, Fut>(
     ];
     m::init_stream(&metric_labels);
     set_state(&labels, &metric_labels, state::STOPPED, None);
-    let producer = match sink::open(&broker) {
+    let mut producer = match sink::open(&broker) {
         Ok(p) => p,
         Err(e) => {
             let reason = e.to_string();
@@ -249,6 +249,20 @@ async fn stream_task<S, F, Fut>(
             busy = None;
         }
         let Some((action, msg)) = error else { break };
+        if producer.expired() {
+            // Its transaction outlived the timeout and the broker retired it: only a new
+            // producer can register the transactional id again.
+            tracing::warn!("opening a new Kafka producer: the last one's transaction outlived its timeout");
+            match sink::open(&broker) {
+                Ok(fresh) => sink::close(std::mem::replace(&mut producer, fresh)).await,
+                Err(e) => {
+                    let reason = e.to_string();
+                    set_state(&labels, &metric_labels, state::HALTED, Some(&reason));
+                    tracing::error!("{reason}; this shard-partition is halted");
+                    return;
+                }
+            }
+        }
         match action {
             Action::Stop if by_broker => {
                 fenced_by_broker(&labels, &metric_labels, &msg, &mut stop).await;

@@ -107,6 +107,73 @@ async fn mariadb_polling_ids_used_again_after_a_kill_are_published() {
     ids_used_again_after_a_kill_are_published(World::mysql("eir").config(&config)).await;
 }
 
+/// The streamer is paused (SIGSTOP, as a long GC pause or a stalled VM would) while rows flow,
+/// for longer than a Kafka transaction's timeout (15 s here): the broker aborts the transaction
+/// it had open and bumps the producer's epoch. A linger of 500 ms keeps a transaction open
+/// nearly all the time (it cannot commit before its records are sent), so one is open at the
+/// pause. Resumed, the streamer aborts its side too and sends the rows again in a new
+/// transaction — it does not halt as if another instance had fenced it — and a
+/// `read_committed` reader sees each row once, per key in commit order.
+async fn paused_past_the_transaction_timeout_resends_once<D: Database>(builder: WorldBuilder<D>) {
+    let w = builder.config(EXACTLY_ONCE).build().await;
+    w.edit_config(|text| text.replace("linger_ms = 1\n", "linger_ms = 500\n"));
+    let table = w.table(0, 0);
+    let streamer = w.start("run.log");
+    streamer.wait_for_state("streaming", ARRIVAL).await;
+
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let writer = {
+        let (mut conn, table, topic) = (w.db.connect().await, table.clone(), w.topic.clone());
+        tokio::spawn(async move {
+            let mut pace = tokio::time::interval(std::time::Duration::from_millis(5));
+            let mut n = 0;
+            while !*stopped.borrow() {
+                pace.tick().await;
+                D::insert(&mut conn, &table, &[Row::new(&topic, format!("row-{n}")).key(format!("k{}", n % 5))]).await;
+                n += 1;
+            }
+            n
+        })
+    };
+    streamer.wait_for_metric("outbox_kafka_transaction_commits_total", STREAM_0_0, 2.0, ARRIVAL).await;
+    streamer.freeze();
+    let paused = tokio::time::Instant::now();
+    // Past the transaction timeout (15 s) and the broker's look for expired ones (every second).
+    let past = std::time::Duration::from_secs(18);
+    wait_until("the pause to outlast the transaction timeout", past + ARRIVAL, || async {
+        (paused.elapsed() >= past).then_some(())
+    })
+    .await;
+    streamer.resume();
+    streamer.wait_for_metric("outbox_kafka_transaction_aborts_total", STREAM_0_0, 1.0, ARRIVAL).await;
+    let committed = streamer_commits(&streamer).await;
+    streamer.wait_for_metric("outbox_kafka_transaction_commits_total", STREAM_0_0, committed + 2.0, ARRIVAL).await;
+    let _ = stop.send(true);
+    let total = writer.await.unwrap();
+
+    let records = kafka::read_distinct(&w.topic, w.kafka_partitions, total, ARRIVAL).await;
+    w.wait_drained(&table).await;
+    assert_eq!(records.len(), total, "each row once for a read_committed reader");
+    kafka::assert_first_deliveries_in_order(&records, total);
+    assert!(streamer.stop(), "the streamer kept running and stopped cleanly");
+}
+
+/// The commits counted so far.
+async fn streamer_commits(streamer: &crate::support::streamer::Running) -> f64 {
+    let text = crate::support::metrics::try_get(streamer.metrics_addr(), "/metrics").await.unwrap_or_default();
+    crate::support::metrics::sample(&text, "outbox_kafka_transaction_commits_total", STREAM_0_0).unwrap_or(0.0)
+}
+
+#[tokio::test]
+async fn postgres_paused_past_the_transaction_timeout_resends_once() {
+    paused_past_the_transaction_timeout_resends_once(World::postgres("ept")).await;
+}
+
+#[tokio::test]
+async fn mariadb_paused_past_the_transaction_timeout_resends_once() {
+    paused_past_the_transaction_timeout_resends_once(World::mysql("ept")).await;
+}
+
 #[tokio::test]
 async fn postgres_committed_but_not_deleted_is_deleted_not_resent() {
     committed_but_not_deleted_is_deleted_not_resent(World::postgres("eod").config(EXACTLY_ONCE)).await;

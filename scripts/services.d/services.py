@@ -682,6 +682,9 @@ def kafka_prepare() -> None:
         "transaction.state.log.replication.factor=1",
         "transaction.state.log.min.isr=1",
         "transaction.state.log.num.partitions=4",
+        # The broker aborts a transaction open past its timeout within a second, not ten: the
+        # test of a streamer paused past it waits for that.
+        "transaction.abort.timed.out.transaction.cleanup.interval.ms=1000",
         "share.coordinator.state.topic.replication.factor=1",
         "share.coordinator.state.topic.min.isr=1",
         "group.initial.rebalance.delay.ms=0",

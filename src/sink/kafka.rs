@@ -1,8 +1,9 @@
 //! Kafka as a [`Sink`]: the producer of `outbox_kafka`, its settings per shard-partition, its
 //! errors' verdicts, and its transactions under exactly-once delivery.
 
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures::FutureExt;
 use futures::future::Map;
@@ -36,6 +37,35 @@ struct Transactions {
     registered: AtomicBool,
     /// An abort failed (the cluster unreachable): it is tried again before the next session.
     abort_pending: AtomicBool,
+    /// When the open transaction began.
+    began: Mutex<Option<Instant>>,
+    /// The producer's `transaction.timeout.ms`: the broker aborts a transaction open longer.
+    timeout: Duration,
+    /// The producer died of its own transaction's timeout (see [`Broker::expired`]).
+    expired: AtomicBool,
+}
+
+impl Transactions {
+    /// The open transaction ended: how long it had been open.
+    fn ended(&self) -> Option<Duration> {
+        self.began.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take().map(|b| b.elapsed())
+    }
+
+    /// A failed commit or abort of a transaction open for `open`: a fatal error on one that
+    /// outlived the timeout is the broker's abort of it, not a newer owner.
+    fn failed(&self, e: TxnFailure, open: Option<Duration>) -> Error {
+        match open {
+            Some(open) if e.class == TxnClass::Fatal && open >= self.timeout => {
+                self.expired.store(true, Ordering::Release);
+                Error::transient(format!(
+                    "the Kafka transaction stayed open {} s, past the producer's transaction.timeout.ms ({} s): the process was paused or starved (a freeze, a stalled VM, swapping); the broker aborted it and retired the producer ({e}); a new producer sends its records again from the last committed progress",
+                    open.as_secs(),
+                    self.timeout.as_secs()
+                ))
+            }
+            _ => txn_error(e, &self.key),
+        }
+    }
 }
 
 /// What opening a shard-partition's [`Broker`] takes.
@@ -92,6 +122,9 @@ pub(crate) fn open(settings: &BrokerSettings) -> Result<Broker, Error> {
             },
             registered: AtomicBool::new(false),
             abort_pending: AtomicBool::new(false),
+            began: Mutex::new(None),
+            timeout: Duration::from_millis(outbox_kafka::transaction::timeout_ms(settings.producer.message_timeout_ms)),
+            expired: AtomicBool::new(false),
         }),
         _ => None,
     };
@@ -109,6 +142,13 @@ pub(crate) async fn close(broker: Broker) {
 const TXN_CALL_TIMEOUT: Duration = Duration::from_secs(30);
 
 impl Broker {
+    /// Whether the producer died of its own transaction's timeout (the broker aborted a
+    /// transaction left open past `transaction.timeout.ms`, which retires the producer): the
+    /// shard-partition's task then opens a new one before the next session.
+    pub(crate) fn expired(&self) -> bool {
+        self.exactly_once.as_ref().is_some_and(|t| t.expired.load(Ordering::Acquire))
+    }
+
     fn transactions(&self) -> Result<&Transactions, Error> {
         self.exactly_once.as_ref().ok_or_else(|| Error::transient("a transaction call on an at-least-once producer"))
     }
@@ -229,7 +269,9 @@ impl Sink for Broker {
 
     fn begin(&self) -> Result<(), Error> {
         let t = self.transactions()?;
-        self.producer.begin_transaction().map_err(|e| txn_error(e, &t.key))
+        self.producer.begin_transaction().map_err(|e| txn_error(e, &t.key))?;
+        *t.began.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(Instant::now());
+        Ok(())
     }
 
     /// Sends the progress record last in the open transaction, then commits it.
@@ -252,15 +294,18 @@ impl Sink for Broker {
         if let Err(outbox_kafka::Offer::Refused(e)) = offered {
             return Err(Error::transient(format!("the progress record was refused: {e}")));
         }
-        self.producer.commit_transaction(TXN_CALL_TIMEOUT).await.map_err(|e| txn_error(e, &t.key))
+        let committed = self.producer.commit_transaction(TXN_CALL_TIMEOUT).await;
+        let open = t.ended();
+        committed.map_err(|e| t.failed(e, open))
     }
 
     /// A failed abort is tried again by the next [`Sink::resume`].
     async fn abort(&self) -> Result<(), Error> {
         let t = self.transactions()?;
         let aborted = self.producer.abort_transaction(TXN_CALL_TIMEOUT).await;
+        let open = t.ended();
         t.abort_pending.store(aborted.is_err(), Ordering::Release);
-        aborted.map_err(|e| txn_error(e, &t.key))
+        aborted.map_err(|e| t.failed(e, open))
     }
 }
 

@@ -156,6 +156,11 @@ impl Running {
 
     /// Waits until the sample of metric `name` with `labels` on `/metrics` reaches `at_least`
     /// (a counter, which, unlike a state, cannot be missed between two looks).
+    /// The address of its metrics endpoint.
+    pub(crate) fn metrics_addr(&self) -> SocketAddr {
+        self.metrics.unwrap_or_else(|| panic!("{} serves no metrics endpoint", self.log.display()))
+    }
+
     pub(crate) async fn wait_for_metric(&self, name: &str, labels: &[(&str, &str)], at_least: f64, timeout: Duration) {
         let addr = self.metrics.unwrap_or_else(|| panic!("{} serves no metrics endpoint", self.log.display()));
         let what = format!("{name}{labels:?} >= {at_least} on /metrics of {}", self.log.display());

@@ -26,7 +26,7 @@ struct Quiet;
 
 impl rdkafka::client::ClientContext for Quiet {
     fn error(&self, error: KafkaError, reason: &str) {
-        if !matches!(error, KafkaError::PartitionEOF(_)) {
+        if error.rdkafka_error_code() != Some(RDKafkaErrorCode::PartitionEOF) {
             tracing::warn!(target: "librdkafka", error = %error, "progress reader: {reason}");
         }
     }
