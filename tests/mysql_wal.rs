@@ -186,9 +186,19 @@ async fn mariadb_switching_storage_never_discards_rows() {
 /// grows with the GTID), and duplicates stay bounded.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mariadb_wal_sigkill_at_random_moments_loses_nothing() {
+    wal_sigkill(World::mysql("yk").config(WAL).build().await, false).await;
+}
+
+/// The same under exactly-once delivery: a `read_committed` reader sees each message once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mariadb_wal_exactly_once_sigkill_at_random_moments_sends_each_message_once() {
+    let w = World::mysql("yek").config(WAL).config(crate::postgres_faults::EXACTLY_ONCE).build().await;
+    wal_sigkill(w, true).await;
+}
+
+async fn wal_sigkill(w: World<crate::support::mysql::MyDb>, exactly_once: bool) {
     const TXNS: usize = 40;
     const PER_TXN: usize = 200;
-    let w = World::mysql("yk").config(WAL).build().await;
     let table = w.table(0, 0);
     let writer = {
         let mut db = w.admin().await;
@@ -215,7 +225,10 @@ async fn mariadb_wal_sigkill_at_random_moments_loses_nothing() {
     assert_eq!(seen, want, "every committed message arrived, and no other");
     kafka::assert_first_deliveries_in_order(&records, total);
     let duplicates = records.len() - total;
-    eprintln!("mariadb wal sigkill: {total} messages, 3 kills, {duplicates} duplicates");
+    eprintln!("mariadb wal sigkill (exactly-once: {exactly_once}): {total} messages, 3 kills, {duplicates} duplicates");
+    if exactly_once {
+        assert_eq!(duplicates, 0, "a read_committed reader sees each message once");
+    }
     assert!(duplicates <= 3 * 20_000, "{duplicates} duplicates");
     assert!(streamer.stop());
 }
