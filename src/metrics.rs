@@ -16,6 +16,7 @@ pub(crate) const SWEPT_ROWS: &str = "outbox_swept_rows_total";
 pub(crate) const SINK_FULL_WAITS: &str = "outbox_sink_full_waits_total";
 pub(crate) const KAFKA_TXN_COMMITS: &str = "outbox_kafka_transaction_commits_total";
 pub(crate) const KAFKA_TXN_ABORTS: &str = "outbox_kafka_transaction_aborts_total";
+pub(crate) const KAFKA_TXN_COMMIT_SECONDS: &str = "outbox_kafka_transaction_commit_seconds";
 pub(crate) const STATEMENT_WRITES: &str = "outbox_statement_logged_writes_total";
 pub(crate) const ERRORS: &str = "outbox_errors_total";
 pub(crate) const IN_FLIGHT_RECORDS: &str = "outbox_in_flight_records";
@@ -110,6 +111,11 @@ pub(crate) fn describe() {
     );
     describe_counter!(CATCHUP_ROWS, Unit::Count, "rows sent by catch-ups");
     describe_histogram!(POLL_QUERY_SECONDS, Unit::Seconds, "duration of each oldest-rows query in polling mode");
+    describe_histogram!(
+        KAFKA_TXN_COMMIT_SECONDS,
+        Unit::Seconds,
+        "exactly-once: how long each Kafka transaction's commit took (the progress record sent, every report in, the commit)"
+    );
     describe_counter!(
         POLL_ROWS_BELOW_MARK,
         Unit::Count,
@@ -169,6 +175,10 @@ pub(crate) async fn serve(listen: SocketAddr, health: crate::health::HealthSetti
     let handle = PrometheusBuilder::new()
         .set_buckets_for_metric(metrics_exporter_prometheus::Matcher::Full(END_TO_END_LATENCY.into()), LATENCY_BUCKETS)?
         .set_buckets_for_metric(metrics_exporter_prometheus::Matcher::Full(POLL_QUERY_SECONDS.into()), LATENCY_BUCKETS)?
+        .set_buckets_for_metric(
+            metrics_exporter_prometheus::Matcher::Full(KAFKA_TXN_COMMIT_SECONDS.into()),
+            LATENCY_BUCKETS,
+        )?
         .install_recorder()?;
     describe();
     crate::health::serve(listen, handle.clone(), health).await?;
@@ -207,6 +217,7 @@ mod tests {
         super::CATCHUPS,
         super::CATCHUP_ROWS,
         super::POLL_QUERY_SECONDS,
+        super::KAFKA_TXN_COMMIT_SECONDS,
         super::POLL_ROWS_BELOW_MARK,
         super::OWNED_STREAMS,
         super::LEASE_CHANGES,

@@ -360,6 +360,7 @@ struct HotMetrics {
     full_waits: metrics::Counter,
     kafka_commits: metrics::Counter,
     kafka_aborts: metrics::Counter,
+    kafka_commit_seconds: metrics::Histogram,
     replayed: metrics::Counter,
 }
 
@@ -374,6 +375,7 @@ impl HotMetrics {
             full_waits: counter!(m::SINK_FULL_WAITS, labels),
             kafka_commits: counter!(m::KAFKA_TXN_COMMITS, labels),
             kafka_aborts: counter!(m::KAFKA_TXN_ABORTS, labels),
+            kafka_commit_seconds: histogram!(m::KAFKA_TXN_COMMIT_SECONDS, labels),
             replayed: counter!(m::SKIPPED_REPLAYED_ROWS, labels),
         }
     }

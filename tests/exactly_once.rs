@@ -77,6 +77,8 @@ async fn ids_used_again_after_a_kill_are_published<D: Database>(builder: WorldBu
     // The rows' transaction, then one committed for the progress record alone once they
     // were deleted.
     streamer.wait_for_metric("outbox_kafka_transaction_commits_total", STREAM_0_0, 2.0, ARRIVAL).await;
+    // Each commit's duration is measured.
+    streamer.wait_for_metric("outbox_kafka_transaction_commit_seconds_count", STREAM_0_0, 2.0, ARRIVAL).await;
     streamer.kill();
 
     D::truncate_restarting_ids(&mut admin, &table).await;

@@ -251,7 +251,9 @@ impl<P: Clone + std::fmt::Display + Send + Sync + 'static, K: Sink> Session<'_, 
                 Progress::new(eo.kind, mark, partial)
             }
         };
+        let started = std::time::Instant::now();
         self.sink.commit(progress.encode()).await?;
+        self.hot.kafka_commit_seconds.record(started.elapsed().as_secs_f64());
         eo.open = None;
         eo.committed = progress;
         // What the transaction holds now counts as covered, should the source transaction
