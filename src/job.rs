@@ -182,15 +182,7 @@ async fn stream_task<S, F, Fut>(
     ];
     m::init_stream(&metric_labels);
     set_state(&labels, &metric_labels, state::STOPPED, None);
-    let mut producer = match sink::open(&broker) {
-        Ok(p) => p,
-        Err(e) => {
-            let reason = e.to_string();
-            set_state(&labels, &metric_labels, state::HALTED, Some(&reason));
-            tracing::error!("{reason}; this shard-partition is halted");
-            return;
-        }
-    };
+    let Some(mut producer) = open_producer(&broker, &labels, &metric_labels) else { return };
     let message_timeout = Duration::from_millis(message_timeout_ms);
     let mut memory = StreamMemory::default();
     let mut backoff = BACKOFF_START;
@@ -253,15 +245,8 @@ async fn stream_task<S, F, Fut>(
             // Its transaction outlived the timeout and the broker retired it: only a new
             // producer can register the transactional id again.
             tracing::warn!("opening a new Kafka producer: the last one's transaction outlived its timeout");
-            match sink::open(&broker) {
-                Ok(fresh) => sink::close(std::mem::replace(&mut producer, fresh)).await,
-                Err(e) => {
-                    let reason = e.to_string();
-                    set_state(&labels, &metric_labels, state::HALTED, Some(&reason));
-                    tracing::error!("{reason}; this shard-partition is halted");
-                    return;
-                }
-            }
+            let Some(fresh) = open_producer(&broker, &labels, &metric_labels) else { return };
+            sink::close(std::mem::replace(&mut producer, fresh)).await;
         }
         match action {
             Action::Stop if by_broker => {
@@ -474,6 +459,24 @@ async fn fenced_by_broker(
     stopped(labels, metric_labels);
     gauge!(m::OWNER_EPOCH, "stream" => labels.key()).set(0.0);
     tracing::warn!(reason = %msg, "stopped: Kafka fenced this owner's producer; a newer owner publishes now");
+}
+
+/// Opens the shard-partition's producer; one that cannot be created (its settings are wrong)
+/// halts the shard-partition for good: `None`.
+fn open_producer(
+    settings: &BrokerSettings,
+    labels: &StreamLabels,
+    metric_labels: &[(&'static str, String); 3],
+) -> Option<Broker> {
+    match sink::open(settings) {
+        Ok(p) => Some(p),
+        Err(e) => {
+            let reason = e.to_string();
+            set_state(labels, metric_labels, state::HALTED, Some(&reason));
+            tracing::error!("{reason}; this shard-partition is halted");
+            None
+        }
+    }
 }
 
 /// Sleeps `backoff` (or until shutdown), then doubles it up to the maximum.

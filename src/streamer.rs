@@ -202,51 +202,12 @@ pub(crate) async fn run_session<S: Source, K: Sink>(
 ) -> Result<(), Error> {
     memory.last_halt = None;
     tracing::debug!(sink = K::NAME, transactional = sink.transactional(), "session starts");
-    let eo = if sink.transactional() {
-        let resumed = match resume::<K>(sink, labels).await {
-            Ok(progress) => progress,
-            Err(e) => {
-                if tokio::time::timeout(Duration::from_secs(5), source.close()).await.is_err() {
-                    tracing::warn!("closing the database sessions timed out; dropped them");
-                }
-                return Err(e);
-            }
-        };
-        let by_rows = source.before_reading();
-        // Rows an earlier session's committed Kafka transactions hold: deleted before
-        // anything is read, so they are not read (and sent) again.
-        if let (Some(before), Some(progress)) = (&by_rows, &resumed)
-            && !progress.ids.is_empty()
-        {
-            let ids: Vec<i64> = progress.id_list();
-            match source.finish(ids.clone().into(), before.clone()).await {
-                Ok(deleted) => {
-                    source.finished(before.clone());
-                    tracing::info!(
-                        rows = ids.len(),
-                        deleted,
-                        "deleted the rows the last committed Kafka transaction holds"
-                    );
-                    counter!(m::DELETED_ROWS, &labels.metric_labels()).increment(deleted);
-                    counter!(m::SKIPPED_REPLAYED_ROWS, &labels.metric_labels()).increment(deleted);
-                }
-                Err(e) => {
-                    if tokio::time::timeout(Duration::from_secs(5), source.close()).await.is_err() {
-                        tracing::warn!("closing the database sessions timed out; dropped them");
-                    }
-                    return Err(e);
-                }
-            }
+    let eo = match exactly_once::start(labels, settings, &mut source, sink).await {
+        Ok(eo) => eo,
+        Err(e) => {
+            close(source).await;
+            return Err(e);
         }
-        Some(ExactlyOnce::new(
-            settings.transaction_interval_ms,
-            settings.transaction_max_records,
-            S::POSITION_HEADER,
-            by_rows.is_some(),
-            resumed,
-        ))
-    } else {
-        None
     };
     if let Some((ids, upto)) = memory.unfinished.take() {
         let ids: Arc<[i64]> = ids.into();
@@ -263,9 +224,7 @@ pub(crate) async fn run_session<S: Source, K: Sink>(
             }
             Err(e) => {
                 memory.unfinished = Some((ids.to_vec(), upto));
-                if tokio::time::timeout(Duration::from_secs(5), source.close()).await.is_err() {
-                    tracing::warn!("closing the database sessions timed out; dropped them");
-                }
+                close(source).await;
                 return Err(e);
             }
         }
@@ -298,11 +257,7 @@ pub(crate) async fn run_session<S: Source, K: Sink>(
     };
     let result = s.main_loop(&mut source, shutdown).await;
     let drained = s.drain(&mut source, message_timeout, result.is_ok()).await;
-    // A dead link must not hold the shard-partition: closing gets a few seconds, then the
-    // connections are simply dropped.
-    if tokio::time::timeout(Duration::from_secs(5), source.close()).await.is_err() {
-        tracing::warn!("closing the database sessions timed out; dropped them");
-    }
+    close(source).await;
     gauge!(m::IN_FLIGHT_RECORDS, &s.metric_labels).set(0.0);
     gauge!(m::IN_FLIGHT_BYTES, &s.metric_labels).set(0.0);
     result.and(drained)
@@ -980,19 +935,12 @@ impl<P: Clone + std::fmt::Display + Send + Sync + 'static, K: Sink> Session<'_, 
     }
 }
 
-/// Exactly-once: registers the sink for the shard-partition and reads its last committed
-/// progress record.
-async fn resume<K: Sink>(sink: &K, labels: &StreamLabels) -> Result<Option<crate::progress::Progress>, Error> {
-    let Some(value) = sink.resume().await? else { return Ok(None) };
-    let key = format!("{}/{}", labels.source, labels.id);
-    let progress = crate::progress::Progress::decode(&value, "the progress topic", &key)?;
-    tracing::info!(
-        mark = ?progress.mark,
-        partial = ?progress.partial,
-        row_ranges = progress.ids.len(),
-        "resuming after the last committed Kafka transaction"
-    );
-    Ok(Some(progress))
+/// Ends a session's database sessions. A dead link must not hold the shard-partition:
+/// closing gets a few seconds, then the connections are simply dropped.
+async fn close<S: Source>(source: S) {
+    if tokio::time::timeout(Duration::from_secs(5), source.close()).await.is_err() {
+        tracing::warn!("closing the database sessions timed out; dropped them");
+    }
 }
 
 pub(crate) fn kind_labels(base: &[(&'static str, String); 3], kind: &'static str) -> [(&'static str, String); 4] {

@@ -29,9 +29,13 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::Session;
+use metrics::counter;
+
+use super::{Session, StreamLabels};
 use crate::ack::TxnSeq;
+use crate::config::StreamSettings;
 use crate::error::Error;
+use crate::metrics as m;
 use crate::progress::{Partial, Progress};
 use crate::sink::Sink;
 use crate::source::Source;
@@ -73,14 +77,55 @@ struct ByRows {
     stale_since: Option<Instant>,
 }
 
+/// Starts a session's exactly-once state when the sink is transactional: registers the
+/// shard-partition's producer, reads its last committed progress record and, for progress by
+/// rows, deletes the rows that record names before anything is read (they are in Kafka).
+pub(super) async fn start<S: Source, K: Sink>(
+    labels: &StreamLabels,
+    settings: &StreamSettings,
+    source: &mut S,
+    sink: &K,
+) -> Result<Option<ExactlyOnce>, Error> {
+    if !sink.transactional() {
+        return Ok(None);
+    }
+    let resumed = resume(sink, labels).await?;
+    let by_rows = source.before_reading();
+    if let (Some(before), Some(progress)) = (&by_rows, &resumed)
+        && !progress.ids.is_empty()
+    {
+        let ids: Vec<i64> = progress.id_list();
+        let deleted = source.finish(ids.clone().into(), before.clone()).await?;
+        source.finished(before.clone());
+        tracing::info!(rows = ids.len(), deleted, "deleted the rows the last committed Kafka transaction holds");
+        counter!(m::DELETED_ROWS, &labels.metric_labels()).increment(deleted);
+        counter!(m::SKIPPED_REPLAYED_ROWS, &labels.metric_labels()).increment(deleted);
+    }
+    Ok(Some(ExactlyOnce::new(
+        settings.transaction_interval_ms,
+        settings.transaction_max_records,
+        S::POSITION_HEADER,
+        by_rows.is_some(),
+        resumed,
+    )))
+}
+
+/// Registers the sink for the shard-partition and reads its last committed progress record.
+async fn resume<K: Sink>(sink: &K, labels: &StreamLabels) -> Result<Option<Progress>, Error> {
+    let Some(value) = sink.resume().await? else { return Ok(None) };
+    let key = format!("{}/{}", labels.source, labels.id);
+    let progress = Progress::decode(&value, "the progress topic", &key)?;
+    tracing::info!(
+        mark = ?progress.mark,
+        partial = ?progress.partial,
+        row_ranges = progress.ids.len(),
+        "resuming after the last committed Kafka transaction"
+    );
+    Ok(Some(progress))
+}
+
 impl ExactlyOnce {
-    pub(super) fn new(
-        interval_ms: u64,
-        max_records: usize,
-        kind: &'static str,
-        by_rows: bool,
-        resumed: Option<Progress>,
-    ) -> Self {
+    fn new(interval_ms: u64, max_records: usize, kind: &'static str, by_rows: bool, resumed: Option<Progress>) -> Self {
         let committed = match resumed {
             Some(p) if p.source == kind => p,
             Some(p) => {
