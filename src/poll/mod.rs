@@ -153,6 +153,9 @@ pub struct PollPosition {
     pub rows_through: u64,
 }
 
+/// The position before the first batch (batches count from 1).
+const BEFORE_READING: PollPosition = PollPosition { batch: 0, rows_through: 0 };
+
 impl fmt::Display for PollPosition {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "poll batch {}", self.batch)
@@ -445,12 +448,15 @@ impl<T: PollTable> Source for PollSource<T> {
     fn finish(
         &mut self,
         ids: Arc<[i64]>,
-        _upto: PollPosition,
+        upto: PollPosition,
     ) -> impl Future<Output = Result<u64, Error>> + Send + 'static + use<T> {
         let (cleaner, rows_sent) = (self.cleaner.clone(), self.settings.rows_sent.clone());
         async move {
             let deleted = if ids.is_empty() { 0 } else { cleaner.lock().await.delete(&ids).await? };
-            rows_sent.fetch_add(ids.len() as u64, Ordering::Relaxed);
+            // Rows an earlier session's Kafka transactions hold are deleted, not sent.
+            if upto != BEFORE_READING {
+                rows_sent.fetch_add(ids.len() as u64, Ordering::Relaxed);
+            }
             Ok(deleted)
         }
     }
@@ -486,7 +492,7 @@ impl<T: PollTable> Source for PollSource<T> {
     }
 
     fn before_reading(&self) -> Option<PollPosition> {
-        Some(PollPosition { batch: 0, rows_through: 0 })
+        Some(BEFORE_READING)
     }
 
     fn skips(&self, _id: Option<i64>, _message: bool, _label: &str) -> bool {

@@ -163,6 +163,24 @@ impl WorldBuilder<MyDb> {
 }
 
 impl<D: Database> World<D> {
+    /// Kills `streamer` once its delete of `table`'s rows waits at the gate
+    /// ([`Database::close_gate`]), and waits until the server has rolled that delete back, as
+    /// a crash leaves it. `admin` ends the waiting session.
+    pub(crate) async fn kill_at_the_gate(&self, streamer: Running, admin: &mut D::Conn, table: &str) {
+        wait_until("the delete of the published rows to wait at the gate", ARRIVAL, || async {
+            let mut c = self.db.connect().await;
+            (D::waiting_at_gate(&mut c, table).await > 0).then_some(())
+        })
+        .await;
+        streamer.kill();
+        D::kill_waiting_at_gate(admin, table).await;
+        wait_until("the killed instance's delete to roll back", ARRIVAL, || async {
+            let mut c = self.db.connect().await;
+            (D::waiting_at_gate(&mut c, table).await == 0).then_some(())
+        })
+        .await;
+    }
+
     /// The outbox table of shard-partition `shard/partition`.
     pub(crate) fn table(&self, shard: u32, partition: u32) -> String {
         format!("{}_{shard}_{partition}", self.prefix)
