@@ -11,11 +11,10 @@
 //!
 //! `catchup_pending` in the checkpoint table is set before (a) and cleared after (b), so a
 //! crash anywhere in between repeats the catch-up; nothing committed before (a) can be missed.
-//! A transaction that commits after (a) while (b) runs is in what (b) reads and in what (c)
-//! reads: (b) sends it, and (c) finds its rows gone from the table (the drain's bound is
-//! stored with the end of the catch-up, `catchup_upto`; see `streamer/overlap.rs`). Relative
-//! to the transactions (c) sends it may arrive out of commit order: the catch-up is an
-//! incident path, and `docs/polling.md` names this window.
+//! A transaction that commits after (a) while (b) runs can be sent by both (b) and (c) (a
+//! duplicate: the log, not the table, decides what (c) publishes), and relative to the
+//! transactions (c) sends it may arrive out of commit order: the catch-up is an incident
+//! path, and `docs/polling.md` names this window.
 
 //!
 //! This module holds what every database shares: the [`CatchUp`] contract and the polling

@@ -139,14 +139,6 @@ pub(crate) trait Source: Send {
         Ok(false)
     }
 
-    /// The highest row id the last catch-up's drain covered, if one ran. A transaction that
-    /// committed while the drain ran can be read again from the catch-up's new position: a
-    /// row of it at or below this id that is gone from the table was sent by the drain (see
-    /// [`crate::catchup`]). `None`: no catch-up, or none whose rows could come again.
-    fn drained_upto(&self) -> Option<i64> {
-        None
-    }
-
     /// Whether an operator said to skip row `id` (or, when its id cannot be read, the rows of
     /// the transaction being read, labelled `label`) with `outbox-streamer skip`. A row id
     /// is skipped only in a transaction that committed before the command ran. With

@@ -43,7 +43,6 @@ use crate::sweep::{Step, Sweep};
 use cleanup::{Cleaning, running};
 use exactly_once::ExactlyOnce;
 use handoff::{Body, InFlight, Pending};
-use overlap::Overlap;
 
 /// The header naming the owner epoch under ZooKeeper coordination.
 pub(crate) const OWNER_EPOCH_HEADER: &str = "outbox-owner-epoch";
@@ -101,8 +100,6 @@ enum Kind {
 struct Meta {
     seq: TxnSeq,
     id: i64,
-    /// `id` names a row of the table (not a WAL-only message's position).
-    in_table: bool,
     weight: usize,
     created_at_micros: Option<i64>,
     kind: Kind,
@@ -232,13 +229,6 @@ pub(crate) async fn run_session<S: Source, K: Sink>(
             }
         }
     }
-    let overlap = match overlap::start(&mut source).await {
-        Ok(overlap) => overlap,
-        Err(e) => {
-            close(source).await;
-            return Err(e);
-        }
-    };
     let mut s = Session {
         labels,
         settings,
@@ -264,7 +254,6 @@ pub(crate) async fn run_session<S: Source, K: Sink>(
         hot: HotMetrics::new(&labels.metric_labels()),
         looked_up: HashSet::new(),
         eo,
-        overlap,
     };
     let result = s.main_loop(&mut source, shutdown).await;
     let drained = s.drain(&mut source, message_timeout, result.is_ok()).await;
@@ -305,8 +294,6 @@ struct Session<'a, P, K: Sink> {
     looked_up: HashSet<String>,
     /// Under `delivery = "exactly-once"`: the Kafka transaction and the progress it builds on.
     eo: Option<ExactlyOnce>,
-    /// After a catch-up: the window in which a row can be one its drain sent.
-    overlap: Option<Overlap<P>>,
 }
 
 /// Header values that stay the same for a whole session, formatted once.
@@ -353,8 +340,6 @@ impl HotMetrics {
 struct DeadLetter {
     seq: TxnSeq,
     id: i64,
-    /// `id` names a row of the table (not a WAL-only message's position).
-    in_table: bool,
     reason: String,
     topic: Option<Vec<u8>>,
     key: Option<Vec<u8>>,
@@ -371,7 +356,6 @@ impl DeadLetter {
         Self {
             seq,
             id: record.id,
-            in_table: record.in_table,
             reason,
             topic: Some(record.topic.into_bytes()),
             key: record.key,
@@ -479,7 +463,6 @@ impl<P: Clone + std::fmt::Display + Send + Sync + 'static, K: Sink> Session<'_, 
             SourceEvent::Begin { label } => {
                 self.open = Some(self.tracker.begin());
                 self.eo_begin(source, &label)?;
-                self.overlap_begin::<S>();
                 self.label = label;
             }
             SourceEvent::Row(row) => {
@@ -494,10 +477,6 @@ impl<P: Clone + std::fmt::Display + Send + Sync + 'static, K: Sink> Session<'_, 
                     self.tracker.sent(seq, id.filter(|_| !message));
                     self.tracker.acked(seq);
                     self.hot.replayed.increment(1);
-                    return Ok(());
-                }
-                if self.sent_by_drain(source, id, !message).await? {
-                    self.tracker.skipped(seq);
                     return Ok(());
                 }
                 if source.skips(id, message, &self.label) {
@@ -566,7 +545,6 @@ impl<P: Clone + std::fmt::Display + Send + Sync + 'static, K: Sink> Session<'_, 
         let meta = Meta {
             seq,
             id: record.id,
-            in_table: record.in_table,
             weight,
             created_at_micros: record.created_at_micros,
             kind: if record.in_table { Kind::Row } else { Kind::Message },
@@ -601,7 +579,7 @@ impl<P: Clone + std::fmt::Display + Send + Sync + 'static, K: Sink> Session<'_, 
         let failure = match result {
             Ok(()) => {
                 match &mut self.eo {
-                    Some(eo) => eo.hold(d.seq, d.in_table.then_some(d.id)),
+                    Some(eo) => eo.hold(d.seq, d.id),
                     None => self.tracker.acked(d.seq),
                 }
                 if let Some(topic) = d.confirms_topic {
@@ -767,7 +745,6 @@ impl<P: Clone + std::fmt::Display + Send + Sync + 'static, K: Sink> Session<'_, 
                 let copy = DeadLetter {
                     seq,
                     id,
-                    in_table: invalid.message_at.is_none(),
                     reason: invalid.to_string(),
                     topic: raw.topic,
                     key: raw.key,
@@ -798,7 +775,6 @@ impl<P: Clone + std::fmt::Display + Send + Sync + 'static, K: Sink> Session<'_, 
         let meta = Meta {
             seq: copy.seq,
             id: copy.id,
-            in_table: copy.in_table,
             weight,
             created_at_micros: None,
             kind: Kind::DeadLetter,
@@ -891,20 +867,6 @@ impl<P: Clone + std::fmt::Display + Send + Sync + 'static, K: Sink> Session<'_, 
         self.open = Some(seq);
         self.label = position.to_string();
         for row in rows {
-            let id = match &row {
-                Ok(record) => Some(record.id),
-                Err(invalid) => invalid.id,
-            };
-            if let (Some(eo), Some(id)) = (&self.eo, id)
-                && eo.holds(id)
-            {
-                // Sent before a crash left it in the table: a committed Kafka transaction
-                // holds it (the last progress record names it). Deleted, not sent again.
-                self.tracker.sent(seq, Some(id));
-                self.tracker.acked(seq);
-                self.hot.replayed.increment(1);
-                continue;
-            }
             match row {
                 Ok(record) => self.publish(seq, record).await?,
                 Err(invalid) => self.on_invalid_row(source, seq, invalid).await?,
@@ -990,6 +952,5 @@ pub(crate) fn kind_labels(base: &[(&'static str, String); 3], kind: &'static str
 mod cleanup;
 mod exactly_once;
 mod handoff;
-mod overlap;
 #[cfg(test)]
 mod tests;

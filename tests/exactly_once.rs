@@ -19,7 +19,7 @@ const ROWS: usize = 10;
 /// finds the rows in the table and in the last committed progress record: it deletes them
 /// without sending them again (`outbox_replayed_rows_skipped_total` counts them), and a
 /// `read_committed` reader sees each row once.
-async fn committed_but_not_deleted_is_deleted_not_resent<D: Database>(builder: WorldBuilder<D>, lose_position: bool) {
+async fn committed_but_not_deleted_is_deleted_not_resent<D: Database>(builder: WorldBuilder<D>) {
     let w = builder.build().await;
     let table = w.table(0, 0);
     let mut admin = w.db.connect().await;
@@ -36,18 +36,8 @@ async fn committed_but_not_deleted_is_deleted_not_resent<D: Database>(builder: W
     w.kill_at_the_gate(streamer, &mut admin, &table).await;
     assert_eq!(w.count(&table).await, ROWS as i64, "the rows are in the table and in Kafka");
     D::open_gate(&mut gate, &table).await;
-    if lose_position {
-        // The stream's position is not to be trusted (a slot dropped, the binlog purged, the
-        // stream ran in polling mode): the start catches up by polling, and the drain must
-        // take the rows the streaming session's last Kafka transaction holds for sent.
-        D::execute(&mut admin, &format!("UPDATE {}_checkpoint SET catchup_pending = true", w.prefix)).await;
-    }
 
     let streamer = w.start("run-1.log");
-    if lose_position {
-        let log = streamer.wait_for_log("catch-up done", ARRIVAL).await;
-        assert!(log.contains("rows=0"), "the drain sent nothing:\n{log}");
-    }
     w.wait_drained(&table).await;
     streamer.wait_for_metric("outbox_replayed_rows_skipped_total", STREAM_0_0, ROWS as f64, ARRIVAL).await;
     // One more row: it arrives after the first ten, and nothing else does.
@@ -176,34 +166,22 @@ async fn mariadb_paused_past_the_transaction_timeout_resends_once() {
 
 #[tokio::test]
 async fn postgres_committed_but_not_deleted_is_deleted_not_resent() {
-    committed_but_not_deleted_is_deleted_not_resent(World::postgres("eod").config(EXACTLY_ONCE), false).await;
-}
-
-/// The same, and the position lost while the streamer was down: the catch-up's drain deletes
-/// the rows the streaming session's last Kafka transaction holds instead of sending them.
-#[tokio::test]
-async fn postgres_committed_but_not_deleted_then_caught_up_is_not_resent() {
-    committed_but_not_deleted_is_deleted_not_resent(World::postgres("eol").config(EXACTLY_ONCE), true).await;
-}
-
-#[tokio::test]
-async fn mariadb_committed_but_not_deleted_then_caught_up_is_not_resent() {
-    committed_but_not_deleted_is_deleted_not_resent(World::mysql("eol").config(EXACTLY_ONCE), true).await;
+    committed_but_not_deleted_is_deleted_not_resent(World::postgres("eod").config(EXACTLY_ONCE)).await;
 }
 
 #[tokio::test]
 async fn mariadb_committed_but_not_deleted_is_deleted_not_resent() {
-    committed_but_not_deleted_is_deleted_not_resent(World::mysql("eod").config(EXACTLY_ONCE), false).await;
+    committed_but_not_deleted_is_deleted_not_resent(World::mysql("eod").config(EXACTLY_ONCE)).await;
 }
 
 #[tokio::test]
 async fn postgres_polling_committed_but_not_deleted_is_deleted_not_resent() {
     let config = format!("{POLLING}\n{EXACTLY_ONCE}");
-    committed_but_not_deleted_is_deleted_not_resent(World::postgres("epd").config(&config), false).await;
+    committed_but_not_deleted_is_deleted_not_resent(World::postgres("epd").config(&config)).await;
 }
 
 #[tokio::test]
 async fn mariadb_polling_committed_but_not_deleted_is_deleted_not_resent() {
     let config = format!("{POLLING}\n{EXACTLY_ONCE}");
-    committed_but_not_deleted_is_deleted_not_resent(World::mysql("epd").config(&config), false).await;
+    committed_but_not_deleted_is_deleted_not_resent(World::mysql("epd").config(&config)).await;
 }

@@ -10,7 +10,7 @@ use tokio_postgres::types::ToSql;
 use crate::support::pg::PgDb;
 use crate::support::streamer::{pg_config, run_cli};
 use crate::support::world::World;
-use crate::support::{kafka, metrics, pg, wait_until};
+use crate::support::{kafka, pg, wait_until};
 
 const ARRIVAL: Duration = Duration::from_secs(120);
 pub(crate) const POLLING: &str = "mode = \"polling\"";
@@ -115,55 +115,6 @@ async fn a_dropped_slot_is_caught_up_by_polling() {
     let got: Vec<String> = records.iter().map(|r| r.payload_str()).collect();
     assert_eq!(got, payloads(0..30).collect::<Vec<_>>(), "no row lost, none twice");
     assert!(records[27].header("outbox-lsn").contains('/'), "the new slot streams");
-    assert!(second.stop());
-}
-
-/// A transaction that commits while a catch-up waits for the table's writers commits after the
-/// new slot's start and below the drain's bound: the drain sends it, and the stream from the
-/// new slot reads it again. It reaches Kafka once, and `status` shows the stream healthy.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_transaction_committed_during_a_catch_up_is_sent_once() {
-    let w = World::postgres("po").build().await;
-    let first = w.start("first.log");
-    insert(&w, payloads(0..5)).await;
-    kafka::read_at_least(&w.topic, 1, 5, ARRIVAL).await;
-    assert!(first.stop());
-    insert(&w, payloads(5..10)).await;
-    w.db.admin.execute("SELECT pg_drop_replication_slot($1)", &[&w.table(0, 0)]).await.unwrap();
-    // A writer holding the table's write lock without a transaction id yet: creating the slot
-    // does not wait for it, the catch-up does.
-    let mut writer = pg::connect(&w.db.admin_url).await;
-    let tx = writer.transaction().await.unwrap();
-    tx.batch_execute(&format!("LOCK TABLE {} IN ROW EXCLUSIVE MODE", w.table(0, 0))).await.unwrap();
-    let second = w.start("second.log");
-    let admin = &w.db.admin;
-    wait_until("the catch-up waits for the writer", ARRIVAL, || async {
-        let row = admin
-            .query_one(
-                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND query LIKE '%virtualtransaction = ANY%' AND pid <> pg_backend_pid()",
-                &[],
-            )
-            .await
-            .unwrap();
-        (row.get::<_, i64>(0) > 0).then_some(())
-    })
-    .await;
-    let sql = format!("INSERT INTO {} (topic, msg_key, payload) VALUES ($1, 'k', $2)", w.table(0, 0));
-    for p in payloads(10..15) {
-        tx.execute(&sql, &[&w.topic as &(dyn ToSql + Sync), &p.as_bytes()]).await.unwrap();
-    }
-    tx.commit().await.unwrap();
-    let log = second.wait_for_log("catch-up done", ARRIVAL).await;
-    assert!(log.contains("rows=10"), "the drain sent the 5 rows left and the writer's 5:\n{log}");
-    insert(&w, payloads(15..20)).await;
-    let records = kafka::read_at_least(&w.topic, 1, 20, ARRIVAL).await;
-    let got: Vec<String> = records.iter().map(|r| r.payload_str()).collect();
-    assert_eq!(got, payloads(0..20).collect::<Vec<_>>(), "no row lost, none twice");
-    assert!(records[17].header("outbox-lsn").contains('/'), "the new slot streams");
-    let text = metrics::try_get(second.metrics_addr(), "/metrics").await.unwrap_or_default();
-    let skipped = metrics::sample(&text, "outbox_replayed_rows_skipped_total", metrics::STREAM_0_0);
-    assert_eq!(skipped, Some(5.0), "the stream found the writer's 5 rows sent by the drain:\n{text}");
-    w.wait_drained(&w.table(0, 0)).await;
     assert!(second.stop());
 }
 

@@ -14,15 +14,13 @@
 //!   session dead-letters (or halts on) it without sending it in the new transaction.
 //! * On a restart, the last committed progress record says which source transactions (and
 //!   which first rows of one) are in Kafka: their rows are deleted, not sent again.
-//! * Every progress record also names the ids of the table rows that committed Kafka
-//!   transactions hold and that are not deleted yet. A source whose positions mean nothing
-//!   outside their session (polling: [`Source::before_reading`]) is tracked by those rows
-//!   alone: the next session deletes them before it reads. A catch-up does the same with the
-//!   record a streaming session left when the position was lost, so rows a stream sent and
-//!   had not deleted are not sent again by the drain. Once rows are deleted, the next record
-//!   leaves them out: the next transaction's, or — when none began within
-//!   `transaction_interval_ms` and at a clean end — one committed for it alone, so that an id
-//!   used again later (an identity restarted lower) is not taken for a row already sent.
+//! * A source whose positions mean nothing outside their session (polling:
+//!   [`Source::before_reading`]) is tracked by rows instead: each progress record names the
+//!   ids of the rows committed Kafka transactions hold and not yet deleted, and the next
+//!   session deletes those before it reads. Once rows are deleted, the next record leaves them
+//!   out: the next transaction's, or — when none began within `transaction_interval_ms` and at
+//!   a clean end — one committed for it alone, so that an id used again later (an identity
+//!   restarted lower) is not taken for a row already sent.
 //!
 //! [`AckTracker`]: crate::ack::AckTracker
 
@@ -65,15 +63,14 @@ pub(super) struct ExactlyOnce {
     covered: u64,
     /// Reading pauses until the open Kafka transaction commits.
     pub(super) closing: bool,
-    /// Progress by rows alone (see the module docs): the record names no position.
-    by_rows: bool,
-    /// The table rows the open transaction and the committed ones hold.
-    rows: HeldRows,
+    /// Progress by rows (see the module docs): the ids of the open transaction's records, and
+    /// those committed transactions hold whose rows are not deleted yet. `None`: by position.
+    by_rows: Option<ByRows>,
 }
 
-/// Ids of table rows in Kafka transactions (see the module docs).
+/// Row ids for progress by rows.
 #[derive(Debug, Default)]
-struct HeldRows {
+struct ByRows {
     held: Vec<i64>,
     undeleted: BTreeSet<i64>,
     /// Since when the last committed record names rows deleted since.
@@ -94,31 +91,15 @@ pub(super) async fn start<S: Source, K: Sink>(
     }
     let resumed = resume(sink, labels).await?;
     let by_rows = source.before_reading();
-    let mut undeleted = BTreeSet::new();
-    if let Some(progress) = resumed.as_ref().filter(|p| !p.ids.is_empty()) {
+    if let (Some(before), Some(progress)) = (&by_rows, &resumed)
+        && !progress.ids.is_empty()
+    {
         let ids: Vec<i64> = progress.id_list();
-        match &by_rows {
-            // Any kind of record: a catch-up's drain deletes what a streaming session left.
-            Some(before) => {
-                let deleted = source.finish(ids.clone().into(), before.clone()).await?;
-                source.finished(before.clone());
-                tracing::info!(
-                    rows = ids.len(),
-                    deleted,
-                    "deleted the rows the last committed Kafka transaction holds"
-                );
-                counter!(m::DELETED_ROWS, &labels.metric_labels()).increment(deleted);
-                counter!(m::SKIPPED_REPLAYED_ROWS, &labels.metric_labels()).increment(deleted);
-            }
-            // A stream reads those rows again and deletes them with their transactions; until
-            // then its records go on naming the ones still in the table.
-            None if progress.source == S::POSITION_HEADER => {
-                for chunk in ids.chunks(crate::source::DELETE_CHUNK) {
-                    undeleted.extend(source.existing(chunk).await?);
-                }
-            }
-            None => {}
-        }
+        let deleted = source.finish(ids.clone().into(), before.clone()).await?;
+        source.finished(before.clone());
+        tracing::info!(rows = ids.len(), deleted, "deleted the rows the last committed Kafka transaction holds");
+        counter!(m::DELETED_ROWS, &labels.metric_labels()).increment(deleted);
+        counter!(m::SKIPPED_REPLAYED_ROWS, &labels.metric_labels()).increment(deleted);
     }
     Ok(Some(ExactlyOnce::new(
         settings.transaction_interval_ms,
@@ -126,7 +107,6 @@ pub(super) async fn start<S: Source, K: Sink>(
         S::POSITION_HEADER,
         by_rows.is_some(),
         resumed,
-        undeleted,
     )))
 }
 
@@ -145,14 +125,7 @@ async fn resume<K: Sink>(sink: &K, labels: &StreamLabels) -> Result<Option<Progr
 }
 
 impl ExactlyOnce {
-    fn new(
-        interval_ms: u64,
-        max_records: usize,
-        kind: &'static str,
-        by_rows: bool,
-        resumed: Option<Progress>,
-        undeleted: BTreeSet<i64>,
-    ) -> Self {
+    fn new(interval_ms: u64, max_records: usize, kind: &'static str, by_rows: bool, resumed: Option<Progress>) -> Self {
         let committed = match resumed {
             Some(p) if p.source == kind => p,
             Some(p) => {
@@ -174,8 +147,7 @@ impl ExactlyOnce {
             rows_read: 0,
             covered: 0,
             closing: false,
-            by_rows,
-            rows: HeldRows { undeleted, ..HeldRows::default() },
+            by_rows: by_rows.then(ByRows::default),
         }
     }
 
@@ -187,7 +159,7 @@ impl ExactlyOnce {
 
     /// When a record leaving out deleted rows is due, if one is.
     fn refresh_due(&self) -> Option<Instant> {
-        Some(self.rows.stale_since? + self.interval)
+        Some(self.by_rows.as_ref()?.stale_since? + self.interval)
     }
 
     /// Whether the open transaction should close now.
@@ -201,21 +173,19 @@ impl ExactlyOnce {
         }
     }
 
-    /// Holds an acknowledgement of a record until the commit; `row`: the id of its table row.
-    pub(super) fn hold(&mut self, seq: TxnSeq, row: Option<i64>) {
+    /// Holds an acknowledgement of row `id`'s record until the commit.
+    pub(super) fn hold(&mut self, seq: TxnSeq, id: i64) {
         self.held.push(seq);
-        self.rows.held.extend(row);
-    }
-
-    /// Whether a committed Kafka transaction holds table row `id` that is not deleted yet.
-    pub(super) fn holds(&self, id: i64) -> bool {
-        self.rows.undeleted.contains(&id)
+        if let Some(rows) = &mut self.by_rows {
+            rows.held.push(id);
+        }
     }
 
     /// Rows `ids` are deleted: progress records need not name them any more.
     pub(super) fn deleted(&mut self, ids: &[i64]) {
-        let rows = &mut self.rows;
-        if !rows.undeleted.is_empty() {
+        if let Some(rows) = &mut self.by_rows
+            && !rows.undeleted.is_empty()
+        {
             let before = rows.undeleted.len();
             for id in ids {
                 rows.undeleted.remove(id);
@@ -313,18 +283,19 @@ impl<P: Clone + std::fmt::Display + Send + Sync + 'static, K: Sink> Session<'_, 
             return Ok(());
         }
         self.labels.lease.check().map_err(Error::fenced)?;
-        let rows = &mut eo.rows;
-        rows.undeleted.extend(rows.held.drain(..));
-        rows.stale_since = None;
-        let progress = if eo.by_rows {
+        let progress = match &mut eo.by_rows {
             // Positions mean nothing to the next session: the rows say it all.
-            Progress::new(eo.kind, None, None)
-        } else {
-            let mark = mark.or_else(|| eo.committed.mark.clone());
-            let partial = in_source_txn.then(|| Partial { transaction: self.label.clone(), rows: eo.rows_read });
-            Progress::new(eo.kind, mark, partial)
-        }
-        .with_ids(&rows.undeleted);
+            Some(rows) => {
+                rows.undeleted.extend(rows.held.drain(..));
+                rows.stale_since = None;
+                Progress::new(eo.kind, None, None).with_ids(&rows.undeleted)
+            }
+            None => {
+                let mark = mark.or_else(|| eo.committed.mark.clone());
+                let partial = in_source_txn.then(|| Partial { transaction: self.label.clone(), rows: eo.rows_read });
+                Progress::new(eo.kind, mark, partial)
+            }
+        };
         let started = std::time::Instant::now();
         self.sink.commit(progress.encode()).await?;
         self.hot.kafka_commit_seconds.record(started.elapsed().as_secs_f64());
@@ -378,7 +349,9 @@ impl<P: Clone + std::fmt::Display + Send + Sync + 'static, K: Sink> Session<'_, 
     pub(super) async fn eo_abort(&mut self) {
         let Some(eo) = &mut self.eo else { return };
         eo.held.clear();
-        eo.rows.held.clear();
+        if let Some(rows) = &mut eo.by_rows {
+            rows.held.clear();
+        }
         eo.closing = false;
         if eo.open.take().is_some() {
             if let Err(e) = self.sink.abort().await {

@@ -218,12 +218,6 @@ struct SourceLog {
     /// Positions passed to `finished`, in order.
     confirmed: Vec<u64>,
     finishes_started: usize,
-    /// What `drained_upto` reports (a catch-up ran).
-    drained_upto: Option<i64>,
-    /// Rows `current_rows` finds in the table.
-    in_table: Vec<i64>,
-    /// The log's end as `probe` reports it.
-    log_end: u64,
 }
 
 struct FakeSource {
@@ -283,10 +277,9 @@ impl Source for FakeSource {
 
     async fn close(self) {}
 
-    async fn current_rows(&mut self, ids: &[i64]) -> Result<Vec<PolledRow>, Error> {
+    async fn current_rows(&mut self, _ids: &[i64]) -> Result<Vec<PolledRow>, Error> {
         let _session = self.session.lock().await;
-        let log = lock(&self.log);
-        Ok(ids.iter().filter(|id| log.in_table.contains(id)).map(|&id| Ok(record(id, TOPIC))).collect())
+        Ok(Vec::new())
     }
 
     async fn existing(&mut self, _ids: &[i64]) -> Result<Vec<i64>, Error> {
@@ -294,7 +287,7 @@ impl Source for FakeSource {
     }
 
     async fn probe(&mut self, _below: Option<i64>, _limit: usize) -> Result<Probe<u64>, Error> {
-        Ok(Probe { candidates: Vec::new(), max_id: None, mark: lock(&self.log).log_end })
+        Ok(Probe { candidates: Vec::new(), max_id: None, mark: 0 })
     }
 
     fn reached(done: &u64, mark: &u64) -> bool {
@@ -307,10 +300,6 @@ impl Source for FakeSource {
 
     fn begun_within(&self, mark: &str) -> Result<bool, Error> {
         Ok(self.begun <= mark.parse::<u64>().map_err(|e| Error::transient(e.to_string()))?)
-    }
-
-    fn drained_upto(&self) -> Option<i64> {
-        lock(&self.log).drained_upto
     }
 
     fn skips(&self, _id: Option<i64>, _message: bool, _label: &str) -> bool {
@@ -815,42 +804,6 @@ async fn exactly_once_deletes_rows_only_once_a_kafka_transaction_holding_them_co
     let (result, _) = session.stop().await;
     result.unwrap();
     assert!(!lock(&sink.state).in_txn, "no transaction left open");
-}
-
-#[tokio::test(start_paused = true)]
-async fn progress_records_name_the_rows_kafka_holds_until_they_are_deleted() {
-    let sink = transactional(None);
-    let eo = StreamSettings { delivery: crate::config::Delivery::ExactlyOnce, ..settings() };
-    let hold = Arc::new(Notify::new());
-    let session = start_with(
-        &sink,
-        eo,
-        StreamMemory::default(),
-        SourceLog { hold_finish: Some(hold.clone()), ..SourceLog::default() },
-    );
-    session.txn(10, &[1, 2]);
-    until("the Kafka transaction commits", || lock(&sink.state).commits >= 1).await;
-    assert_eq!(last_progress(&sink).id_list(), [1, 2], "in Kafka, not deleted yet: a catch-up deletes them");
-    hold.notify_one();
-    until("the rows are deleted", || session.deleted().len() == 2).await;
-    until("a record that leaves them out", || last_progress(&sink).ids.is_empty()).await;
-    assert_eq!(last_progress(&sink).mark.as_deref(), Some("10"));
-    session.stop().await.0.unwrap();
-}
-
-#[tokio::test(start_paused = true)]
-async fn after_a_catch_up_rows_its_drain_sent_are_not_sent_again() {
-    let sink = FakeSink::with(|s| s.auto_ack = true);
-    // The drain covered ids up to 5 and deleted 3; 4 committed after it read; the log's end
-    // was at 10 when the session began.
-    let log = SourceLog { drained_upto: Some(5), in_table: vec![4], log_end: 10, ..SourceLog::default() };
-    let session = start_with(&sink, settings(), StreamMemory::default(), log);
-    session.txn(10, &[3, 4, 6]);
-    // Past the log's end: row 2 (an identity restarted lower) is not looked up.
-    session.txn(20, &[2]);
-    until("the rows are deleted", || session.deleted().len() == 3).await;
-    assert_eq!(sink.ids(), [4, 6, 2], "row 3 went with the drain");
-    session.stop().await.0.unwrap();
 }
 
 #[tokio::test(start_paused = true)]

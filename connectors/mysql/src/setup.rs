@@ -291,7 +291,7 @@ pub async fn apply(
 }
 
 /// Columns added to the checkpoint table after its first version, with their definitions.
-const LATER_COLUMNS: [(&str, &str); 8] = [
+const LATER_COLUMNS: [(&str, &str); 7] = [
     ("catchup_pending", "TINYINT(1) NOT NULL DEFAULT 0"),
     ("catchup_started_at", "TIMESTAMP(6) NULL"),
     ("last_catchup_at", "TIMESTAMP(6) NULL"),
@@ -301,8 +301,6 @@ const LATER_COLUMNS: [(&str, &str); 8] = [
     // The operator's skip lists (`outbox-streamer skip`).
     ("skip_ids", "TEXT NULL"),
     ("skip_transactions", "TEXT NULL"),
-    // The highest id the last catch-up's drain covered (see the streamer's catch-up overlap).
-    ("catchup_upto", "BIGINT NULL"),
 ];
 
 /// Brings a checkpoint table created by an older version up to date (MySQL has no

@@ -77,15 +77,9 @@ pub fn literal(value: &str) -> String {
 
 /// Checkpoint columns added after its first version: the published-up-to mark (the commit LSN
 /// below which every transaction was published and deleted, stored with the delete) and the
-/// operator's skip lists (`outbox-streamer skip`), the storage `setup` last created for, and
-/// the highest id the last catch-up's drain covered.
-const CHECKPOINT_LATER_COLUMNS: [(&str, &str); 5] = [
-    ("published_lsn", "pg_lsn"),
-    ("skip_ids", "text"),
-    ("skip_transactions", "text"),
-    ("storage", "text"),
-    ("catchup_upto", "bigint"),
-];
+/// operator's skip lists (`outbox-streamer skip`).
+const CHECKPOINT_LATER_COLUMNS: [(&str, &str); 4] =
+    [("published_lsn", "pg_lsn"), ("skip_ids", "text"), ("skip_transactions", "text"), ("storage", "text")];
 
 /// Statements that must run in a transaction block (tables, publications, grants, function).
 pub fn schema_statements(plan: &SetupPlan) -> Vec<String> {

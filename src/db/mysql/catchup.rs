@@ -130,7 +130,7 @@ pub(crate) async fn run(
         },
     };
     let mut conn = Conn::new(opts.clone()).await.map_err(|e| Error::from_db("connecting to MySQL/MariaDB", e))?;
-    conn.exec_drop(checkpoint.catchup_done(), (rows, snap.upto, &names.table, epoch))
+    conn.exec_drop(checkpoint.catchup_done(), (rows, &names.table, epoch))
         .await
         .map_err(|e| Error::from_db(&format!("updating {checkpoint_table}"), e))?;
     let _ = conn.disconnect().await;

@@ -128,8 +128,6 @@ pub(crate) struct MySource {
     unstored: Option<(TxnId, TxnId)>,
     /// `<source>/<shard>/<partition>`, for the fixes halts name.
     stream: String,
-    /// The highest id the last catch-up's drain covered ([`Source::drained_upto`]).
-    drained_upto: Option<i64>,
 }
 
 impl MySource {
@@ -169,9 +167,7 @@ impl MySource {
                 ),
                 e => Error::from_db(&format!("reading {checkpoint_table}"), e),
             })?;
-        let Some((gtid, file, offset, stored_epoch, pending, done_gtid, skip_ids, skip_transactions, drained_upto)) =
-            row
-        else {
+        let Some((gtid, file, offset, stored_epoch, pending, done_gtid, skip_ids, skip_transactions)) = row else {
             return Err(Error::definite(
                 format!("no checkpoint for {} in {checkpoint_table}", names.table),
                 "run `outbox-streamer setup`",
@@ -193,7 +189,7 @@ impl MySource {
             // A catch-up would move the position to the binlog's end past messages the table
             // never held: stream from the stored position instead (rows polling already sent
             // may come again, nothing is lost).
-            sql.exec_drop(checkpoint.catchup_done(), (0i64, None::<i64>, &names.table, epoch))
+            sql.exec_drop(checkpoint.catchup_done(), (0i64, &names.table, epoch))
                 .await
                 .map_err(|e| Error::from_db(&format!("updating {checkpoint_table}"), e))?;
             tracing::warn!(table = %names.table, "a catch-up was pending; with storage = \"wal\" the stream resumes from its stored position instead");
@@ -265,7 +261,6 @@ impl MySource {
             place: 0,
             unstored: None,
             stream,
-            drained_upto,
         })
     }
 
@@ -592,10 +587,6 @@ impl Source for MySource {
 
     fn reached(done: &MyPosition, mark: &MyPosition) -> bool {
         done.done.at_or_after(&mark.done)
-    }
-
-    fn drained_upto(&self) -> Option<i64> {
-        self.drained_upto
     }
 
     fn skips(&self, id: Option<i64>, message: bool, label: &str) -> bool {

@@ -21,18 +21,9 @@ pub(super) struct Checkpoint {
 }
 
 /// What a CDC session reads when it starts: gtid, binlog_file, binlog_pos, owner_epoch,
-/// catchup_pending, done_gtid, skip_ids, skip_transactions, catchup_upto.
-pub(super) type SessionRow = (
-    Option<String>,
-    Option<String>,
-    Option<u64>,
-    i64,
-    bool,
-    Option<String>,
-    Option<String>,
-    Option<String>,
-    Option<i64>,
-);
+/// catchup_pending, done_gtid, skip_ids, skip_transactions.
+pub(super) type SessionRow =
+    (Option<String>, Option<String>, Option<u64>, i64, bool, Option<String>, Option<String>, Option<String>);
 
 /// What `status` shows: gtid, binlog_file, binlog_pos, catchup_pending, last catch-up time
 /// (as text) and rows.
@@ -46,8 +37,7 @@ impl Checkpoint {
     /// Reads a stream's [`SessionRow`]; binds the stream.
     pub(super) fn read_session(&self) -> String {
         format!(
-            "SELECT gtid, binlog_file, binlog_pos, owner_epoch, catchup_pending, done_gtid, skip_ids, skip_transactions,
-                    catchup_upto
+            "SELECT gtid, binlog_file, binlog_pos, owner_epoch, catchup_pending, done_gtid, skip_ids, skip_transactions
              FROM {} WHERE stream = ?",
             self.quoted
         )
@@ -93,11 +83,10 @@ impl Checkpoint {
         )
     }
 
-    /// A catch-up that drained the table; binds rows, the highest id its drain covered (see
-    /// [`crate::source::Source::drained_upto`]), stream, epoch.
+    /// A catch-up that drained the table; binds rows, stream, epoch.
     pub(super) fn catchup_done(&self) -> String {
         format!(
-            "UPDATE {} SET catchup_pending = 0, last_catchup_at = NOW(6), last_catchup_rows = ?, catchup_upto = ?
+            "UPDATE {} SET catchup_pending = 0, last_catchup_at = NOW(6), last_catchup_rows = ?
              WHERE stream = ? AND owner_epoch <= ?",
             self.quoted
         )

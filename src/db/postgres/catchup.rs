@@ -145,8 +145,7 @@ pub(crate) async fn run(
             _ = drain.stop.changed() => return Ok(None),
         }
     }
-    let upto = reader.max_id().await?;
-    let rows = match upto {
+    let rows = match reader.max_id().await? {
         None => 0,
         Some(upto) => match drain.run(reader, cleaner, upto).await? {
             Some(rows) => rows,
@@ -168,12 +167,12 @@ pub(crate) async fn run(
     };
     let sql = format!(
         "UPDATE {} SET catchup_pending = false, last_catchup_at = now(), last_catchup_rows = $2,
-                published_lsn = greatest(published_lsn, $3::text::pg_lsn), catchup_upto = $4, updated_at = now()
+                published_lsn = greatest(published_lsn, $3::text::pg_lsn), updated_at = now()
          WHERE stream = $1",
         ident(checkpoint_table)
     );
     client
-        .execute(&sql, &[&names.table, &(rows as i64), &bound, &upto])
+        .execute(&sql, &[&names.table, &(rows as i64), &bound])
         .await
         .map_err(|e| Error::from_db(&format!("updating {checkpoint_table}"), e))?;
     Ok(Some(report(drain.labels, started, rows)))

@@ -169,8 +169,6 @@ pub(crate) struct PgSource {
     /// Whether a message with this stream's prefix outside a transaction was reported.
     warned_untransactional: bool,
     storage: Storage,
-    /// The highest id the last catch-up's drain covered ([`Source::drained_upto`]).
-    drained_upto: Option<i64>,
 }
 
 /// How a shard-partition's CDC session runs, from its settings.
@@ -258,7 +256,6 @@ impl PgSource {
             metric_labels,
             warned_untransactional: false,
             storage,
-            drained_upto: stored.drained_upto,
         })
     }
 
@@ -608,10 +605,6 @@ impl Source for PgSource {
 
     fn reached(done: &Lsn, mark: &Lsn) -> bool {
         done >= mark
-    }
-
-    fn drained_upto(&self) -> Option<i64> {
-        self.drained_upto
     }
 
     fn skips(&self, id: Option<i64>, message: bool, label: &str) -> bool {

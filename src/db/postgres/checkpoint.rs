@@ -21,8 +21,6 @@ pub(super) struct Stored {
     pub catchup_pending: bool,
     pub published: Option<Lsn>,
     pub skips: SkipList,
-    /// The highest id the last catch-up's drain covered ([`crate::source::Source::drained_upto`]).
-    pub drained_upto: Option<i64>,
 }
 
 fn run_setup(message: String) -> Error {
@@ -35,7 +33,7 @@ fn run_setup(message: String) -> Error {
 /// Reads the row of `table`.
 pub(super) async fn read(client: &Client, checkpoint_table: &str, table: &str) -> Result<Stored, Error> {
     let sql = format!(
-        "SELECT catchup_pending, published_lsn::text, skip_ids, skip_transactions, catchup_upto FROM {} WHERE stream = $1",
+        "SELECT catchup_pending, published_lsn::text, skip_ids, skip_transactions FROM {} WHERE stream = $1",
         ident(checkpoint_table)
     );
     let row = match client.query_opt(&sql, &[&table]).await {
@@ -62,5 +60,5 @@ pub(super) async fn read(client: &Client, checkpoint_table: &str, table: &str) -
             ),
         )
     })?;
-    Ok(Stored { catchup_pending: row.get(0), published, skips, drained_upto: row.get(4) })
+    Ok(Stored { catchup_pending: row.get(0), published, skips })
 }
