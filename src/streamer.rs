@@ -387,7 +387,14 @@ impl<P: Clone + std::fmt::Display + Send + Sync + 'static, K: Sink> Session<'_, 
         // (for a short while), so its rows can be deleted rather than sent again by the next
         // owner.
         let mut finish_by: Option<tokio::time::Instant> = None;
+        // Nanoseconds the loop waited for the source since the last turn (exactly-once sizes
+        // its transactions by it).
+        let waited_for_source = std::sync::atomic::AtomicU64::new(0);
         loop {
+            let waited = waited_for_source.swap(0, std::sync::atomic::Ordering::Relaxed);
+            if let Some(eo) = &mut self.eo {
+                eo.waited(Duration::from_nanos(waited));
+            }
             if *shutdown.borrow() {
                 let deadline = *finish_by.get_or_insert_with(|| tokio::time::Instant::now() + FINISH_OPEN_TXN);
                 if self.open.is_none() || tokio::time::Instant::now() >= deadline {
@@ -444,7 +451,7 @@ impl<P: Clone + std::fmt::Display + Send + Sync + 'static, K: Sink> Session<'_, 
                 _ = sweep.tick(), if S::SWEEPS && self.open.is_none() && finish_by.is_none() => {
                     self.sweep(source).await?;
                 }
-                event = source.next(), if may_read => {
+                event = waited::Waited::new(source.next(), &waited_for_source), if may_read => {
                     match event? {
                         Some(SourceEvent::Drained) => return Ok(()),
                         Some(event) => self.on_event(source, event).await?,
@@ -954,3 +961,4 @@ mod exactly_once;
 mod handoff;
 #[cfg(test)]
 mod tests;
+mod waited;

@@ -44,6 +44,15 @@ use crate::source::Source;
 /// broker aborts a transaction open longer than its timeout.
 const SPLIT_AFTER: Duration = Duration::from_secs(5);
 
+/// A Kafka transaction during which the loop waited for the source less than half the time
+/// (a backlog, or Kafka holding the loop back) goes on past `transaction_interval_ms`, up to
+/// this many intervals (at most [`STRETCH_CAP`]): reading pauses at every commit until all
+/// records are acknowledged, and at full speed that pause is a share of each transaction's
+/// time, while the records are late already. A stream that waits for changes keeps the
+/// interval, and its latency.
+const STRETCH: u32 = 5;
+const STRETCH_CAP: Duration = Duration::from_millis(500);
+
 /// A session's exactly-once state.
 #[derive(Debug)]
 pub(super) struct ExactlyOnce {
@@ -51,6 +60,8 @@ pub(super) struct ExactlyOnce {
     max_records: usize,
     /// The open Kafka transaction: when it began and how many records it holds.
     open: Option<(Instant, usize)>,
+    /// How long the loop waited for the source while it was open.
+    idle: Duration,
     /// Acknowledgements of the open transaction's records, released at its commit.
     held: Vec<TxnSeq>,
     /// What the last committed progress record said (read at the start, then written).
@@ -141,6 +152,7 @@ impl ExactlyOnce {
             interval: Duration::from_millis(interval_ms),
             max_records,
             open: None,
+            idle: Duration::ZERO,
             held: Vec::new(),
             committed,
             kind,
@@ -154,7 +166,27 @@ impl ExactlyOnce {
     /// When the loop must look again whether to close the open transaction.
     pub(super) fn due(&self, in_source_txn: bool) -> Option<Instant> {
         let Some((began, _)) = self.open else { return self.refresh_due() };
-        Some(began + if in_source_txn { SPLIT_AFTER } else { self.interval })
+        if in_source_txn {
+            return Some(began + SPLIT_AFTER);
+        }
+        // Whether to go on is decided once the interval is over, not before.
+        Some(began + if began.elapsed() < self.interval { self.interval } else { self.length(began) })
+    }
+
+    /// How long the open transaction (begun at `began`) goes on: see [`STRETCH`].
+    fn length(&self, began: Instant) -> Duration {
+        if self.idle * 2 < began.elapsed() {
+            self.interval.max((self.interval * STRETCH).min(STRETCH_CAP))
+        } else {
+            self.interval
+        }
+    }
+
+    /// The loop waited `waited` for the source.
+    pub(super) fn waited(&mut self, waited: Duration) {
+        if self.open.is_some() {
+            self.idle += waited;
+        }
     }
 
     /// When a record leaving out deleted rows is due, if one is.
@@ -169,7 +201,7 @@ impl ExactlyOnce {
         if in_source_txn {
             records >= self.max_records || age >= SPLIT_AFTER
         } else {
-            records >= self.max_records || age >= self.interval
+            records >= self.max_records || age >= self.length(began)
         }
     }
 
@@ -204,6 +236,7 @@ impl<P: Clone + std::fmt::Display + Send + Sync + 'static, K: Sink> Session<'_, 
         if eo.open.is_none() {
             self.sink.begin()?;
             eo.open = Some((Instant::now(), 0));
+            eo.idle = Duration::ZERO;
         }
         Ok(())
     }
@@ -359,5 +392,33 @@ impl<P: Clone + std::fmt::Display + Send + Sync + 'static, K: Sink> Session<'_, 
             }
             self.hot.kafka_aborts.increment(1);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_busy_stream_stretches_its_transactions_a_waiting_one_keeps_the_interval() {
+        let interval = Duration::from_millis(20);
+        let mut eo = ExactlyOnce::new(20, 10_000, "outbox-lsn", false, None);
+        let began = Instant::now();
+        eo.open = Some((began, 1));
+        assert_eq!(eo.due(false), Some(began + interval), "decided once the interval is over");
+        tokio::time::advance(interval).await;
+        eo.waited(Duration::from_millis(2));
+        assert!(!eo.should_close(false), "the loop hardly waited for the source: it goes on");
+        assert_eq!(eo.due(false), Some(began + interval * STRETCH));
+        tokio::time::advance(interval * (STRETCH - 1)).await;
+        assert!(eo.should_close(false));
+
+        let began = Instant::now();
+        eo.open = Some((began, 1));
+        eo.idle = Duration::ZERO;
+        tokio::time::advance(interval).await;
+        eo.waited(Duration::from_millis(15));
+        assert!(eo.should_close(false), "a stream that waits for changes keeps the interval");
+        assert_eq!(eo.due(true), Some(began + SPLIT_AFTER), "inside a source transaction: split only when long");
     }
 }

@@ -1,0 +1,75 @@
+//! How long the loop waited for its source: the time a future spent between answering
+//! "pending" and being polled again (or dropped), added to a counter.
+//!
+//! Work done inside a poll is not waiting; only the gaps are counted, so a source whose
+//! changes are always ready (a backlog) shows almost no wait however much it decodes.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::task::{Context, Poll};
+use tokio::time::Instant;
+
+/// See the module docs. `total` counts nanoseconds.
+pub(super) struct Waited<'a, F> {
+    inner: Pin<Box<F>>,
+    since: Option<Instant>,
+    total: &'a AtomicU64,
+}
+
+impl<'a, F: Future> Waited<'a, F> {
+    pub(super) fn new(inner: F, total: &'a AtomicU64) -> Self {
+        Self { inner: Box::pin(inner), since: None, total }
+    }
+}
+
+impl<F> Waited<'_, F> {
+    fn count(&mut self) {
+        if let Some(since) = self.since.take() {
+            self.total.fetch_add(since.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        }
+    }
+}
+
+impl<F: Future> Future for Waited<'_, F> {
+    type Output = F::Output;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        let this = &mut *self;
+        this.count();
+        match this.inner.as_mut().poll(cx) {
+            Poll::Pending => {
+                this.since = Some(Instant::now());
+                Poll::Pending
+            }
+            ready => ready,
+        }
+    }
+}
+
+impl<F> Drop for Waited<'_, F> {
+    fn drop(&mut self) {
+        self.count();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[tokio::test]
+    async fn counts_the_gaps_between_polls_not_the_work_inside_them() {
+        let total = AtomicU64::new(0);
+        // Ready at once: no wait, however long the poll itself takes.
+        Waited::new(async { std::thread::sleep(Duration::from_millis(20)) }, &total).await;
+        assert!(total.load(Ordering::Relaxed) < 5_000_000, "{}", total.load(Ordering::Relaxed));
+        Waited::new(tokio::time::sleep(Duration::from_millis(30)), &total).await;
+        assert!(total.load(Ordering::Relaxed) >= 25_000_000, "{}", total.load(Ordering::Relaxed));
+        // Dropped while pending: the wait so far counts.
+        let before = total.load(Ordering::Relaxed);
+        let _ =
+            tokio::time::timeout(Duration::from_millis(30), Waited::new(std::future::pending::<()>(), &total)).await;
+        assert!(total.load(Ordering::Relaxed) - before >= 25_000_000);
+    }
+}
