@@ -16,6 +16,7 @@ mod config_cli;
 mod coordination_fencing;
 mod coordination_ownership;
 mod coordination_workload;
+mod database_crash;
 mod exactly_once;
 mod examples;
 mod faults;

@@ -241,6 +241,9 @@ class Service:
     check: Callable[[], str | None]  # None when ready, else why not
     run_as: str | None = None
     stop_signal: int = signal.SIGTERM
+    # What a crash is: no shutdown work at all (PostgreSQL: its immediate shutdown, SIGQUIT,
+    # which ends the server's processes without a checkpoint, so the next start recovers).
+    crash_signal: int = signal.SIGKILL
     after_ready: Callable[[], None] | None = None
 
     @property
@@ -359,12 +362,13 @@ def wait_ready(svc: Service, deadline: float) -> None:
         f"log {svc.log}:\n{tail(svc.log)}")
 
 
-def stop(svc: Service) -> None:
+def stop(svc: Service, sig: int | None = None) -> None:
+    """Sends `sig` (the service's stop signal by default) and waits; SIGKILL after the deadline."""
     pid = svc.pid()
     if pid is None:
         svc.pidfile.unlink(missing_ok=True)
         return
-    os.kill(pid, svc.stop_signal)
+    os.kill(pid, svc.stop_signal if sig is None else sig)
     deadline = time.monotonic() + STOP_DEADLINE_S
     while time.monotonic() < deadline and svc.pid() is not None:
         time.sleep(0.1)
@@ -773,7 +777,7 @@ def kafka_check() -> str | None:
 
 SERVICES = [
     Service("postgres", PG_PORT, "OUTBOX_PG_PORT", pg_prepare, pg_command, pg_check,
-            run_as="postgres", stop_signal=signal.SIGINT),
+            run_as="postgres", stop_signal=signal.SIGINT, crash_signal=signal.SIGQUIT),
     Service("mariadb", MYSQL_PORT, "OUTBOX_MYSQL_PORT", mysql_prepare, mysql_command, mysql_check,
             run_as="mysql"),
     Service("kafka", KAFKA_PORT, "OUTBOX_KAFKA_PORT", kafka_prepare, kafka_command, kafka_check,
@@ -855,6 +859,17 @@ def cmd_down(names: list[str]) -> None:
             say(f"{svc.name:<9} was not running")
 
 
+def cmd_crash(names: list[str]) -> None:
+    """Ends services as a crash does (see `Service.crash_signal`); `up` starts them again."""
+    for svc in pick(names):
+        pid = svc.pid()
+        if pid is None:
+            say(f"{svc.name:<9} was not running")
+            continue
+        stop(svc, svc.crash_signal)
+        say(f"{svc.name:<9} crashed (pid {pid}, signal {signal.Signals(svc.crash_signal).name})")
+
+
 def cmd_status() -> int:
     print(f"{'service':<10} {'pid':>8} {'port':>6}  state")
     bad = 0
@@ -888,7 +903,7 @@ def kafka_tool(name: str, args: list[str]) -> int:
 
 
 def main(argv: list[str]) -> int:
-    usage = ("usage: scripts/services up [SERVICE…] | down [SERVICE…] | status | env\n"
+    usage = ("usage: scripts/services up [SERVICE…] | down [SERVICE…] | crash SERVICE… | status | env\n"
              "       SERVICE is postgres, mariadb, kafka or zookeeper (default: all)\n"
              "       scripts/services kafka-topics ARGS… | kafka-console-consumer ARGS…  (Kafka's own tools, "
              "--bootstrap-server is added)")
@@ -896,7 +911,7 @@ def main(argv: list[str]) -> int:
     STATE = resolve_state()
     if argv and argv[0] in KAFKA_TOOLS:
         return kafka_tool(argv[0], argv[1:])
-    if not argv or (len(argv) > 1 and argv[0] not in ("up", "down")):
+    if not argv or (len(argv) > 1 and argv[0] not in ("up", "down", "crash")):
         print(usage, file=sys.stderr)
         return 2
     cmd = argv[0]
@@ -904,6 +919,8 @@ def main(argv: list[str]) -> int:
         cmd_up(argv[1:])
     elif cmd == "down":
         cmd_down(argv[1:])
+    elif cmd == "crash" and len(argv) > 1:
+        cmd_crash(argv[1:])
     elif cmd == "status":
         return cmd_status()
     elif cmd == "env":
