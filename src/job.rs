@@ -34,7 +34,7 @@ use crate::streamer::{StreamLabels, StreamMemory, run_session};
 
 const BACKOFF_START: Duration = Duration::from_millis(250);
 const BACKOFF_MAX: Duration = Duration::from_secs(30);
-/// A session that lasted this long resets the backoff.
+/// A session that lasted this long, or that published and deleted rows, resets the backoff.
 const BACKOFF_RESET_AFTER: Duration = Duration::from_secs(60);
 /// How soon a session first retries a slot held by another session; the interval doubles up
 /// to [`BUSY_RETRY_MAX`] (or [`BUSY_RETRY_MAX_OWNED`] under coordination).
@@ -229,6 +229,8 @@ async fn stream_task<S, F, Fut>(
         // that cleared it and halted again soon after keeps the grown interval, so a halt that
         // only seemed to clear cannot retry at the first interval for ever.
         let by_broker = result.as_ref().is_err_and(Error::by_broker);
+        // Taken, so a failed connect after it does not count as getting through.
+        let progressed = std::mem::take(&mut memory.progressed);
         let error = match result {
             Ok(()) => None,
             Err(e) => Some((policy(e.kind(), Phase::Streaming), e.to_string())),
@@ -283,7 +285,9 @@ async fn stream_task<S, F, Fut>(
                 back_off(&mut wait, &mut stop).await;
             }
             Action::BackOff => {
-                if started.elapsed() > BACKOFF_RESET_AFTER {
+                // A session that got through (a database restart ended it, say) is not part of
+                // a run of failures: the next attempt comes soon.
+                if started.elapsed() > BACKOFF_RESET_AFTER || progressed {
                     backoff = BACKOFF_START;
                 }
                 metrics::counter!(m::ERRORS, "source" => labels.source.clone(), "shard" => labels.id.shard.to_string(), "partition" => labels.id.partition.to_string(), "kind" => "source").increment(1);

@@ -141,6 +141,9 @@ pub(crate) struct StreamMemory<P> {
     /// Exactly-once: rows Kafka refused on their own, with the refusal; their transaction
     /// was aborted, and the next session dead-letters them without sending them again.
     refused: std::collections::HashMap<i64, String>,
+    /// The last session deleted rows it had published: it got through (the runner then
+    /// retries a later failure soon again rather than after a grown backoff).
+    pub progressed: bool,
 }
 
 /// More distinct topics than this and [`StreamMemory::topics_ok`] starts over (each topic is
@@ -157,6 +160,7 @@ impl<P> Default for StreamMemory<P> {
             last_halt: None,
             topics_ok: HashSet::new(),
             refused: std::collections::HashMap::new(),
+            progressed: false,
         }
     }
 }
@@ -201,6 +205,7 @@ pub(crate) async fn run_session<S: Source, K: Sink>(
     memory: &mut StreamMemory<S::Position>,
 ) -> Result<(), Error> {
     memory.last_halt = None;
+    memory.progressed = false;
     tracing::debug!(sink = K::NAME, transactional = sink.transactional(), "session starts");
     let eo = match exactly_once::start(labels, settings, &mut source, sink).await {
         Ok(eo) => eo,
