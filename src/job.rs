@@ -291,7 +291,9 @@ async fn stream_task<S, F, Fut>(
                     backoff = BACKOFF_START;
                 }
                 metrics::counter!(m::ERRORS, "source" => labels.source.clone(), "shard" => labels.id.shard.to_string(), "partition" => labels.id.partition.to_string(), "kind" => "source").increment(1);
-                set_state(&labels, &metric_labels, state::RETRYING, Some(&msg));
+                // `status` and `/readyz` tell an unreachable database from a halt at a glance.
+                let reason = if at_connect { format!("database unreachable: {msg}") } else { msg.clone() };
+                set_state(&labels, &metric_labels, state::RETRYING, Some(&reason));
                 tracing::warn!(error = %msg, retry_in_ms = backoff.as_millis() as u64, "stream interrupted; resuming from the last confirmed position");
                 back_off(&mut backoff, &mut stop).await;
             }

@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::support::database::Database;
-use crate::support::metrics::{sample, try_get};
+use crate::support::metrics::{sample, try_get, try_get_any};
 use crate::support::streamer::Running;
 use crate::support::world::{ARRIVAL, World};
 use crate::support::{kafka, services, wait_until};
@@ -146,6 +146,12 @@ where
         let at = published(&streamer).await + 100.0 + (seed % 300) as f64;
         streamer.wait_for_metric("outbox_published_records_total", &[], at, ARRIVAL).await;
         services(&[how, service]);
+        // While the server is away, `/readyz` says so (not ready, and why).
+        wait_until("/readyz to name the unreachable database", ARRIVAL, || async {
+            let (status, body) = try_get_any(streamer.metrics_addr(), "/readyz").await?;
+            (status == 503 && body.contains("retrying (database unreachable: ")).then_some(())
+        })
+        .await;
         services(&["up", service]);
         let restarted = Instant::now();
         let before = published(&streamer).await;

@@ -3,7 +3,6 @@
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_postgres::types::ToSql;
 
 use crate::support::streamer::Running;
@@ -17,16 +16,7 @@ async fn get(addr: SocketAddr, path: &str) -> (u16, String) {
     try_get(addr, path).await.unwrap_or_else(|| panic!("no answer to GET {path} from {addr}"))
 }
 
-/// (status code, body) of `GET path`, or `None` while nothing answers.
-async fn try_get(addr: SocketAddr, path: &str) -> Option<(u16, String)> {
-    let mut conn = tokio::net::TcpStream::connect(addr).await.ok()?;
-    conn.write_all(format!("GET {path} HTTP/1.1\r\nHost: test\r\n\r\n").as_bytes()).await.ok()?;
-    let mut text = String::new();
-    conn.read_to_string(&mut text).await.ok()?;
-    let status = text.split_whitespace().nth(1).and_then(|s| s.parse().ok())?;
-    let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
-    Some((status, body))
-}
+use crate::support::metrics::try_get_any as try_get;
 
 fn free_addr() -> SocketAddr {
     std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap()

@@ -9,14 +9,21 @@ pub(crate) fn free_addr() -> SocketAddr {
     std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap()
 }
 
-/// The body of `GET path` when it answers 200, or `None` while nothing answers.
-pub(crate) async fn try_get(addr: SocketAddr, path: &str) -> Option<String> {
+/// (status code, body) of `GET path`, or `None` while nothing answers.
+pub(crate) async fn try_get_any(addr: SocketAddr, path: &str) -> Option<(u16, String)> {
     let mut conn = tokio::net::TcpStream::connect(addr).await.ok()?;
     conn.write_all(format!("GET {path} HTTP/1.1\r\nHost: test\r\n\r\n").as_bytes()).await.ok()?;
     let mut text = String::new();
     conn.read_to_string(&mut text).await.ok()?;
-    let status: u16 = text.split_whitespace().nth(1).and_then(|s| s.parse().ok())?;
-    (status == 200).then(|| text.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default())
+    let status = text.split_whitespace().nth(1).and_then(|s| s.parse().ok())?;
+    let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
+    Some((status, body))
+}
+
+/// The body of `GET path` when it answers 200, or `None` while nothing answers.
+pub(crate) async fn try_get(addr: SocketAddr, path: &str) -> Option<String> {
+    let (status, body) = try_get_any(addr, path).await?;
+    (status == 200).then_some(body)
 }
 
 /// The value of the sample `name` whose labels include every one of `labels`, in the
