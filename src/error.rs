@@ -42,12 +42,15 @@ pub struct Error {
     context: String,
     /// What the operator does about it; set on definite errors.
     fix: Option<String>,
+    /// Set by [`Self::connecting`]: the failure was opening a connection, before any
+    /// statement ran, so `status` and `/readyz` can say "database unreachable".
+    connecting: bool,
     source: Option<Box<dyn std::error::Error + Send + Sync>>,
 }
 
 impl Error {
     fn new(kind: Kind, context: impl Into<String>) -> Self {
-        Self { kind, context: context.into(), fix: None, source: None }
+        Self { kind, context: context.into(), fix: None, connecting: false, source: None }
     }
 
     /// See [`Kind::Transient`].
@@ -101,6 +104,18 @@ impl Error {
     pub(crate) fn with_source(mut self, cause: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> Self {
         self.source = Some(cause.into());
         self
+    }
+
+    /// Marks the failure as one of opening a connection (refused, reset, timed out, the
+    /// server starting up or shutting down), not of a statement run on an open one.
+    pub(crate) fn connecting(mut self) -> Self {
+        self.connecting = true;
+        self
+    }
+
+    /// Whether [`Self::connecting`] marked this error.
+    pub(crate) fn while_connecting(&self) -> bool {
+        self.connecting
     }
 
     pub(crate) fn kind(&self) -> Kind {

@@ -34,7 +34,7 @@ use crate::streamer::{StreamLabels, StreamMemory, run_session};
 
 const BACKOFF_START: Duration = Duration::from_millis(250);
 const BACKOFF_MAX: Duration = Duration::from_secs(30);
-/// A session that lasted this long, or that published and deleted rows, resets the backoff.
+/// A session that lasted this long resets the backoff.
 const BACKOFF_RESET_AFTER: Duration = Duration::from_secs(60);
 /// How soon a session first retries a slot held by another session; the interval doubles up
 /// to [`BUSY_RETRY_MAX`] (or [`BUSY_RETRY_MAX_OWNED`] under coordination).
@@ -200,7 +200,8 @@ async fn stream_task<S, F, Fut>(
             Ok(result) => result,
             Err(_) => Err(Error::transient(format!(
                 "connecting took longer than {CONNECT_TIMEOUT:?}; the database link is presumed dead"
-            ))),
+            ))
+            .connecting()),
         };
         let at_connect = connected.is_err();
         let result = match connected {
@@ -229,6 +230,7 @@ async fn stream_task<S, F, Fut>(
         // that cleared it and halted again soon after keeps the grown interval, so a halt that
         // only seemed to clear cannot retry at the first interval for ever.
         let by_broker = result.as_ref().is_err_and(Error::by_broker);
+        let unreachable = result.as_ref().is_err_and(Error::while_connecting);
         // Taken, so a failed connect after it does not count as getting through.
         let progressed = std::mem::take(&mut memory.progressed);
         let error = match result {
@@ -287,12 +289,14 @@ async fn stream_task<S, F, Fut>(
             Action::BackOff => {
                 // A session that got through (a database restart ended it, say) is not part of
                 // a run of failures: the next attempt comes soon.
+                // (Each such session removed rows from the table or moved the position on: a
+                // run of them ends, it cannot reconnect quickly for ever without progress.)
                 if started.elapsed() > BACKOFF_RESET_AFTER || progressed {
                     backoff = BACKOFF_START;
                 }
                 metrics::counter!(m::ERRORS, "source" => labels.source.clone(), "shard" => labels.id.shard.to_string(), "partition" => labels.id.partition.to_string(), "kind" => "source").increment(1);
                 // `status` and `/readyz` tell an unreachable database from a halt at a glance.
-                let reason = if at_connect { format!("database unreachable: {msg}") } else { msg.clone() };
+                let reason = if unreachable { format!("database unreachable: {msg}") } else { msg.clone() };
                 set_state(&labels, &metric_labels, state::RETRYING, Some(&reason));
                 tracing::warn!(error = %msg, retry_in_ms = backoff.as_millis() as u64, "stream interrupted; resuming from the last confirmed position");
                 back_off(&mut backoff, &mut stop).await;

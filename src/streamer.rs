@@ -36,10 +36,11 @@ use crate::halt::HaltPoint;
 use crate::lease::OwnerLease;
 use crate::metrics as m;
 use crate::names::StreamId;
-use crate::record::{InvalidRow, OutboxRecord};
+use crate::record::OutboxRecord;
 use crate::sink::{Failure, Sink, Verdict};
 use crate::source::{Source, SourceEvent};
-use crate::sweep::{Step, Sweep};
+use crate::sweep::Sweep;
+use bad_rows::DeadLetter;
 use cleanup::{Cleaning, running};
 use exactly_once::ExactlyOnce;
 use handoff::{Body, InFlight, Pending};
@@ -141,8 +142,9 @@ pub(crate) struct StreamMemory<P> {
     /// Exactly-once: rows Kafka refused on their own, with the refusal; their transaction
     /// was aborted, and the next session dead-letters them without sending them again.
     refused: std::collections::HashMap<i64, String>,
-    /// The last session deleted rows it had published: it got through (the runner then
-    /// retries a later failure soon again rather than after a grown backoff).
+    /// The last session finished a prefix it had published (rows deleted, or with `wal`
+    /// storage the position stored): it got through. The runner then retries a later failure
+    /// soon again rather than after a grown backoff.
     pub progressed: bool,
 }
 
@@ -337,36 +339,6 @@ impl HotMetrics {
             kafka_aborts: counter!(m::KAFKA_TXN_ABORTS, labels),
             kafka_commit_seconds: histogram!(m::KAFKA_TXN_COMMIT_SECONDS, labels),
             replayed: counter!(m::SKIPPED_REPLAYED_ROWS, labels),
-        }
-    }
-}
-
-/// A row to copy to the dead-letter topic: its raw values and why.
-struct DeadLetter {
-    seq: TxnSeq,
-    id: i64,
-    reason: String,
-    topic: Option<Vec<u8>>,
-    key: Option<Vec<u8>>,
-    payload: Option<Vec<u8>>,
-    /// The row's headers when they were valid.
-    headers: Vec<(String, Vec<u8>)>,
-    /// The `headers` column's text when it was not.
-    raw_headers: Option<Vec<u8>>,
-}
-
-impl DeadLetter {
-    /// The copy of a well-formed record the broker refused.
-    fn of(seq: TxnSeq, reason: String, record: OutboxRecord) -> Self {
-        Self {
-            seq,
-            id: record.id,
-            reason,
-            topic: Some(record.topic.into_bytes()),
-            key: record.key,
-            payload: record.payload,
-            headers: record.headers,
-            raw_headers: None,
         }
     }
 }
@@ -683,138 +655,6 @@ impl<P: Clone + std::fmt::Display + Send + Sync + 'static, K: Sink> Session<'_, 
         }
     }
 
-    /// A row the log holds in a form that cannot be published. Under `halt` the table decides
-    /// first — the operator's fix is made there: a row deleted since is skipped, a row fixed
-    /// since is published with its current values, a row still bad halts the stream.
-    async fn on_invalid_row<S: Source<Position = P>>(
-        &mut self,
-        source: &mut S,
-        seq: TxnSeq,
-        invalid: InvalidRow,
-    ) -> Result<(), Error> {
-        counter!(m::ERRORS, &kind_labels(&self.metric_labels, "bad_row")).increment(1);
-        if let (Some(id), Some(at)) = (invalid.id, &invalid.message_at)
-            && self.settings.on_bad_row == BadRowPolicy::Halt
-        {
-            // A WAL-only message is in no table: it cannot be fixed in place, only discarded.
-            // PostgreSQL's halt names the LSN; `skip --message` takes it, or the outbox-id.
-            let target = at.strip_prefix("LSN ").map_or_else(|| id.to_string(), str::to_string);
-            return Err(self.halt_at(
-                Some(id),
-                "",
-                &format!("{invalid} (a WAL-only message of {})", self.labels.table),
-                &format!(
-                    "discard it with `outbox-streamer skip --stream {}/{} --message {target}` (it is not published), or set on_bad_row = \"dead-letter\"; a message written by hand must follow the envelope in docs/configure-postgres.md",
-                    self.labels.source, self.labels.id
-                ),
-            ));
-        }
-        let Some(id) = invalid.id else {
-            return Err(self.halt(
-                None,
-                &format!("in transaction {}: {invalid}", self.label),
-                &format!(
-                    "restore the table's columns as `outbox-streamer setup --dry-run` shows; rows logged without a readable id cannot be published: discard them with `outbox-streamer skip --stream {}/{} --transaction {}`",
-                    self.labels.source, self.labels.id, self.label
-                ),
-            ));
-        };
-        match self.settings.on_bad_row {
-            BadRowPolicy::Halt => match source.current_rows(&[id]).await?.pop() {
-                None => {
-                    counter!(m::SKIPPED_ROWS, &kind_labels(&self.metric_labels, "deleted_bad_row")).increment(1);
-                    tracing::warn!(
-                        row_id = id,
-                        column = invalid.column,
-                        "a row the log holds in a form that cannot be published is no longer in the table; skipped"
-                    );
-                    self.tracker.skipped(seq);
-                    self.memory.past_halted_row(self.labels, Some(id));
-                    Ok(())
-                }
-                Some(Ok(current)) => {
-                    tracing::warn!(
-                        row_id = id,
-                        column = invalid.column,
-                        "a row the log holds in a form that cannot be published was fixed in the table; publishing its current values"
-                    );
-                    self.publish(seq, current).await
-                }
-                Some(Err(still)) => Err(self.halt(
-                    Some(id),
-                    &still.to_string(),
-                    &format!(
-                        "fix the row (UPDATE {table} SET … WHERE id = {id}) or delete it, then restart; or discard it with `outbox-streamer skip --stream {}/{} --id {id}`; or set on_bad_row = \"dead-letter\"",
-                        self.labels.source,
-                        self.labels.id,
-                        table = self.labels.table
-                    ),
-                )),
-            },
-            BadRowPolicy::DeadLetter => {
-                self.tracker.sent(seq, invalid.message_at.is_none().then_some(id));
-                let raw = invalid.raw.as_deref().cloned().unwrap_or_default();
-                let copy = DeadLetter {
-                    seq,
-                    id,
-                    reason: invalid.to_string(),
-                    topic: raw.topic,
-                    key: raw.key,
-                    payload: raw.payload,
-                    headers: Vec::new(),
-                    raw_headers: raw.headers,
-                };
-                self.dead_letter(copy).await
-            }
-        }
-    }
-
-    /// Sends a bad row to the dead-letter topic with its raw key and payload, its original
-    /// topic and the reason; the copy's acknowledgement completes the row. A copy the sink
-    /// refuses halts the stream with the row left in the table.
-    async fn dead_letter(&mut self, copy: DeadLetter) -> Result<(), Error> {
-        let topic = self.settings.dead_letter_topic.clone().expect("validated: dead-letter policy names a topic");
-        tracing::warn!(row_id = copy.id, dead_letter_topic = %topic, "bad row sent to the dead-letter topic");
-        let mut headers = copy.headers;
-        headers.push(("outbox-dead-letter-reason".into(), copy.reason.into_bytes()));
-        if let Some(original) = copy.topic {
-            headers.push(("outbox-original-topic".into(), original));
-        }
-        if let Some(raw) = copy.raw_headers {
-            headers.push(("outbox-original-headers".into(), raw));
-        }
-        let weight = 64 + copy.key.as_ref().map_or(0, Vec::len) + copy.payload.as_ref().map_or(0, Vec::len);
-        let meta = Meta {
-            seq: copy.seq,
-            id: copy.id,
-            weight,
-            created_at_micros: None,
-            kind: Kind::DeadLetter,
-            alone: true,
-            confirms_topic: None,
-            record: None,
-        };
-        self.in_flight_bytes += weight;
-        let body = Body::Copy { topic, key: copy.key, payload: copy.payload, headers };
-        // A copy the sink refuses halts in `try_offer`; only a row comes back refused.
-        self.offer(Pending { meta, body, label: None })?;
-        self.update_gauges();
-        Ok(())
-    }
-
-    /// A halt at row `id` (if the halt is about one): the message, and where the next
-    /// session picks up (see [`StreamMemory::take_halt_point`]).
-    fn halt(&mut self, id: Option<i64>, reason: &str, fix: &str) -> Error {
-        let row = id.map_or_else(String::new, |id| format!("at row id={id} of {}: ", self.labels.table));
-        self.halt_at(id, &row, reason, fix)
-    }
-
-    /// [`Self::halt`] with the place (`at row id=… of …: `) said by the caller.
-    fn halt_at(&mut self, id: Option<i64>, place: &str, reason: &str, fix: &str) -> Error {
-        self.memory.last_halt = Some(HaltPoint { row: id, ..HaltPoint::default() });
-        Error::definite(format!("{place}{reason}"), fix)
-    }
-
     /// Whether the cluster has not shown `topic` ready yet: looked up once per session until
     /// it does (or a record to it is acknowledged). A metadata lookup that fails counts as
     /// ready: Kafka unreachable ends the session anyway, and a record's own error still halts.
@@ -837,56 +677,6 @@ impl<P: Clone + std::fmt::Display + Send + Sync + 'static, K: Sink> Session<'_, 
             self.memory.topics_ok.clear();
         }
         self.memory.topics_ok.insert(topic);
-    }
-
-    /// One step of the sweep (see [`crate::sweep`]); runs between transactions.
-    async fn sweep<S: Source<Position = P>>(&mut self, source: &mut S) -> Result<(), Error> {
-        match self.sweep.step(self.done.as_ref(), S::reached) {
-            Step::Wait => Ok(()),
-            Step::Probe { below } => {
-                let probe = source.probe(below, crate::sweep::CANDIDATE_LIMIT).await?;
-                self.sweep.probed(probe);
-                Ok(())
-            }
-            Step::Check(candidates) => {
-                let stranded = source.existing(&candidates).await?;
-                self.sweep.checked();
-                if stranded.is_empty() {
-                    return Ok(());
-                }
-                self.publish_stranded(source, stranded).await
-            }
-        }
-    }
-
-    /// Publishes rows the log never carried as one more transaction at the stream's current
-    /// position (the last transaction read, or the idle position confirmed), so their delete
-    /// is stored like any other.
-    async fn publish_stranded<S: Source<Position = P>>(&mut self, source: &mut S, ids: Vec<i64>) -> Result<(), Error> {
-        let Some(position) = self.last_position.clone().or_else(|| self.done.clone()) else { return Ok(()) };
-        let rows = source.current_rows(&ids).await?;
-        if rows.is_empty() {
-            return Ok(());
-        }
-        let first: Vec<i64> = ids.iter().take(10).copied().collect();
-        tracing::warn!(
-            rows = rows.len(),
-            first_ids = ?first,
-            "rows stayed in the table after the stream passed every commit that could hold them (a statement-logged session, sql_log_bin=0, rows written before the slot existed); publishing them now, after rows committed later"
-        );
-        counter!(m::SWEPT_ROWS, &self.metric_labels).increment(rows.len() as u64);
-        let seq = self.tracker.begin();
-        self.open = Some(seq);
-        self.label = position.to_string();
-        for row in rows {
-            match row {
-                Ok(record) => self.publish(seq, record).await?,
-                Err(invalid) => self.on_invalid_row(source, seq, invalid).await?,
-            }
-        }
-        self.open = None;
-        self.tracker.commit(seq, position);
-        Ok(())
     }
 
     /// After the main loop: wait for records already handed to Kafka (bounded by the message
@@ -961,9 +751,11 @@ pub(crate) fn kind_labels(base: &[(&'static str, String); 3], kind: &'static str
     [a, b, c, ("kind", kind.to_string())]
 }
 
+mod bad_rows;
 mod cleanup;
 mod exactly_once;
 mod handoff;
+mod stranded;
 #[cfg(test)]
 mod tests;
 mod waited;

@@ -17,6 +17,7 @@ mod coordination_fencing;
 mod coordination_ownership;
 mod coordination_workload;
 mod database_crash;
+mod database_failover;
 mod exactly_once;
 mod examples;
 mod faults;

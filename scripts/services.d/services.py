@@ -10,6 +10,10 @@ Contract:
   * `env` prints `export NAME=value` lines; tests, the demo and the benchmarks read only these.
   * `down` stops only the processes `up` started, by the pid it recorded.
   * `status` shows each service, its pid, its port and whether it answers.
+  * A PostgreSQL streaming standby (`postgres-standby`) and a MariaDB GTID replica
+    (`mariadb-replica`) start only when named, each cloned from its primary at that moment;
+    `promote` turns one into a primary, and `down` of one throws its data away (the next `up`
+    clones the primary again).
 
 Nothing here touches a system-wide service: packages are installed with service start-up
 suppressed, and every server runs from a data directory under the scratch directory.
@@ -89,6 +93,9 @@ def port(var: str, default: int) -> int:
 
 PG_PORT = port("OUTBOX_PG_PORT", 25432)
 MYSQL_PORT = port("OUTBOX_MYSQL_PORT", 23306)
+# The failover tests' standby and replica: started only when named, next to their primary.
+PG_STANDBY_PORT = port("OUTBOX_PG_STANDBY_PORT", PG_PORT + 1)
+MYSQL_REPLICA_PORT = port("OUTBOX_MYSQL_REPLICA_PORT", MYSQL_PORT + 1)
 KAFKA_PORT = port("OUTBOX_KAFKA_PORT", 29092)
 KAFKA_CONTROLLER_PORT = port("OUTBOX_KAFKA_CONTROLLER_PORT", 29093)
 # A second listener that requires SASL (SCRAM-SHA-256 or PLAIN) as user KAFKA_SASL_USER.
@@ -245,6 +252,8 @@ class Service:
     # which ends the server's processes without a checkpoint, so the next start recovers).
     crash_signal: int = signal.SIGKILL
     after_ready: Callable[[], None] | None = None
+    # Started only when named (`up postgres-standby`); its data goes with `down`.
+    disposable: bool = False
 
     @property
     def dir(self) -> Path:
@@ -484,20 +493,27 @@ def pg_init(data: Path) -> None:
             conf.write(line + "\n")
 
 
-def pg_command() -> list[str]:
-    tls = STATE / "postgres" / "tls"
-    return [str(PG_BIN / "postgres"), "-D", str(STATE / "postgres" / "data"), "-p", str(PG_PORT),
+def pg_command(name: str = "postgres", pg_port: int = PG_PORT, sync_names: str = "outbox_standby") -> list[str]:
+    tls = STATE / name / "tls"
+    return [str(PG_BIN / "postgres"), "-D", str(STATE / name / "data"), "-p", str(pg_port),
             "-c", "ssl=on", "-c", f"ssl_cert_file={tls / 'server.pem'}", "-c", f"ssl_key_file={tls / 'server.key'}",
             "-c", f"ssl_ca_file={tls / 'ca.pem'}",
             # Two-phase transactions (PREPARE TRANSACTION) are part of the tested workload.
             "-c", "max_prepared_transactions=16",
             # Test slots are dropped when the next test process starts; a full run needs more
             # than 64 of them at once.
-            "-c", "max_replication_slots=256", "-c", "max_wal_senders=128"]
+            "-c", "max_replication_slots=256", "-c", "max_wal_senders=128",
+            # The standby is synchronous for the sessions that ask (`SET synchronous_commit =
+            # on`: the failover tests' writers); every other session commits locally, as it
+            # would with no standby at all.
+            "-c", f"synchronous_standby_names={sync_names}", "-c", "synchronous_commit=local"]
 
 
-def psql(sql: str, db: str = "postgres") -> subprocess.CompletedProcess:
-    return run(["psql", "-X", "-v", "ON_ERROR_STOP=1", "-h", "127.0.0.1", "-p", str(PG_PORT), "-U", PG_USER,
+PG_STANDBY_NAME = "outbox_standby"
+
+
+def psql(sql: str, db: str = "postgres", pg_port: int = PG_PORT) -> subprocess.CompletedProcess:
+    return run(["psql", "-X", "-v", "ON_ERROR_STOP=1", "-h", "127.0.0.1", "-p", str(pg_port), "-U", PG_USER,
                 "-d", db, "-Atc", sql], env=dict(os.environ, PGPASSWORD=password("postgres"), PGCONNECT_TIMEOUT="2"))
 
 
@@ -510,23 +526,62 @@ def pg_check() -> str | None:
     return None
 
 
+def pg_standby_prepare() -> None:
+    """A fresh base backup of the running primary, set to stream from it as PG_STANDBY_NAME."""
+    base = STATE / "postgres-standby"
+    tls_copy(base, ["server.pem", "server.key", "ca.pem"])
+    data = base / "data"
+    if (data / "PG_VERSION").exists():
+        return
+    if pg_check() is not None:
+        raise ServiceError("postgres-standby: the primary (postgres) must run first: scripts/services up postgres")
+    shutil.rmtree(data, ignore_errors=True)
+    chown_tree(base, "postgres")
+    cmd = [str(PG_BIN / "pg_basebackup"), "-h", "127.0.0.1", "-p", str(PG_PORT), "-U", PG_USER, "-D", str(data),
+           "-X", "stream", "--checkpoint=fast", "--no-sync"]
+    if IS_ROOT:
+        cmd = ["runuser", "-u", "postgres", "--", *cmd]
+    r = run(cmd, env=dict(os.environ, PGPASSWORD=password("postgres")))
+    if r.returncode != 0:
+        raise ServiceError(f"postgres-standby: pg_basebackup failed:\n{r.stdout[-2000:]}{r.stderr[-2000:]}")
+    conninfo = (f"host=127.0.0.1 port={PG_PORT} user={PG_USER} password={password('postgres')} "
+                f"application_name={PG_STANDBY_NAME}")
+    with open(data / "postgresql.auto.conf", "a") as conf:
+        conf.write(f"primary_conninfo = '{conninfo}'\n")
+    (data / "standby.signal").write_text("")
+    os.chmod(data, 0o700)
+
+
+def pg_standby_check() -> str | None:
+    r = psql("SELECT 1", pg_port=PG_STANDBY_PORT)
+    if r.returncode != 0:
+        return r.stderr.strip().splitlines()[-1] if r.stderr.strip() else "psql failed"
+    return None
+
+
+def pg_standby_promote() -> None:
+    r = psql("SELECT pg_promote(true, 60)", pg_port=PG_STANDBY_PORT)
+    if r.returncode != 0 or r.stdout.strip() != "t":
+        raise ServiceError(f"postgres-standby: promotion failed: {r.stdout.strip()} {r.stderr.strip()}")
+
+
 # ---------------------------------------------------------------- MariaDB
 
 MYSQL_USER = "outbox_admin"
 
 
-def mysql_sock() -> Path:
-    return STATE / "mariadb" / "mysqld.sock"
+def mysql_sock(name: str = "mariadb") -> Path:
+    return STATE / name / "mysqld.sock"
 
 
-def mysql_prepare() -> None:
-    data = STATE / "mariadb" / "data"
-    (STATE / "mariadb" / "binlog").mkdir(parents=True, exist_ok=True)
-    tls_copy(STATE / "mariadb", ["server.pem", "server.key", "ca.pem"])
+def mysql_prepare(name: str = "mariadb") -> None:
+    data = STATE / name / "data"
+    (STATE / name / "binlog").mkdir(parents=True, exist_ok=True)
+    tls_copy(STATE / name, ["server.pem", "server.key", "ca.pem"])
     if (data / "mysql").exists():
         return
     data.mkdir(parents=True, exist_ok=True)
-    chown_tree(STATE / "mariadb", "mysql")
+    chown_tree(STATE / name, "mysql")
     socket_user = "root" if IS_ROOT else pwd.getpwuid(os.geteuid()).pw_name
     cmd = ["mariadb-install-db", "--no-defaults", f"--datadir={data}", "--auth-root-authentication-method=socket",
            f"--auth-root-socket-user={socket_user}", "--skip-test-db"]
@@ -537,11 +592,11 @@ def mysql_prepare() -> None:
         raise ServiceError(f"mariadb: mariadb-install-db failed:\n{result.stdout[-3000:]}{result.stderr[-3000:]}")
 
 
-def mysql_command() -> list[str]:
-    base = STATE / "mariadb"
-    cmd = ["/usr/sbin/mariadbd", "--no-defaults", f"--datadir={base / 'data'}", f"--port={MYSQL_PORT}",
-           "--bind-address=127.0.0.1", f"--socket={mysql_sock()}", f"--pid-file={base / 'mariadbd.pid'}",
-           f"--log-bin={base / 'binlog' / 'mariadb-bin'}", "--server-id=1", "--binlog-format=ROW",
+def mysql_command(name: str = "mariadb", my_port: int = MYSQL_PORT, server_id: int = 1) -> list[str]:
+    base = STATE / name
+    cmd = ["/usr/sbin/mariadbd", "--no-defaults", f"--datadir={base / 'data'}", f"--port={my_port}",
+           "--bind-address=127.0.0.1", f"--socket={mysql_sock(name)}", f"--pid-file={base / 'mariadbd.pid'}",
+           f"--log-bin={base / 'binlog' / 'mariadb-bin'}", f"--server-id={server_id}", "--binlog-format=ROW",
            "--binlog-row-image=FULL", "--binlog-row-metadata=FULL", "--sync-binlog=1",
            "--innodb-flush-log-at-trx-commit=1", "--gtid-strict-mode=ON", "--log-bin-compress=OFF",
            "--binlog-expire-logs-seconds=86400",
@@ -554,11 +609,13 @@ def mysql_command() -> list[str]:
     return cmd
 
 
-def mysql_query(sql: str, admin: bool = True) -> subprocess.CompletedProcess:
+def mysql_query(sql: str, admin: bool = True, name: str = "mariadb", my_port: int = MYSQL_PORT,
+                headers: bool = False) -> subprocess.CompletedProcess:
     if admin:
-        return run(["mariadb", "--no-defaults", "-h", "127.0.0.1", "-P", str(MYSQL_PORT), "-u", MYSQL_USER,
-                    "--connect-timeout=2", "-N", "-B", "-e", sql], env=dict(os.environ, MYSQL_PWD=password("mariadb")))
-    return run(["mariadb", "--no-defaults", f"--socket={mysql_sock()}", "-u", "root", "--connect-timeout=2",
+        return run(["mariadb", "--no-defaults", "-h", "127.0.0.1", "-P", str(my_port), "-u", MYSQL_USER,
+                    "--connect-timeout=2", *([] if headers else ["-N"]), "-B", "-e", sql],
+                   env=dict(os.environ, MYSQL_PWD=password("mariadb")))
+    return run(["mariadb", "--no-defaults", f"--socket={mysql_sock(name)}", "-u", "root", "--connect-timeout=2",
                 "-N", "-B", "-e", sql])
 
 
@@ -578,14 +635,88 @@ def mysql_check() -> str | None:
     return None
 
 
-def mysql_create_admin() -> None:
+def mysql_create_admin(name: str = "mariadb", logged: bool = True) -> None:
     pw = password("mariadb").replace("'", "''")
-    sql = (f"CREATE USER IF NOT EXISTS '{MYSQL_USER}'@'127.0.0.1' IDENTIFIED BY '{pw}'; "
+    # A replica's own writes would give it transactions its primary never had.
+    sql = ("" if logged else "SET SESSION sql_log_bin = 0; ") + (
+           f"CREATE USER IF NOT EXISTS '{MYSQL_USER}'@'127.0.0.1' IDENTIFIED BY '{pw}'; "
            f"ALTER USER '{MYSQL_USER}'@'127.0.0.1' IDENTIFIED BY '{pw}'; "
            f"GRANT ALL PRIVILEGES ON *.* TO '{MYSQL_USER}'@'127.0.0.1' WITH GRANT OPTION;")
-    r = mysql_query(sql, admin=False)
+    r = mysql_query(sql, admin=False, name=name)
     if r.returncode != 0:
-        raise ServiceError(f"mariadb: could not create {MYSQL_USER}: {r.stderr.strip()}")
+        raise ServiceError(f"{name}: could not create {MYSQL_USER}: {r.stderr.strip()}")
+
+
+def mysql_replica_command() -> list[str]:
+    return [*mysql_command("mariadb-replica", MYSQL_REPLICA_PORT, 2),
+            # Its binlog carries what it applies (the primary's GTIDs): a streamer resumes on it
+            # by GTID after a promotion.
+            "--log-slave-updates=ON", "--read-only=ON",
+            # Acknowledges the primary's commits when the primary asks (semi-sync, switched on
+            # by the failover tests only).
+            "--rpl-semi-sync-slave-enabled=ON",
+            # It starts empty at the primary's position at that moment: writes to databases
+            # made before it (other tests') find no table here and are skipped.
+            "--slave-skip-errors=1049,1146"]
+
+
+def mysql_replica_check() -> str | None:
+    r = mysql_query("SELECT 1", my_port=MYSQL_REPLICA_PORT)
+    if r.returncode != 0:
+        root = mysql_query("SELECT 1", admin=False, name="mariadb-replica")
+        if root.returncode == 0:
+            mysql_create_admin("mariadb-replica", logged=False)
+            r = mysql_query("SELECT 1", my_port=MYSQL_REPLICA_PORT)
+        if r.returncode != 0:
+            return (r.stderr.strip() or "mariadb client failed").splitlines()[-1]
+    return None
+
+
+def mysql_replica_follow() -> None:
+    """Replicates from the primary by GTID, from the primary's position now (once)."""
+    status = mysql_query("SHOW SLAVE STATUS", my_port=MYSQL_REPLICA_PORT)
+    if status.stdout.strip():
+        return
+    if mysql_check() is not None:
+        raise ServiceError("mariadb-replica: the primary (mariadb) must run first: scripts/services up mariadb")
+    pos = mysql_query("SELECT @@gtid_binlog_pos")
+    if pos.returncode != 0:
+        raise ServiceError(f"mariadb-replica: reading the primary's position: {pos.stderr.strip()}")
+    pw = password("mariadb").replace("'", "''")
+    r = mysql_query(f"SET GLOBAL gtid_slave_pos = '{pos.stdout.strip()}'; "
+                    f"CHANGE MASTER TO MASTER_HOST='127.0.0.1', MASTER_PORT={MYSQL_PORT}, MASTER_USER='{MYSQL_USER}', "
+                    f"MASTER_PASSWORD='{pw}', MASTER_USE_GTID=slave_pos, MASTER_CONNECT_RETRY=1; START SLAVE",
+                    my_port=MYSQL_REPLICA_PORT)
+    if r.returncode != 0:
+        raise ServiceError(f"mariadb-replica: starting replication: {r.stderr.strip()}")
+    deadline = time.monotonic() + START_DEADLINE_S
+    while time.monotonic() < deadline:
+        r = mysql_query("SELECT VARIABLE_VALUE FROM information_schema.GLOBAL_STATUS "
+                        "WHERE VARIABLE_NAME = 'SLAVE_RUNNING'", my_port=MYSQL_REPLICA_PORT)
+        if r.stdout.strip() == "ON":
+            return
+        time.sleep(0.2)
+    raise ServiceError("mariadb-replica: replication did not start; SHOW SLAVE STATUS on it says why")
+
+
+def mysql_replica_promote() -> None:
+    """Applies what the replica received, stops replicating and accepts writes."""
+    r = mysql_query("STOP SLAVE IO_THREAD", my_port=MYSQL_REPLICA_PORT)
+    if r.returncode != 0:
+        raise ServiceError(f"mariadb-replica: STOP SLAVE IO_THREAD: {r.stderr.strip()}")
+    status = mysql_query("SHOW SLAVE STATUS", my_port=MYSQL_REPLICA_PORT, headers=True)
+    lines = status.stdout.splitlines()
+    if status.returncode != 0 or len(lines) < 2:
+        raise ServiceError(f"mariadb-replica: it does not replicate: {status.stderr.strip()}")
+    received = dict(zip(lines[0].split("\t"), lines[1].split("\t"))).get("Gtid_IO_Pos", "")
+    if received:
+        r = mysql_query(f"SELECT MASTER_GTID_WAIT('{received}', {START_DEADLINE_S:.0f})", my_port=MYSQL_REPLICA_PORT)
+        if r.returncode != 0 or r.stdout.strip() != "0":
+            raise ServiceError(f"mariadb-replica: what it received ({received}) was not applied in time: "
+                               f"{r.stdout.strip()} {r.stderr.strip()}")
+    r = mysql_query("STOP SLAVE; RESET SLAVE ALL; SET GLOBAL read_only = OFF", my_port=MYSQL_REPLICA_PORT)
+    if r.returncode != 0:
+        raise ServiceError(f"mariadb-replica: promotion failed: {r.stderr.strip()}")
 
 
 # ---------------------------------------------------------------- ZooKeeper
@@ -783,13 +914,23 @@ SERVICES = [
     Service("kafka", KAFKA_PORT, "OUTBOX_KAFKA_PORT", kafka_prepare, kafka_command, kafka_check,
             after_ready=kafka_scram_user),
     Service("zookeeper", ZK_PORT, "OUTBOX_ZK_PORT", zk_prepare, zk_command, zk_check),
+    Service("postgres-standby", PG_STANDBY_PORT, "OUTBOX_PG_STANDBY_PORT", pg_standby_prepare,
+            lambda: pg_command("postgres-standby", PG_STANDBY_PORT, sync_names=""), pg_standby_check,
+            run_as="postgres", stop_signal=signal.SIGINT, crash_signal=signal.SIGQUIT, disposable=True),
+    Service("mariadb-replica", MYSQL_REPLICA_PORT, "OUTBOX_MYSQL_REPLICA_PORT",
+            lambda: mysql_prepare("mariadb-replica"), mysql_replica_command, mysql_replica_check,
+            run_as="mysql", after_ready=mysql_replica_follow, disposable=True),
 ]
+
+PROMOTE = {"postgres-standby": pg_standby_promote, "mariadb-replica": mysql_replica_promote}
 
 
 def env_lines() -> list[str]:
     return [
         f"export OUTBOX_PG_URL=postgres://{PG_USER}:{password('postgres')}@127.0.0.1:{PG_PORT}/postgres",
         f"export OUTBOX_MYSQL_URL=mysql://{MYSQL_USER}:{password('mariadb')}@127.0.0.1:{MYSQL_PORT}/mysql",
+        f"export OUTBOX_PG_STANDBY_PORT={PG_STANDBY_PORT}",
+        f"export OUTBOX_MYSQL_REPLICA_PORT={MYSQL_REPLICA_PORT}",
         f"export OUTBOX_KAFKA_BROKERS=127.0.0.1:{KAFKA_PORT}",
         f"export OUTBOX_KAFKA_SASL_BROKERS=127.0.0.1:{KAFKA_SASL_PORT}",
         f"export OUTBOX_KAFKA_SASL_USER={KAFKA_SASL_USER}",
@@ -803,9 +944,10 @@ def env_lines() -> list[str]:
 
 
 def pick(names: list[str]) -> list[Service]:
-    """The named services (all when none are named); an unknown name is an error."""
+    """The named services (all but the disposable ones when none are named); an unknown name is
+    an error."""
     if not names:
-        return SERVICES
+        return [svc for svc in SERVICES if not svc.disposable]
     known = {svc.name: svc for svc in SERVICES}
     unknown = [n for n in names if n not in known]
     if unknown:
@@ -850,13 +992,33 @@ def cmd_up(names: list[str]) -> None:
 
 
 def cmd_down(names: list[str]) -> None:
-    for svc in reversed(pick(names)):
+    # With no names, the standby and the replica go too (first: they follow a primary).
+    chosen = pick(names) if names else SERVICES
+    for svc in reversed(chosen):
         pid = svc.pid()
         stop(svc)
         if pid:
             say(f"{svc.name:<9} stopped (pid {pid})")
-        else:
+        elif not svc.disposable:
             say(f"{svc.name:<9} was not running")
+        if svc.disposable and svc.dir.exists():
+            # A standby or replica is cloned afresh at its next start; a promoted one has a
+            # history of its own by now.
+            shutil.rmtree(svc.dir)
+
+
+def cmd_promote(names: list[str]) -> None:
+    """Turns a running standby or replica into a primary that accepts writes."""
+    for svc in pick(names):
+        if svc.name not in PROMOTE:
+            fail(f"{svc.name} is not a standby; promote one of {', '.join(PROMOTE)}")
+        if svc.pid() is None:
+            fail(f"{svc.name} is not running; start it with scripts/services up {svc.name}")
+        try:
+            PROMOTE[svc.name]()
+        except ServiceError as e:
+            fail(str(e))
+        say(f"{svc.name:<9} promoted: it accepts writes on 127.0.0.1:{svc.port}")
 
 
 def cmd_crash(names: list[str]) -> None:
@@ -875,7 +1037,9 @@ def cmd_status() -> int:
     bad = 0
     for svc in SERVICES:
         pid = svc.pid()
-        if pid is None:
+        if pid is None and svc.disposable:
+            state = "stopped (started only when named)"
+        elif pid is None:
             state = "stopped"
             bad += 1
         else:
@@ -903,15 +1067,18 @@ def kafka_tool(name: str, args: list[str]) -> int:
 
 
 def main(argv: list[str]) -> int:
-    usage = ("usage: scripts/services up [SERVICE…] | down [SERVICE…] | crash SERVICE… | status | env\n"
-             "       SERVICE is postgres, mariadb, kafka or zookeeper (default: all)\n"
+    usage = ("usage: scripts/services up [SERVICE…] | down [SERVICE…] | crash SERVICE… | promote SERVICE… "
+             "| status | env\n"
+             "       SERVICE is postgres, mariadb, kafka or zookeeper (default: these four), or\n"
+             "       postgres-standby or mariadb-replica (a standby cloned from its primary when started;\n"
+             "       `promote` makes it a primary, `down` throws its data away)\n"
              "       scripts/services kafka-topics ARGS… | kafka-console-consumer ARGS…  (Kafka's own tools, "
              "--bootstrap-server is added)")
     global STATE
     STATE = resolve_state()
     if argv and argv[0] in KAFKA_TOOLS:
         return kafka_tool(argv[0], argv[1:])
-    if not argv or (len(argv) > 1 and argv[0] not in ("up", "down", "crash")):
+    if not argv or (len(argv) > 1 and argv[0] not in ("up", "down", "crash", "promote")):
         print(usage, file=sys.stderr)
         return 2
     cmd = argv[0]
@@ -921,6 +1088,8 @@ def main(argv: list[str]) -> int:
         cmd_down(argv[1:])
     elif cmd == "crash" and len(argv) > 1:
         cmd_crash(argv[1:])
+    elif cmd == "promote" and len(argv) > 1:
+        cmd_promote(argv[1:])
     elif cmd == "status":
         return cmd_status()
     elif cmd == "env":

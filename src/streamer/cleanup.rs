@@ -93,8 +93,8 @@ impl<P: Clone + std::fmt::Display + Send + Sync + 'static, K: Sink> Session<'_, 
         // without rows proves nothing — a retry first replays transactions published before).
         if !ids.is_empty() {
             self.memory.past_halt(self.labels);
-            self.memory.progressed = true;
         }
+        self.memory.progressed = true;
         Ok(())
     }
 

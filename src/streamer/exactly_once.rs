@@ -163,8 +163,12 @@ impl ExactlyOnce {
         }
     }
 
-    /// When the loop must look again whether to close the open transaction.
+    /// When the loop must look again whether to close the open transaction. None while it
+    /// closes: the acknowledgements it waits for wake the loop, not a timer already past.
     pub(super) fn due(&self, in_source_txn: bool) -> Option<Instant> {
+        if self.closing {
+            return None;
+        }
         let Some((began, _)) = self.open else { return self.refresh_due() };
         if in_source_txn {
             return Some(began + SPLIT_AFTER);
@@ -420,5 +424,7 @@ mod tests {
         eo.waited(Duration::from_millis(15));
         assert!(eo.should_close(false), "a stream that waits for changes keeps the interval");
         assert_eq!(eo.due(true), Some(began + SPLIT_AFTER), "inside a source transaction: split only when long");
+        eo.closing = true;
+        assert_eq!(eo.due(false), None, "a closing transaction waits for its acknowledgements, not a timer");
     }
 }

@@ -19,6 +19,7 @@ use crate::error::Kind;
 use crate::lease::OwnerLease;
 use crate::names::StreamId;
 use crate::poll::PolledRow;
+use crate::record::InvalidRow;
 use crate::sink::{Offer, Outgoing};
 use crate::source::Probe;
 

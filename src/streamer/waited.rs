@@ -10,46 +10,50 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{Context, Poll};
 use tokio::time::Instant;
 
-/// See the module docs. `total` counts nanoseconds.
-pub(super) struct Waited<'a, F> {
-    inner: Pin<Box<F>>,
-    since: Option<Instant>,
-    total: &'a AtomicU64,
+pin_project_lite::pin_project! {
+    /// See the module docs. `total` counts nanoseconds. It pins its future in place (no
+    /// allocation): the loop builds one every turn, for a branch that may be disabled.
+    pub(super) struct Waited<'a, F> {
+        #[pin]
+        inner: F,
+        since: Option<Instant>,
+        total: &'a AtomicU64,
+    }
+
+    impl<'a, F> PinnedDrop for Waited<'a, F> {
+        fn drop(this: Pin<&mut Self>) {
+            let this = this.project();
+            count(this.since, this.total);
+        }
+    }
 }
 
 impl<'a, F: Future> Waited<'a, F> {
     pub(super) fn new(inner: F, total: &'a AtomicU64) -> Self {
-        Self { inner: Box::pin(inner), since: None, total }
+        Self { inner, since: None, total }
     }
 }
 
-impl<F> Waited<'_, F> {
-    fn count(&mut self) {
-        if let Some(since) = self.since.take() {
-            self.total.fetch_add(since.elapsed().as_nanos() as u64, Ordering::Relaxed);
-        }
+/// Adds the wait since `since`, if the future was waiting, to `total`.
+fn count(since: &mut Option<Instant>, total: &AtomicU64) {
+    if let Some(since) = since.take() {
+        total.fetch_add(since.elapsed().as_nanos() as u64, Ordering::Relaxed);
     }
 }
 
 impl<F: Future> Future for Waited<'_, F> {
     type Output = F::Output;
 
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
-        let this = &mut *self;
-        this.count();
-        match this.inner.as_mut().poll(cx) {
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        let this = self.project();
+        count(this.since, this.total);
+        match this.inner.poll(cx) {
             Poll::Pending => {
-                this.since = Some(Instant::now());
+                *this.since = Some(Instant::now());
                 Poll::Pending
             }
             ready => ready,
         }
-    }
-}
-
-impl<F> Drop for Waited<'_, F> {
-    fn drop(&mut self) {
-        self.count();
     }
 }
 

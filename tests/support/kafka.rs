@@ -153,12 +153,22 @@ pub(crate) async fn read_until_payloads(
     let (topic, mut missing) = (topic.to_string(), expected.clone());
     tokio::task::spawn_blocking(move || {
         let mut out = Vec::new();
-        scan(&topic, partitions, timeout, Duration::from_secs(1), |msg| {
+        let done = scan_as("read_committed", &topic, partitions, timeout, Duration::from_secs(1), |msg| {
             let record = record_of(msg);
             missing.remove(&record.payload_str());
             out.push(record);
             missing.is_empty()
         });
+        if !done {
+            let mut first: Vec<&String> = missing.iter().collect();
+            first.sort();
+            first.truncate(20);
+            panic!(
+                "timed out after {timeout:?} reading {topic}: {} records so far, {} expected payloads missing (first: {first:?})",
+                out.len(),
+                missing.len()
+            );
+        }
         out
     })
     .await
@@ -228,7 +238,9 @@ fn scan(
     settle: Duration,
     on_record: impl FnMut(&rdkafka::message::BorrowedMessage<'_>) -> bool,
 ) {
-    scan_as("read_committed", topic, partitions, timeout, settle, on_record);
+    if !scan_as("read_committed", topic, partitions, timeout, settle, on_record) {
+        panic!("timed out after {timeout:?} reading {topic}");
+    }
 }
 
 /// Counts every record of `topic` (all partitions) with `read_uncommitted`: aborted records
@@ -237,10 +249,11 @@ pub(crate) async fn count_uncommitted(topic: &str, partitions: i32, at_least: us
     let topic = topic.to_string();
     tokio::task::spawn_blocking(move || {
         let mut n = 0;
-        scan_as("read_uncommitted", &topic, partitions, timeout, Duration::from_secs(1), |_| {
+        let done = scan_as("read_uncommitted", &topic, partitions, timeout, Duration::from_secs(1), |_| {
             n += 1;
             n >= at_least
         });
+        assert!(done, "timed out after {timeout:?} reading {topic}: {n} records so far");
         n
     })
     .await
@@ -248,7 +261,8 @@ pub(crate) async fn count_uncommitted(topic: &str, partitions: i32, at_least: us
 }
 
 /// [`scan`] with the consumer's `isolation.level` (librdkafka's default, and the other
-/// readers', is `read_committed`).
+/// readers', is `read_committed`); false at the deadline, for the caller to say what is
+/// missing.
 fn scan_as(
     isolation: &str,
     topic: &str,
@@ -256,7 +270,7 @@ fn scan_as(
     timeout: Duration,
     settle: Duration,
     mut on_record: impl FnMut(&rdkafka::message::BorrowedMessage<'_>) -> bool,
-) {
+) -> bool {
     let consumer: BaseConsumer = ClientConfig::new()
         .set("bootstrap.servers", brokers())
         .set("isolation.level", isolation)
@@ -272,19 +286,17 @@ fn scan_as(
     consumer.assign(&tpl).expect("assign");
     let deadline = Instant::now() + timeout;
     let mut settle_until: Option<Instant> = None;
-    let mut records = 0usize;
     loop {
         let now = Instant::now();
         if let Some(until) = settle_until {
             if now >= until {
-                return;
+                return true;
             }
         } else if now >= deadline {
-            panic!("timed out after {timeout:?} reading {topic}: {records} records so far");
+            return false;
         }
         if let Some(msg) = consumer.poll(Duration::from_millis(100)) {
             let msg = msg.expect("kafka read");
-            records += 1;
             if on_record(&msg) && settle_until.is_none() {
                 settle_until = Some(Instant::now() + settle);
             }

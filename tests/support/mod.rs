@@ -5,6 +5,7 @@
 pub(crate) mod cluster;
 pub(crate) mod database;
 pub(crate) mod kafka;
+pub(crate) mod load;
 pub(crate) mod metrics;
 pub(crate) mod mysql;
 pub(crate) mod pg;
@@ -34,14 +35,24 @@ pub(crate) async fn exclusive_services() -> tokio::sync::RwLockWriteGuard<'stati
 
 /// Runs `scripts/services <args>` (for example `down kafka`) and panics if it fails.
 pub(crate) fn services(args: &[&str]) {
+    if let Err(e) = try_services(args) {
+        panic!("{e}");
+    }
+}
+
+/// [`services`], saying what failed instead of panicking.
+fn try_services(args: &[&str]) -> Result<(), String> {
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/services");
-    let out = std::process::Command::new(script).args(args).output().expect("running scripts/services");
-    assert!(
-        out.status.success(),
+    let out =
+        std::process::Command::new(script).args(args).output().map_err(|e| format!("running scripts/services: {e}"))?;
+    if out.status.success() {
+        return Ok(());
+    }
+    Err(format!(
         "scripts/services {args:?} failed:\n{}{}",
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
-    );
+    ))
 }
 
 /// Stops Kafka now and starts it again when dropped, so a failing assertion in between
@@ -58,6 +69,29 @@ impl KafkaOutage {
 impl Drop for KafkaOutage {
     fn drop(&mut self) {
         services(&["up", "kafka"]);
+    }
+}
+
+/// Runs `scripts/services` commands when dropped, whether the test passed or failed, so a
+/// test that crashes, stops or promotes a server leaves the services as the next test expects.
+pub(crate) struct RestoreServices(Vec<Vec<&'static str>>);
+
+impl RestoreServices {
+    pub(crate) fn new(commands: &[&[&'static str]]) -> Self {
+        Self(commands.iter().map(|c| c.to_vec()).collect())
+    }
+}
+
+impl Drop for RestoreServices {
+    fn drop(&mut self) {
+        for command in &self.0 {
+            match try_services(command) {
+                Ok(()) => {}
+                // A second panic would abort the process and hide the first one.
+                Err(e) if std::thread::panicking() => eprintln!("restoring the services after a failure: {e}"),
+                Err(e) => panic!("{e}"),
+            }
+        }
     }
 }
 

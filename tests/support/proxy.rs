@@ -3,7 +3,8 @@
 //! `freeze` stops forwarding in both directions while keeping every connection open — what a
 //! dead network path looks like to both ends (no FIN, no RST, just silence); `thaw` resumes.
 //! `held_bytes` says how much a freeze has kept from the other side, so a test can wait until
-//! an end has really met the silence. Dropping the proxy closes everything.
+//! an end has really met the silence. `retarget` moves it to another server (a failover).
+//! Dropping the proxy closes everything.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -16,6 +17,8 @@ use tokio::task::JoinHandle;
 
 pub(crate) struct Proxy {
     pub addr: SocketAddr,
+    /// Where new connections go (see [`Proxy::retarget`]).
+    upstream: Arc<Mutex<SocketAddr>>,
     frozen: watch::Sender<bool>,
     /// Bytes read since the last freeze and not forwarded.
     held: Arc<AtomicUsize>,
@@ -33,9 +36,12 @@ impl Proxy {
         let registry = pumps.clone();
         let held: Arc<AtomicUsize> = Arc::default();
         let counter = held.clone();
+        let upstream = Arc::new(Mutex::new(upstream));
+        let target = upstream.clone();
         let acceptor = tokio::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
-                let Ok(server) = TcpStream::connect(upstream).await else { continue };
+                let to = *target.lock().unwrap();
+                let Ok(server) = TcpStream::connect(to).await else { continue };
                 let (cr, cw) = client.into_split();
                 let (sr, sw) = server.into_split();
                 let mut pumps = registry.lock().unwrap();
@@ -43,7 +49,14 @@ impl Proxy {
                 pumps.push(tokio::spawn(pump(sr, cw, watcher.clone(), counter.clone())));
             }
         });
-        Self { addr, frozen, held, acceptor, pumps }
+        Self { addr, upstream, frozen, held, acceptor, pumps }
+    }
+
+    /// Sends new connections to `upstream` from now on and closes the open ones: what a
+    /// virtual IP or a DNS name moved to a promoted server looks like to the clients.
+    pub(crate) fn retarget(&self, upstream: SocketAddr) {
+        *self.upstream.lock().unwrap() = upstream;
+        self.reset();
     }
 
     /// Closes every connection open now (new ones are accepted as before).

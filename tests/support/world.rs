@@ -55,6 +55,8 @@ pub(crate) struct WorldBuilder<D> {
     config: String,
     exclusive: bool,
     grants: Option<String>,
+    /// Services started once the world holds the services, before its database exists.
+    first: Vec<&'static str>,
     database: PhantomData<D>,
 }
 
@@ -88,6 +90,7 @@ impl<D: Database> WorldBuilder<D> {
             config: String::new(),
             exclusive: false,
             grants: None,
+            first: Vec::new(),
             database: PhantomData,
         }
     }
@@ -126,6 +129,14 @@ impl<D: Database> WorldBuilder<D> {
         self
     }
 
+    /// Starts `service` (`scripts/services up <service>`) once the world holds the services
+    /// alone and before it creates its database: a replica that must see the database made.
+    pub(crate) fn start_first(mut self, service: &'static str) -> Self {
+        self.exclusive = true;
+        self.first.push(service);
+        self
+    }
+
     /// Creates the database, the topic and the config, and runs `setup`.
     pub(crate) async fn build(self) -> World<D> {
         let services = if self.exclusive {
@@ -133,6 +144,9 @@ impl<D: Database> WorldBuilder<D> {
         } else {
             ServicesHold::Shared(super::shared_services().await)
         };
+        for service in &self.first {
+            super::services(&["up", service]);
+        }
         let (db, streamer_url) = D::create(self.grants.as_deref()).await;
         let prefix = unique(&self.name);
         let topic = kafka::fresh_topic(&self.name, self.kafka_partitions).await;

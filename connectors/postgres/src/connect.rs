@@ -2,20 +2,29 @@
 
 use std::future::Future;
 use std::str::FromStr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use pgwire_replication::{Lsn, ReplicationConfig, TlsConfig};
-use tokio_postgres::config::{Host, SslMode};
+use tokio_postgres::config::{Host, SslMode, TargetSessionAttrs};
 use tokio_postgres::{Client, Config, NoTls};
 
 use crate::tls::{PgTls, RustlsConnect, TlsError};
 
 /// Where and as whom to connect. `Debug` never shows the password.
+///
+/// A URL may name several hosts, libpq style (`postgres://u@h1:5432,h2:5432/db`): they are
+/// tried in order and the first that accepts writes is taken (`target_session_attrs=read-write`
+/// is implied, whatever the URL says: the streamer deletes rows and its slot lives on the
+/// primary). The replication session then goes to the host the last SQL session reached, so
+/// after a failover both follow the promoted server.
 #[derive(Clone)]
 pub struct PgTarget {
-    config: Config,
-    host: String,
-    port: u16,
+    /// One per host of the URL, in the URL's order.
+    hosts: Vec<Endpoint>,
+    /// The index in `hosts` of the server the last SQL session reached (shared by clones).
+    current: Arc<AtomicUsize>,
     user: String,
     password: String,
     database: String,
@@ -24,6 +33,14 @@ pub struct PgTarget {
     instance: Option<String>,
     /// TLS for both sessions; `None` connects in plaintext.
     tls: Option<(PgTls, RustlsConnect)>,
+}
+
+/// One host of the URL with the settings to reach it alone.
+#[derive(Clone)]
+struct Endpoint {
+    config: Config,
+    host: String,
+    port: u16,
 }
 
 /// The `application_name` prefix of a coordinated instance's replication sessions.
@@ -53,19 +70,41 @@ impl PgTarget {
         if let Some(pw) = password {
             config.password(pw);
         }
-        let host = match config.get_hosts().first() {
-            Some(Host::Tcp(h)) => h.clone(),
-            Some(_) => return Err(UrlError("unix sockets are not supported; use a TCP host".into())),
-            None => "localhost".into(),
-        };
-        let port = config.get_ports().first().copied().unwrap_or(5432);
         let user = config.get_user().ok_or_else(|| UrlError("no user in the URL".into()))?.to_string();
         let password = config.get_password().map(|p| String::from_utf8_lossy(p).into_owned()).unwrap_or_default();
         let database = config.get_dbname().unwrap_or(&user).to_string();
         config.dbname(&database);
         config.connect_timeout(Duration::from_secs(10));
         config.application_name("outbox-streamer");
-        Ok(Self { config, host, port, user, password, database, instance: None, tls: None })
+        let names = match config.get_hosts() {
+            [] => vec![Host::Tcp("localhost".into())],
+            hosts => hosts.to_vec(),
+        };
+        let ports = config.get_ports();
+        if ports.len() > 1 && ports.len() != names.len() {
+            return Err(UrlError(format!(
+                "{} hosts but {} ports; give one port, or one per host",
+                names.len(),
+                ports.len()
+            )));
+        }
+        if !config.get_hostaddrs().is_empty() {
+            return Err(UrlError("hostaddr is not supported; name the hosts by address instead".into()));
+        }
+        let several = names.len() > 1;
+        let mut hosts = Vec::with_capacity(names.len());
+        for (i, name) in names.into_iter().enumerate() {
+            let Host::Tcp(host) = name else {
+                return Err(UrlError("unix sockets are not supported; use a TCP host".into()));
+            };
+            let port = ports.get(i).or(ports.first()).copied().unwrap_or(5432);
+            let mut alone = alone(&config, &host, port);
+            if several {
+                alone.target_session_attrs(TargetSessionAttrs::ReadWrite);
+            }
+            hosts.push(Endpoint { config: alone, host, port });
+        }
+        Ok(Self { hosts, current: Arc::default(), user, password, database, instance: None, tls: None })
     }
 
     /// Names this instance in its replication sessions (see [`instance_of`]).
@@ -78,7 +117,9 @@ impl PgTarget {
     /// is reported before anything connects. The server must accept TLS.
     pub fn with_tls(mut self, tls: PgTls) -> Result<Self, TlsError> {
         let connector = RustlsConnect::new(tls.client_config()?, tls.server_name.clone());
-        self.config.ssl_mode(SslMode::Require);
+        for endpoint in &mut self.hosts {
+            endpoint.config.ssl_mode(SslMode::Require);
+        }
         self.tls = Some((tls, connector));
         Ok(self)
     }
@@ -91,21 +132,50 @@ impl PgTarget {
         &self.database
     }
 
-    /// `user@host:port/database`, safe to log.
+    /// `user@host:port/database` (every host, comma-separated), safe to log.
     pub fn display(&self) -> String {
-        format!("{}@{}:{}/{}", self.user, self.host, self.port, self.database)
+        let hosts: Vec<String> = self.hosts.iter().map(|e| format!("{}:{}", e.host, e.port)).collect();
+        format!("{}@{}/{}", self.user, hosts.join(","), self.database)
+    }
+
+    /// The server the last SQL session reached, `host:port`.
+    pub fn reached(&self) -> String {
+        let e = self.endpoint();
+        format!("{}:{}", e.host, e.port)
+    }
+
+    fn endpoint(&self) -> &Endpoint {
+        &self.hosts[self.current.load(Ordering::Relaxed).min(self.hosts.len() - 1)]
     }
 
     /// A SQL session; its connection task runs on the current runtime until the client drops.
+    /// With several hosts, the first that accepts writes, in the URL's order; the error of
+    /// the last one tried when none does.
     pub async fn connect(&self) -> Result<Client, ConnectError> {
+        let mut last = None;
+        for (i, endpoint) in self.hosts.iter().enumerate() {
+            match self.connect_to(endpoint).await {
+                Ok(client) => {
+                    if self.current.swap(i, Ordering::Relaxed) != i && self.hosts.len() > 1 {
+                        tracing::info!(server = %format!("{}:{}", endpoint.host, endpoint.port), "connected to another host of the URL: it is the one accepting writes now");
+                    }
+                    return Ok(client);
+                }
+                Err(e) => last = Some(e),
+            }
+        }
+        Err(last.expect("a URL names at least one host"))
+    }
+
+    async fn connect_to(&self, endpoint: &Endpoint) -> Result<Client, ConnectError> {
         let client = match &self.tls {
             Some((_, connector)) => {
-                let (client, connection) = self.config.connect(connector.clone()).await.map_err(ConnectError)?;
+                let (client, connection) = endpoint.config.connect(connector.clone()).await.map_err(ConnectError)?;
                 tokio::spawn(drive(connection));
                 client
             }
             None => {
-                let (client, connection) = self.config.connect(NoTls).await.map_err(ConnectError)?;
+                let (client, connection) = endpoint.config.connect(NoTls).await.map_err(ConnectError)?;
                 tokio::spawn(drive(connection));
                 client
             }
@@ -123,11 +193,12 @@ impl PgTarget {
         status_interval: Duration,
         binary: bool,
     ) -> ReplicationConfig {
-        ReplicationConfig::new(&self.host, &self.user, &self.password, &self.database, slot, publication)
-            .with_port(self.port)
+        let Endpoint { host, port, .. } = self.endpoint();
+        ReplicationConfig::new(host, &self.user, &self.password, &self.database, slot, publication)
+            .with_port(*port)
             .with_binary(binary)
             .with_tls(match &self.tls {
-                Some((tls, _)) => tls.replication(&self.host),
+                Some((tls, _)) => tls.replication(host),
                 None => TlsConfig::disabled(),
             })
             .with_start_lsn(Lsn::from_u64(0))
@@ -138,6 +209,45 @@ impl PgTarget {
                 None => format!("outbox-streamer {slot}"),
             })
     }
+}
+
+/// `config`'s login and session settings, for `host:port` alone.
+fn alone(config: &Config, host: &str, port: u16) -> Config {
+    let mut c = Config::new();
+    c.host(host).port(port);
+    if let Some(user) = config.get_user() {
+        c.user(user);
+    }
+    if let Some(password) = config.get_password() {
+        c.password(password);
+    }
+    if let Some(dbname) = config.get_dbname() {
+        c.dbname(dbname);
+    }
+    if let Some(options) = config.get_options() {
+        c.options(options);
+    }
+    if let Some(name) = config.get_application_name() {
+        c.application_name(name);
+    }
+    if let Some(timeout) = config.get_connect_timeout() {
+        c.connect_timeout(*timeout);
+    }
+    if let Some(timeout) = config.get_tcp_user_timeout() {
+        c.tcp_user_timeout(*timeout);
+    }
+    c.keepalives(config.get_keepalives()).keepalives_idle(config.get_keepalives_idle());
+    if let Some(interval) = config.get_keepalives_interval() {
+        c.keepalives_interval(interval);
+    }
+    if let Some(retries) = config.get_keepalives_retries() {
+        c.keepalives_retries(retries);
+    }
+    c.ssl_mode(config.get_ssl_mode())
+        .ssl_negotiation(config.get_ssl_negotiation())
+        .channel_binding(config.get_channel_binding())
+        .target_session_attrs(config.get_target_session_attrs());
+    c
 }
 
 /// Runs a SQL session's connection until its client drops.
@@ -189,5 +299,40 @@ fn strip_secret(msg: &str) -> String {
         "the URL could not be parsed (details withheld: they may contain the password)".into()
     } else {
         msg.into()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn several_hosts_are_kept_in_order_with_their_ports_and_must_accept_writes() {
+        let t = PgTarget::from_url("postgres://u:secret@a:5433,b:5434/db", None).unwrap();
+        assert_eq!(t.display(), "u@a:5433,b:5434/db");
+        assert!(!format!("{t:?}").contains("secret"));
+        assert_eq!(t.reached(), "a:5433", "the first host until a session reached another");
+        assert!(t.hosts.iter().all(|e| e.config.get_target_session_attrs() == TargetSessionAttrs::ReadWrite));
+        assert!(t.hosts.iter().all(|e| e.config.get_hosts().len() == 1 && e.config.get_dbname() == Some("db")));
+        t.current.store(1, Ordering::Relaxed);
+        assert_eq!(t.clone().reached(), "b:5434", "clones share where the last session went");
+        let r = t.replication("slot", "pub", Duration::from_secs(1), true);
+        assert_eq!((r.host.as_str(), r.port), ("b", 5434));
+    }
+
+    #[test]
+    fn one_port_serves_every_host_and_a_mismatch_is_refused() {
+        let t = PgTarget::from_url("host=a,b port=6000 user=u dbname=db", None).unwrap();
+        assert_eq!(t.display(), "u@a:6000,b:6000/db");
+        let t = PgTarget::from_url("postgres://u@a,b:6000/db", None).unwrap();
+        assert_eq!(t.display(), "u@a:5432,b:6000/db", "in a URL, a host without a port has the default one");
+        let one = PgTarget::from_url("postgres://u@a/db", None).unwrap();
+        assert_eq!(
+            one.hosts[0].config.get_target_session_attrs(),
+            TargetSessionAttrs::Any,
+            "one host: as the URL says"
+        );
+        let e = PgTarget::from_url("host=a,b,c port=1,2 user=u", None).unwrap_err();
+        assert!(e.to_string().contains("3 hosts but 2 ports"), "{e}");
     }
 }

@@ -129,7 +129,8 @@ pub(crate) async fn run(
             None => return Ok(None),
         },
     };
-    let mut conn = Conn::new(opts.clone()).await.map_err(|e| Error::from_db("connecting to MySQL/MariaDB", e))?;
+    let mut conn =
+        Conn::new(opts.clone()).await.map_err(|e| Error::from_db("connecting to MySQL/MariaDB", e).connecting())?;
     conn.exec_drop(checkpoint.catchup_done(), (rows, &names.table, epoch))
         .await
         .map_err(|e| Error::from_db(&format!("updating {checkpoint_table}"), e))?;

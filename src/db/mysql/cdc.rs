@@ -143,7 +143,8 @@ impl MySource {
     ) -> Result<Self, Error> {
         let stream = format!("{}/{}", labels.source, labels.id);
         let sql_opts: Opts = OptsBuilder::from_opts(opts.clone()).client_found_rows(true).into();
-        let mut sql = Conn::new(sql_opts).await.map_err(|e| Error::from_db("connecting to MySQL/MariaDB", e))?;
+        let mut sql =
+            Conn::new(sql_opts).await.map_err(|e| Error::from_db("connecting to MySQL/MariaDB", e).connecting())?;
         // Rows read back from the table (a bad row fixed since, a row the sweep finds) carry
         // `created_at` as this session shows a TIMESTAMP: in UTC, as the binlog logs it, so the
         // latency metric does not depend on the server's time zone.

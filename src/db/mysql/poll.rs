@@ -36,7 +36,8 @@ pub(crate) struct MyPollTable {
 
 impl MyPollTable {
     pub(crate) async fn connect(opts: &Opts, table: &str) -> Result<Self, Error> {
-        let mut conn = Conn::new(opts.clone()).await.map_err(|e| Error::from_db("connecting to MySQL/MariaDB", e))?;
+        let mut conn =
+            Conn::new(opts.clone()).await.map_err(|e| Error::from_db("connecting to MySQL/MariaDB", e).connecting())?;
         for setting in ["SET SESSION time_zone = '+00:00'", "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED"] {
             conn.query_drop(setting).await.map_err(|e| Error::from_db("setting up the polling session", e))?;
         }

@@ -112,8 +112,10 @@ pub(crate) async fn run(
 ) -> Result<Option<CatchUpReport>, Error> {
     let started = Instant::now();
     tracing::warn!(reason, table = %names.table, "catching up by polling before streaming resumes");
-    let client =
-        target.connect().await.map_err(|e| Error::from_db(&format!("connecting to {}", target.display()), e))?;
+    let client = target
+        .connect()
+        .await
+        .map_err(|e| Error::from_db(&format!("connecting to {}", target.display()), e).connecting())?;
     mark_pending(&client, checkpoint_table, &names.table, epoch).await?;
     ensure_slot(&client, &names.slot, storage).await?;
     let mut reader = PgPollTable::connect(target, &names.table).await?;

@@ -192,8 +192,10 @@ impl PgSource {
         metric_labels: [(&'static str, String); 3],
     ) -> Result<Self, Error> {
         let CdcOptions { status_interval, silence_limit, storage } = options;
-        let sql =
-            target.connect().await.map_err(|e| Error::from_db(&format!("connecting to {}", target.display()), e))?;
+        let sql = target
+            .connect()
+            .await
+            .map_err(|e| Error::from_db(&format!("connecting to {}", target.display()), e).connecting())?;
         let stored = checkpoint::read(&sql, checkpoint_table, &names.table).await?;
         let state = slot::state(&sql, &names.slot)
             .await

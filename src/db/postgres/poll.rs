@@ -43,8 +43,10 @@ pub fn oldest_sql(table: &str) -> String {
 
 impl PgPollTable {
     pub(crate) async fn connect(target: &PgTarget, table: &str) -> Result<Self, Error> {
-        let client =
-            target.connect().await.map_err(|e| Error::from_db(&format!("connecting to {}", target.display()), e))?;
+        let client = target
+            .connect()
+            .await
+            .map_err(|e| Error::from_db(&format!("connecting to {}", target.display()), e).connecting())?;
         client
             .batch_execute(PLANNER_SETTINGS)
             .await
