@@ -10,16 +10,9 @@
 use std::time::Instant;
 
 use crate::support::database::Database;
-use crate::support::load::{self, Target, Writer};
-use crate::support::metrics::{sample, try_get, try_get_any};
-use crate::support::streamer::Running;
+use crate::support::load::{self, Target, Writer, published, wait_published_more, wait_unreachable};
 use crate::support::world::{ARRIVAL, World};
-use crate::support::{RestoreServices, services, wait_until};
-
-async fn published(streamer: &Running) -> f64 {
-    let text = try_get(streamer.metrics_addr(), "/metrics").await.unwrap_or_default();
-    sample(&text, "outbox_published_records_total", &[]).unwrap_or(0.0)
-}
+use crate::support::{RestoreServices, services};
 
 /// Three crashes of the database (`scripts/services crash <service>`, then `up`) and one fast
 /// shutdown (`down`, then `up`) at seed-dependent moments while a writer inserts, then one
@@ -44,15 +37,10 @@ async fn crash_restart_under_load<D: Database>(w: World<D>, service: &'static st
         streamer.wait_for_metric("outbox_published_records_total", &[], at, ARRIVAL).await;
         services(&[how, service]);
         // While the server is away, `/readyz` says so (not ready, and why).
-        wait_until("/readyz to name the unreachable database", ARRIVAL, || async {
-            let (status, body) = try_get_any(streamer.metrics_addr(), "/readyz").await?;
-            (status == 503 && body.contains("retrying (database unreachable: ")).then_some(())
-        })
-        .await;
+        wait_unreachable(&streamer).await;
         services(&["up", service]);
         let restarted = Instant::now();
-        let before = published(&streamer).await;
-        streamer.wait_for_metric("outbox_published_records_total", &[], before + 1.0, ARRIVAL).await;
+        wait_published_more(&streamer, 1.0).await;
         recoveries.push((how, restarted.elapsed()));
     }
     // The server crashes while the streamer is stopped; the next one starts after it is back.
@@ -60,17 +48,8 @@ async fn crash_restart_under_load<D: Database>(w: World<D>, service: &'static st
     services(&["crash", service]);
     services(&["up", service]);
     let streamer = w.start("streamer-1.log");
-    let at = published(&streamer).await + 200.0;
-    streamer.wait_for_metric("outbox_published_records_total", &[], at, ARRIVAL).await;
-    let written = writer.finish().await;
-
-    let ledger = load::ledger(&target, &table).await;
-    let outcome = load::check(&written, &ledger, &w.topic, w.kafka_partitions).await;
-    assert_eq!(outcome.lost_by_database, 0, "acknowledged commits gone after the crash: {outcome}");
-    wait_until("the table to drain", ARRIVAL, || async {
-        (load::rows_left(&target, &table).await == Some(0)).then_some(())
-    })
-    .await;
+    wait_published_more(&streamer, 200.0).await;
+    let outcome = load::finish_and_check(writer, &target, &table, &w.topic, w.kafka_partitions).await;
     eprintln!("{service} crashes and restarts: {outcome}; first record after each restart: {recoveries:?}");
     assert!(streamer.stop(), "the streamer stopped cleanly");
 }

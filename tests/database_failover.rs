@@ -15,17 +15,11 @@
 
 use std::time::Instant;
 
-use crate::support::load::{self, Target, Writer};
-use crate::support::metrics::{sample, try_get, try_get_any};
+use crate::support::load::{self, Target, Writer, wait_published_more, wait_unreachable};
+use crate::support::metrics::{sample, try_get};
 use crate::support::proxy::Proxy;
-use crate::support::streamer::Running;
 use crate::support::world::{ARRIVAL, World};
 use crate::support::{RestoreServices, env, services, wait_until};
-
-async fn published(streamer: &Running) -> f64 {
-    let text = try_get(streamer.metrics_addr(), "/metrics").await.unwrap_or_default();
-    sample(&text, "outbox_published_records_total", &[]).unwrap_or(0.0)
-}
 
 /// `host:port` of a `scheme://user:password@host:port/database` URL.
 fn host_port(url: &str) -> &str {
@@ -39,15 +33,6 @@ fn repoint_config<D>(w: &World<D>, from: &str, to: &str) {
     let moved = text.replace(&format!("@{from}/"), &format!("@{to}/"));
     assert_ne!(text, moved, "the config names {from}");
     std::fs::write(&w.config, moved).expect("writing the config");
-}
-
-/// Waits until `/readyz` says the database cannot be reached.
-async fn wait_unreachable(streamer: &Running) {
-    wait_until("/readyz to name the unreachable database", ARRIVAL, || async {
-        let (status, body) = try_get_any(streamer.metrics_addr(), "/readyz").await?;
-        (status == 503 && body.contains("retrying (database unreachable: ")).then_some(())
-    })
-    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -83,24 +68,16 @@ async fn postgres_failover_to_a_promoted_standby_loses_nothing() {
     services(&["crash", "postgres"]);
     let fault = Instant::now();
     wait_unreachable(&streamer).await;
-    let before = published(&streamer).await;
+    let before = load::published(&streamer).await;
     services(&["promote", "postgres-standby"]);
     streamer.wait_for_metric("outbox_published_records_total", &[], before + 1.0, ARRIVAL).await;
     let first_after = fault.elapsed();
     // The slot is missing on the promoted standby: the catch-up ran, then streaming resumed.
     streamer.wait_for_metric("outbox_catchups_total", &[], 1.0, ARRIVAL).await;
     streamer.wait_for_state("streaming", ARRIVAL).await;
-    let at = published(&streamer).await + 200.0;
-    streamer.wait_for_metric("outbox_published_records_total", &[], at, ARRIVAL).await;
-    let written = writer.finish().await;
-
-    let ledger = load::ledger(&target, &table).await;
-    let outcome = load::check(&written, &ledger, &w.topic, w.kafka_partitions).await;
-    assert_eq!(outcome.lost_by_database, 0, "synchronous commits missing on the promoted standby: {outcome}");
-    wait_until("the table to drain on the new primary", ARRIVAL, || async {
-        (load::rows_left(&target, &table).await == Some(0)).then_some(())
-    })
-    .await;
+    wait_published_more(&streamer, 200.0).await;
+    // Synchronous commits: none the writer saw is missing on the promoted standby.
+    let outcome = load::finish_and_check(writer, &target, &table, &w.topic, w.kafka_partitions).await;
     eprintln!("postgres failover to a promoted standby: {outcome}; first record {first_after:?} after the crash");
     assert!(streamer.stop(), "the streamer stopped cleanly");
 }
@@ -153,24 +130,16 @@ async fn mariadb_failover_to_a_promoted_replica_loses_nothing() {
     services(&["crash", "mariadb"]);
     let fault = Instant::now();
     wait_unreachable(&streamer).await;
-    let before = published(&streamer).await;
+    let before = load::published(&streamer).await;
     // The address moves before the promotion, as it may under pressure: a read-only replica
     // refuses the streamer's writes, which it retries.
     proxy.retarget(replica.parse().unwrap());
     services(&["promote", "mariadb-replica"]);
     streamer.wait_for_metric("outbox_published_records_total", &[], before + 1.0, ARRIVAL).await;
     let first_after = fault.elapsed();
-    let at = published(&streamer).await + 200.0;
-    streamer.wait_for_metric("outbox_published_records_total", &[], at, ARRIVAL).await;
-    let written = writer.finish().await;
-
-    let ledger = load::ledger(&target, &table).await;
-    let outcome = load::check(&written, &ledger, &w.topic, w.kafka_partitions).await;
-    assert_eq!(outcome.lost_by_database, 0, "semi-sync commits missing on the promoted replica: {outcome}");
-    wait_until("the table to drain on the new primary", ARRIVAL, || async {
-        (load::rows_left(&target, &table).await == Some(0)).then_some(())
-    })
-    .await;
+    wait_published_more(&streamer, 200.0).await;
+    // Semi-sync commits: none the writer saw is missing on the promoted replica.
+    let outcome = load::finish_and_check(writer, &target, &table, &w.topic, w.kafka_partitions).await;
     let text = try_get(streamer.metrics_addr(), "/metrics").await.unwrap_or_default();
     let catchups = sample(&text, "outbox_catchups_total", &[]).unwrap_or(0.0);
     eprintln!(

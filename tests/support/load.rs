@@ -15,6 +15,8 @@ use tokio::task::JoinHandle;
 use tokio::time::{Interval, MissedTickBehavior};
 
 use super::kafka::{self, Record};
+use super::metrics::{sample, try_get, try_get_any};
+use super::streamer::Running;
 use super::wait_until;
 use super::world::ARRIVAL;
 
@@ -256,4 +258,43 @@ pub(crate) async fn check(written: &Written, ledger: &HashSet<String>, topic: &s
         records: records.len(),
         duplicates: records.len() - seen.len(),
     }
+}
+
+/// Records the streamer has published so far (0 before its endpoint answers).
+pub(crate) async fn published(streamer: &Running) -> f64 {
+    let text = try_get(streamer.metrics_addr(), "/metrics").await.unwrap_or_default();
+    sample(&text, "outbox_published_records_total", &[]).unwrap_or(0.0)
+}
+
+/// Waits until `streamer` has published `more` records than now.
+pub(crate) async fn wait_published_more(streamer: &Running, more: f64) {
+    let at = published(streamer).await + more;
+    streamer.wait_for_metric("outbox_published_records_total", &[], at, ARRIVAL).await;
+}
+
+/// Waits until `/readyz` says the database cannot be reached (503, and why).
+pub(crate) async fn wait_unreachable(streamer: &Running) {
+    wait_until("/readyz to name the unreachable database", ARRIVAL, || async {
+        let (status, body) = try_get_any(streamer.metrics_addr(), "/readyz").await?;
+        (status == 503 && body.contains("retrying (database unreachable: ")).then_some(())
+    })
+    .await;
+}
+
+/// Stops `writer` and checks the run against the ledger `target` reaches now ([`check`]):
+/// no acknowledged commit gone from the database, and the table drains.
+pub(crate) async fn finish_and_check(
+    writer: Writer,
+    target: &Target,
+    table: &str,
+    topic: &str,
+    partitions: i32,
+) -> Outcome {
+    let written = writer.finish().await;
+    let ledger = ledger(target, table).await;
+    let outcome = check(&written, &ledger, topic, partitions).await;
+    assert_eq!(outcome.lost_by_database, 0, "acknowledged commits gone from the database: {outcome}");
+    wait_until("the table to drain", ARRIVAL, || async { (rows_left(target, table).await == Some(0)).then_some(()) })
+        .await;
+    outcome
 }
