@@ -72,8 +72,15 @@ pub(crate) struct Drain<'a> {
 
 impl Drain<'_> {
     /// Publishes and deletes every row with `id <= upto` by polling; returns how many.
+    /// `in_snapshot`: every read of `reader` sees one snapshot ([`PollSettings::in_snapshot`]).
     /// `Ok(None)` means the process is stopping and the drain did not finish.
-    pub(crate) async fn run<T: PollTable>(&mut self, reader: T, cleaner: T, upto: i64) -> Result<Option<u64>, Error> {
+    pub(crate) async fn run<T: PollTable>(
+        &mut self,
+        reader: T,
+        cleaner: T,
+        upto: i64,
+        in_snapshot: bool,
+    ) -> Result<Option<u64>, Error> {
         let rows_sent = Arc::new(AtomicU64::new(0));
         let settings = PollSettings {
             batch: self.settings.poll_batch,
@@ -81,6 +88,7 @@ impl Drain<'_> {
             full_rescan_every: crate::poll::FULL_RESCAN_EVERY,
             max_batch_bytes: self.settings.max_in_flight_bytes as usize,
             drain_upto: Some(upto),
+            in_snapshot,
             rows_sent: rows_sent.clone(),
             metric_labels: self.labels.metric_labels(),
         };

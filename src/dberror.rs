@@ -432,7 +432,7 @@ impl Classify for outbox_postgres::connect::ConnectError {
     const BACKEND: Backend = Backend::Postgres;
 
     fn server_error(&self) -> Option<ServerError> {
-        self.0.server_error()
+        self.error.server_error()
     }
 
     fn text(&self) -> String {

@@ -157,6 +157,7 @@ pub(crate) fn poll_settings(settings: &StreamSettings, labels: &StreamLabels) ->
         full_rescan_every: crate::poll::FULL_RESCAN_EVERY,
         max_batch_bytes: settings.max_in_flight_bytes as usize,
         drain_upto: None,
+        in_snapshot: false,
         rows_sent: Default::default(),
         metric_labels: labels.metric_labels(),
     }

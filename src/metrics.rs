@@ -28,6 +28,7 @@ pub(crate) const END_TO_END_LATENCY: &str = "outbox_end_to_end_latency_seconds";
 pub(crate) const STREAM_STATE: &str = "outbox_stream_state";
 pub(crate) const CATCHUPS: &str = "outbox_catchups_total";
 pub(crate) const CATCHUP_ROWS: &str = "outbox_catchup_rows_total";
+pub(crate) const HISTORY_CHANGES: &str = "outbox_database_history_changes_total";
 pub(crate) const POLL_QUERY_SECONDS: &str = "outbox_poll_query_seconds";
 pub(crate) const POLL_ROWS_BELOW_MARK: &str = "outbox_poll_rows_below_mark_total";
 pub(crate) const OWNED_STREAMS: &str = "outbox_owned_streams";
@@ -110,6 +111,11 @@ pub(crate) fn describe() {
         "catch-ups by polling after a lost slot or binlog position, or a return from polling mode"
     );
     describe_counter!(CATCHUP_ROWS, Unit::Count, "rows sent by catch-ups");
+    describe_counter!(
+        HISTORY_CHANGES,
+        Unit::Count,
+        "sessions that found another database history than the last one (a failover, a restore): what was remembered by row id was dropped"
+    );
     describe_histogram!(POLL_QUERY_SECONDS, Unit::Seconds, "duration of each oldest-rows query in polling mode");
     describe_histogram!(
         KAFKA_TXN_COMMIT_SECONDS,
@@ -149,6 +155,7 @@ pub(crate) fn init_stream(labels: &[(&'static str, String); 3]) {
         STATEMENT_WRITES,
         CATCHUPS,
         CATCHUP_ROWS,
+        HISTORY_CHANGES,
         SINK_FULL_WAITS,
         KAFKA_TXN_COMMITS,
         KAFKA_TXN_ABORTS,
@@ -216,6 +223,7 @@ mod tests {
         super::STREAM_STATE,
         super::CATCHUPS,
         super::CATCHUP_ROWS,
+        super::HISTORY_CHANGES,
         super::POLL_QUERY_SECONDS,
         super::KAFKA_TXN_COMMIT_SECONDS,
         super::POLL_ROWS_BELOW_MARK,

@@ -18,6 +18,11 @@
 //!   (`"ids":[[1,40],[42,42]]`); absent when empty.
 //! * `source`: the position header of the source that wrote it; the `mark` and `partial` of a
 //!   record of another kind of source (a catch-up's, a polling stream's) cover nothing.
+//! * `history`: the database history it was written in ([`Source::history`]); a record of
+//!   another history (the database failed over since) covers nothing: its positions and ids
+//!   may name other transactions and rows there. Absent in records of earlier builds.
+//!
+//! [`Source::history`]: crate::source::Source::history
 //!
 //! A restarted session reads the last committed record (`read_committed`) and treats the
 //! records it covers as published: their rows are deleted, not sent again.
@@ -37,6 +42,8 @@ pub(crate) struct Progress {
     pub partial: Option<Partial>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub ids: Vec<[i64; 2]>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub history: Option<String>,
 }
 
 /// Part of a source transaction that is in Kafka.
@@ -56,7 +63,13 @@ const MAX_IDS: u64 = 10_000_000;
 
 impl Progress {
     pub(crate) fn new(source: &str, mark: Option<String>, partial: Option<Partial>) -> Self {
-        Self { v: VERSION, source: source.to_string(), mark, partial, ids: Vec::new() }
+        Self { v: VERSION, source: source.to_string(), mark, partial, ids: Vec::new(), history: None }
+    }
+
+    /// The same record, written in `history`.
+    pub(crate) fn in_history(mut self, history: &str) -> Self {
+        self.history = Some(history.to_string());
+        self
     }
 
     /// The same record naming `ids` (see the module docs).

@@ -22,6 +22,12 @@
 //!   written before the slot existed) once the stream is past every commit that could hold
 //!   them, and [`Source::current_rows`] reads them — and re-reads a row the log carries in a
 //!   form that cannot be published, so "fix the row, then restart" works.
+//! * [`Source::history`] names the database history the session reads. Row ids and positions
+//!   are only meaningful within one history: a standby promoted after it lagged behind gives
+//!   the ids of rows it never received to new rows, and its log positions restart below what
+//!   the old primary reached. What a session remembers by id or position for the next (rows
+//!   to finish, rows Kafka refused, an exactly-once progress record) is dropped when the next
+//!   one reads another history — at the price of duplicates, never of a row deleted unsent.
 //! * `next` must be cancellation-safe: the streamer polls it in a `select!`.
 
 use std::fmt;
@@ -95,6 +101,12 @@ pub(crate) trait Source: Send {
 
     /// Ends the session, recording the last stored position with the server if it can.
     fn close(self) -> impl Future<Output = ()> + Send;
+
+    /// Which history of the database this session reads (see the module docs): the same text
+    /// for the same server before and after a crash or restart, another after a failover
+    /// (PostgreSQL: system identifier and timeline; MySQL/MariaDB: `server_id`). Asked once
+    /// per session, before anything is read.
+    fn history(&mut self) -> impl Future<Output = Result<String, Error>> + Send;
 
     /// The rows `ids` as the table holds them now, read once the transaction being read is
     /// visible to queries; an id missing from the answer is not in the table.

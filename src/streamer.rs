@@ -146,6 +146,8 @@ pub(crate) struct StreamMemory<P> {
     /// storage the position stored): it got through. The runner then retries a later failure
     /// soon again rather than after a grown backoff.
     pub progressed: bool,
+    /// The database history the last session read ([`Source::history`]).
+    history: Option<String>,
 }
 
 /// More distinct topics than this and [`StreamMemory::topics_ok`] starts over (each topic is
@@ -163,6 +165,7 @@ impl<P> Default for StreamMemory<P> {
             topics_ok: HashSet::new(),
             refused: std::collections::HashMap::new(),
             progressed: false,
+            history: None,
         }
     }
 }
@@ -192,6 +195,30 @@ impl<P> StreamMemory<P> {
     fn is_halted_row(&self, id: i64) -> bool {
         self.halted.as_ref().is_some_and(|h| h.row == Some(id))
     }
+
+    /// The session reads `history`. What is remembered by row id or position from another
+    /// history means nothing in this one (see [`crate::source`]): a promoted standby that
+    /// lagged can have given the ids of rows acknowledged but not deleted to new rows, which a
+    /// delete by id would lose. So it is dropped; the rows this server still holds are sent
+    /// again (duplicates, never a loss).
+    fn enter_history(&mut self, labels: &StreamLabels, history: String) {
+        if let Some(before) = self.history.as_deref()
+            && before != history
+        {
+            let unfinished = self.unfinished.take().map_or(0, |(ids, _)| ids.len());
+            tracing::warn!(
+                before,
+                now = %history,
+                unfinished,
+                refused = self.refused.len(),
+                "the database is another history than the last session's (a failover or a restore): rows acknowledged but not deleted are not deleted by id here, as this server may have given their ids to other rows; those it holds are sent again"
+            );
+            counter!(m::HISTORY_CHANGES, &labels.metric_labels()).increment(1);
+            self.suspects.clear();
+            self.refused.clear();
+        }
+        self.history = Some(history);
+    }
 }
 
 /// Runs one session until `shutdown` turns true (returns `Ok`) or an error ends it.
@@ -209,7 +236,15 @@ pub(crate) async fn run_session<S: Source, K: Sink>(
     memory.last_halt = None;
     memory.progressed = false;
     tracing::debug!(sink = K::NAME, transactional = sink.transactional(), "session starts");
-    let eo = match exactly_once::start(labels, settings, &mut source, sink).await {
+    let history = match source.history().await {
+        Ok(history) => history,
+        Err(e) => {
+            close(source).await;
+            return Err(e);
+        }
+    };
+    memory.enter_history(labels, history.clone());
+    let eo = match exactly_once::start(labels, settings, &mut source, sink, history).await {
         Ok(eo) => eo,
         Err(e) => {
             close(source).await;

@@ -137,6 +137,55 @@ async fn mariadb_a_purged_position_is_caught_up_by_polling() {
     db.disconnect().await.unwrap();
 }
 
+/// Runs a streamer until it published one row (`one`) of table 0/0, then stops it: the stored
+/// position is past a transaction. Answers an admin session and the insert statement
+/// (`topic`, `payload`).
+pub(crate) async fn one_published_then_stopped(w: &World<MyDb>) -> (mysql_async::Conn, String) {
+    let insert = format!("INSERT INTO {} (topic, payload) VALUES (?, ?)", w.table(0, 0));
+    let mut db = w.admin().await;
+    let first = w.start("first.log");
+    db.exec_drop(&insert, (&w.topic, "one")).await.unwrap();
+    kafka::read_at_least(&w.topic, 1, 1, ARRIVAL).await;
+    assert!(first.stop());
+    (db, insert)
+}
+
+/// A transaction that took its id before the catch-up's snapshot and commits while the drain
+/// runs is sent once — by the stream, after every drained row (commit order) — because the
+/// drain reads inside the snapshot the new position was taken from. Purging binlogs is
+/// server-wide, so this test runs alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mariadb_a_catch_up_sends_a_transaction_committing_during_its_drain_once_in_order() {
+    const BACKLOG: usize = 20_000;
+    let w = World::mysql("mq").exclusive().build().await;
+    let table = w.table(0, 0);
+    let (mut db, insert) = one_published_then_stopped(&w).await;
+    // Takes its id now, commits later.
+    let mut late = w.admin().await;
+    late.query_drop("START TRANSACTION").await.unwrap();
+    late.exec_drop(&insert, (&w.topic, "late")).await.unwrap();
+    let rows: Vec<String> = (0..BACKLOG).map(|i| format!("({:?}, 'b{i}')", w.topic)).collect();
+    for chunk in rows.chunks(1000) {
+        db.query_drop(format!("INSERT INTO {table} (topic, payload) VALUES {}", chunk.join(","))).await.unwrap();
+    }
+    crate::support::mysql::purge_binlogs(&w.db.admin_url).await;
+    let second = w.start("second.log");
+    // The snapshot is taken and the position stored: commit while the drain runs.
+    second.wait_for_log("stored the new position", ARRIVAL).await;
+    late.query_drop("COMMIT").await.unwrap();
+    second.wait_for_log("catch-up done", ARRIVAL).await;
+    db.exec_drop(&insert, (&w.topic, "after")).await.unwrap();
+    let records = kafka::read_at_least(&w.topic, 1, BACKLOG + 3, ARRIVAL).await;
+    let got: Vec<String> = records.iter().map(|r| r.payload_str()).collect();
+    assert_eq!(got.len(), BACKLOG + 3, "no row twice: {:?}", &got[got.len().saturating_sub(5)..]);
+    assert_eq!(got[0], "one");
+    assert!(got[1..=BACKLOG].iter().enumerate().all(|(i, p)| *p == format!("b{i}")), "the drain, in id order");
+    assert_eq!(got[BACKLOG + 1..], ["late", "after"], "the late commit streamed, in commit order");
+    assert!(second.stop());
+    late.disconnect().await.unwrap();
+    db.disconnect().await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mariadb_add_column_while_streaming_keeps_working() {
     let w = World::mysql("ma").build().await;

@@ -124,13 +124,7 @@ async fn mariadb_wal_a_statement_logged_write_halts_and_skip_clears_it() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mariadb_wal_a_purged_position_halts_and_never_skips_silently() {
     let w = World::mysql("yp").config(WAL).exclusive().build().await;
-    let table = w.table(0, 0);
-    let insert = format!("INSERT INTO {table} (topic, payload) VALUES (?, ?)");
-    let mut db = w.admin().await;
-    let first = w.start("first.log");
-    db.exec_drop(&insert, (&w.topic, "one")).await.unwrap();
-    kafka::read_at_least(&w.topic, 1, 1, ARRIVAL).await;
-    assert!(first.stop());
+    let (mut db, insert) = crate::mysql_cdc::one_published_then_stopped(&w).await;
     db.exec_drop(&insert, (&w.topic, "lost")).await.unwrap();
     crate::support::mysql::purge_binlogs(&w.db.admin_url).await;
     let second = w.start("second.log");

@@ -118,6 +118,46 @@ async fn a_dropped_slot_is_caught_up_by_polling() {
     assert!(second.stop());
 }
 
+/// A transaction that commits after the catch-up's new position but before its drain reads
+/// (while the catch-up waits for an earlier writer of the table): the drain sends it and the
+/// stream, which starts at that position, skips it — sent once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transaction_committing_while_the_catch_up_waits_is_sent_once() {
+    let w = World::postgres("pw").build().await;
+    let table = w.table(0, 0);
+    let first = w.start("first.log");
+    insert(&w, payloads(0..1)).await;
+    kafka::read_at_least(&w.topic, 1, 1, ARRIVAL).await;
+    assert!(first.stop());
+    insert(&w, payloads(1..200)).await;
+    w.db.admin.execute("SELECT pg_drop_replication_slot($1)", &[&table]).await.unwrap();
+    // A writer of the table without a transaction id: the catch-up waits for it, the new
+    // slot does not.
+    let writer = pg::connect(&w.db.admin_url).await;
+    writer.batch_execute(&format!("BEGIN; LOCK TABLE {table} IN ROW EXCLUSIVE MODE")).await.unwrap();
+    let second = w.start("second.log");
+    // The catch-up took its position and checks whether the writer has ended (its last query,
+    // as pg_stat_activity shows it).
+    wait_until("the catch-up to wait for the writer", ARRIVAL, || async {
+        let sql = "SELECT 1 FROM pg_stat_activity WHERE datname = current_database() \
+                   AND pid <> pg_backend_pid() AND query LIKE '%virtualtransaction = ANY%' LIMIT 1";
+        w.db.admin.query_opt(sql, &[]).await.ok()?.map(|_| ())
+    })
+    .await;
+    // Commits after the new position, before the drain's snapshot.
+    let sql = format!("INSERT INTO {table} (topic, msg_key, payload) VALUES ($1, 'k', 'late')");
+    w.db.admin.execute(&sql, &[&w.topic]).await.unwrap();
+    writer.batch_execute("COMMIT").await.unwrap();
+    second.wait_for_log("catch-up done", ARRIVAL).await;
+    insert(&w, payloads(200..201)).await;
+    let records = kafka::read_at_least(&w.topic, 1, 202, ARRIVAL).await;
+    let got: Vec<String> = records.iter().map(|r| r.payload_str()).collect();
+    let mut want: Vec<String> = payloads(0..200).collect();
+    want.extend(["late".to_string(), "p200".to_string()]);
+    assert!(got == want, "no row twice (the drain sends the late row, the stream skips it): {:?}", &got[195..]);
+    assert!(second.stop());
+}
+
 /// Restores `max_slot_wal_keep_size` even if the test fails half-way.
 struct KeepSizeReset(String);
 

@@ -647,11 +647,20 @@ def mysql_create_admin(name: str = "mariadb", logged: bool = True) -> None:
         raise ServiceError(f"{name}: could not create {MYSQL_USER}: {r.stderr.strip()}")
 
 
+def mysql_replica_log_updates() -> str:
+    """OUTBOX_MYSQL_REPLICA_LOG_UPDATES (ON by default), read when the replica starts."""
+    value = os.environ.get("OUTBOX_MYSQL_REPLICA_LOG_UPDATES", "ON").upper()
+    if value not in ("ON", "OFF"):
+        fail(f"OUTBOX_MYSQL_REPLICA_LOG_UPDATES={value!r} must be ON or OFF")
+    return value
+
+
 def mysql_replica_command() -> list[str]:
     return [*mysql_command("mariadb-replica", MYSQL_REPLICA_PORT, 2),
-            # Its binlog carries what it applies (the primary's GTIDs): a streamer resumes on it
-            # by GTID after a promotion.
-            "--log-slave-updates=ON", "--read-only=ON",
+            # ON: its binlog carries what it applies (the primary's GTIDs), so a streamer resumes
+            # on it by GTID after a promotion. OFF (OUTBOX_MYSQL_REPLICA_LOG_UPDATES=OFF): its
+            # binlog has only its own writes, so a stored position is not in it after a promotion.
+            f"--log-slave-updates={mysql_replica_log_updates()}", "--read-only=ON",
             # Acknowledges the primary's commits when the primary asks (semi-sync, switched on
             # by the failover tests only).
             "--rpl-semi-sync-slave-enabled=ON",

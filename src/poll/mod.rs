@@ -105,6 +105,9 @@ pub trait PollTable: Send + 'static {
     /// Whether any of `writers` is still running.
     fn any_running(&mut self, writers: &[String]) -> impl Future<Output = Result<bool, Error>> + Send;
 
+    /// The database history this table's server writes ([`Source::history`]).
+    fn history(&mut self) -> impl Future<Output = Result<String, Error>> + Send;
+
     /// Housekeeping of the stream's log position while polling, called every
     /// [`MAINTAIN_EVERY`] by the session that owns the stream (PostgreSQL: its unused slot is
     /// moved to the current WAL position, so it does not hold WAL).
@@ -139,6 +142,12 @@ pub struct PollSettings {
     /// Catch-up: read only rows with `id <= upto`, and end the session (with
     /// [`SourceEvent::Drained`]) at the first rescan that finds none.
     pub drain_upto: Option<i64>,
+    /// Catch-up whose reader holds one snapshot for all its reads (MariaDB's consistent
+    /// snapshot, the one the new position was taken from): it holds exactly the rows committed
+    /// before that position, and rows deleted since stay visible in it. So reads go forward
+    /// from the last id read, never back to the low-water mark, without waiting for deletes,
+    /// and the first that finds nothing ends the drain.
+    pub in_snapshot: bool,
     /// Rows deleted after publishing, for the caller's report.
     pub rows_sent: Arc<AtomicU64>,
     /// `source`, `shard`, `partition` for the query-time histogram.
@@ -219,6 +228,10 @@ pub struct PollSource<T: PollTable> {
     next_poll_at: Instant,
     probe: Option<Probe>,
     sees_writers: bool,
+    /// [`PollSettings::in_snapshot`]: rows finished before this session read anything (an
+    /// earlier session's acknowledged prefix, rows a committed Kafka transaction holds). They
+    /// are deleted, but the snapshot still shows them: reads leave them out.
+    finished_unread: std::collections::HashSet<i64>,
 }
 
 impl<T: PollTable> PollSource<T> {
@@ -264,6 +277,7 @@ impl<T: PollTable> PollSource<T> {
             next_poll_at: now,
             probe: None,
             sees_writers: true,
+            finished_unread: std::collections::HashSet::new(),
         }
     }
 
@@ -280,7 +294,10 @@ impl<T: PollTable> PollSource<T> {
     async fn send_read(&mut self) -> Result<bool, Error> {
         let upto = self.settings.drain_upto.unwrap_or(i64::MAX);
         let limit = self.limit();
-        let req = if self.outstanding() > 0 {
+        let req = if self.settings.in_snapshot {
+            let after = self.last_read;
+            Request { after, upto, limit, rescan: true, settle: None, probe: false, below_mark: None }
+        } else if self.outstanding() > 0 {
             let drain = self.settings.drain_upto.is_some();
             if !(drain && self.last_full && self.last_rescan.elapsed() < RESCAN_EVERY) {
                 return Ok(false);
@@ -310,9 +327,14 @@ impl<T: PollTable> PollSource<T> {
         Ok(true)
     }
 
-    fn on_response(&mut self, resp: Response) -> Option<SourceEvent<PollPosition>> {
+    fn on_response(&mut self, mut resp: Response) -> Option<SourceEvent<PollPosition>> {
         let now = Instant::now();
         let full = resp.rows.len() as u64 >= u64::from(self.limit());
+        let read_none = resp.rows.is_empty();
+        let read_upto = resp.rows.last().map(row_id);
+        if !self.finished_unread.is_empty() {
+            resp.rows.retain(|r| !self.finished_unread.contains(&row_id(r)));
+        }
         if !resp.rows.is_empty() {
             let bytes: usize = resp.rows.iter().map(|r| r.as_ref().map_or(64, OutboxRecord::weight)).sum();
             self.row_bytes = bytes / resp.rows.len();
@@ -351,16 +373,18 @@ impl<T: PollTable> PollSource<T> {
                 }
                 _ => {}
             }
-            if resp.rows.is_empty() && self.settings.drain_upto.is_some() {
+            if read_none && self.settings.drain_upto.is_some() {
                 return Some(SourceEvent::Drained);
             }
         }
         if resp.rows.is_empty() {
+            // Only rows finished before reading: read on past them.
+            self.last_read = read_upto.unwrap_or(self.last_read).max(self.last_read);
             return None;
         }
         self.batches += 1;
         let n = resp.rows.len() as u64;
-        self.last_read = last_id.unwrap_or(self.last_read);
+        self.last_read = read_upto.unwrap_or(self.last_read);
         self.queued.push_back(SourceEvent::Begin { label: format!("batch-{}", self.batches) });
         self.queued.extend(resp.rows.into_iter().map(SourceEvent::Row));
         self.emitted += n;
@@ -450,6 +474,9 @@ impl<T: PollTable> Source for PollSource<T> {
         ids: Arc<[i64]>,
         upto: PollPosition,
     ) -> impl Future<Output = Result<u64, Error>> + Send + 'static + use<T> {
+        if self.settings.in_snapshot && self.emitted == 0 {
+            self.finished_unread.extend(ids.iter().copied());
+        }
         let (cleaner, rows_sent) = (self.cleaner.clone(), self.settings.rows_sent.clone());
         async move {
             let deleted = if ids.is_empty() { 0 } else { cleaner.lock().await.delete(&ids).await? };
@@ -470,6 +497,10 @@ impl<T: PollTable> Source for PollSource<T> {
 
     async fn close(self) {
         self.worker.abort();
+    }
+
+    async fn history(&mut self) -> Result<String, Error> {
+        self.cleaner.lock().await.history().await
     }
 
     async fn current_rows(&mut self, ids: &[i64]) -> Result<Vec<PolledRow>, Error> {

@@ -12,6 +12,8 @@ struct Db {
     running: BTreeSet<&'static str>,
     /// `after` of every read, in order.
     reads: Vec<i64>,
+    /// Reads see one snapshot: deleted rows stay visible.
+    snapshot: bool,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -56,6 +58,9 @@ impl PollTable for Fake {
     async fn oldest(&mut self, after: i64, upto: i64, limit: u32) -> Result<Vec<PolledRow>, Error> {
         let mut db = self.0.lock().unwrap();
         db.reads.push(after);
+        if after >= upto {
+            return Ok(Vec::new());
+        }
         Ok(db
             .rows
             .range(after + 1..=upto)
@@ -67,6 +72,9 @@ impl PollTable for Fake {
 
     async fn delete(&mut self, ids: &[i64]) -> Result<u64, Error> {
         let mut db = self.0.lock().unwrap();
+        if db.snapshot {
+            return Ok(ids.iter().filter(|id| db.rows.contains_key(id)).count() as u64);
+        }
         Ok(ids.iter().filter(|id| db.rows.remove(id).is_some()).count() as u64)
     }
 
@@ -87,6 +95,10 @@ impl PollTable for Fake {
         let db = self.0.lock().unwrap();
         Ok(writers.iter().any(|w| db.running.contains(w.as_str())))
     }
+
+    async fn history(&mut self) -> Result<String, Error> {
+        Ok("fake".into())
+    }
 }
 
 fn source(db: &Fake, batch: u32, drain_upto: Option<i64>) -> PollSource<Fake> {
@@ -100,10 +112,37 @@ fn source_rescanning_every(db: &Fake, batch: u32, drain_upto: Option<i64>, every
         full_rescan_every: every,
         max_batch_bytes: usize::MAX,
         drain_upto,
+        in_snapshot: false,
         rows_sent: Arc::default(),
         metric_labels: [("source", "s".into()), ("shard", "0".into()), ("partition", "0".into())],
     };
     PollSource::new(db.clone(), db.clone(), settings)
+}
+
+/// A catch-up's drain whose reads all see one snapshot.
+fn snapshot_source(db: &Fake, batch: u32, upto: i64) -> PollSource<Fake> {
+    db.0.lock().unwrap().snapshot = true;
+    let mut src = source(db, batch, Some(upto));
+    src.settings.in_snapshot = true;
+    src
+}
+
+#[tokio::test]
+async fn a_drain_in_a_snapshot_reads_forward_past_deleted_rows_and_skips_rows_finished_before_reading() {
+    let db = Fake::default();
+    for id in 1..=5 {
+        db.insert("t", id);
+    }
+    db.commit("t");
+    let mut src = snapshot_source(&db, 2, 5);
+    // An earlier session's acknowledged prefix, finished before anything is read.
+    finish(&mut src, &[2], PollPosition { batch: 7, rows_through: 1 }).await;
+    assert_eq!(next_batch(&mut src).await, vec![1], "row 2 read, and left out");
+    assert_eq!(next_batch(&mut src).await, vec![3, 4]);
+    assert_eq!(next_batch(&mut src).await, vec![5]);
+    let end = tokio::time::timeout(Duration::from_secs(5), batch(&mut src)).await.expect("an answer");
+    assert_eq!(end, None, "drained at the first read that finds nothing");
+    assert_eq!(db.reads(), [BEFORE_EVERY_ID, 2, 4, 5], "forward only: deleted rows are still in the snapshot");
 }
 
 /// Reads one batch and deletes it, as the session does once Kafka acknowledged it. Returns the

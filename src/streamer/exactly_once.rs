@@ -68,6 +68,8 @@ pub(super) struct ExactlyOnce {
     committed: Progress,
     /// The source kind's position header: a progress record of another kind covers nothing.
     kind: &'static str,
+    /// The database history the session reads; progress records carry it.
+    history: String,
     /// Row events of the source transaction being read so far.
     rows_read: u64,
     /// How many of them, from its first, a committed Kafka transaction already holds.
@@ -96,11 +98,22 @@ pub(super) async fn start<S: Source, K: Sink>(
     settings: &StreamSettings,
     source: &mut S,
     sink: &K,
+    history: String,
 ) -> Result<Option<ExactlyOnce>, Error> {
     if !sink.transactional() {
         return Ok(None);
     }
-    let resumed = resume(sink, labels).await?;
+    let resumed = match resume(sink, labels).await? {
+        Some(p) if p.history.as_ref().is_some_and(|h| *h != history) => {
+            tracing::warn!(
+                written_in = p.history.as_deref().unwrap_or_default(),
+                now = %history,
+                "the last progress record was written in another history of the database (it failed over since): it covers nothing here, so records of rows this server still holds may repeat"
+            );
+            None
+        }
+        resumed => resumed,
+    };
     let by_rows = source.before_reading();
     if let (Some(before), Some(progress)) = (&by_rows, &resumed)
         && !progress.ids.is_empty()
@@ -116,6 +129,7 @@ pub(super) async fn start<S: Source, K: Sink>(
         settings.transaction_interval_ms,
         settings.transaction_max_records,
         S::POSITION_HEADER,
+        history,
         by_rows.is_some(),
         resumed,
     )))
@@ -136,7 +150,14 @@ async fn resume<K: Sink>(sink: &K, labels: &StreamLabels) -> Result<Option<Progr
 }
 
 impl ExactlyOnce {
-    fn new(interval_ms: u64, max_records: usize, kind: &'static str, by_rows: bool, resumed: Option<Progress>) -> Self {
+    fn new(
+        interval_ms: u64,
+        max_records: usize,
+        kind: &'static str,
+        history: String,
+        by_rows: bool,
+        resumed: Option<Progress>,
+    ) -> Self {
         let committed = match resumed {
             Some(p) if p.source == kind => p,
             Some(p) => {
@@ -156,6 +177,7 @@ impl ExactlyOnce {
             held: Vec::new(),
             committed,
             kind,
+            history,
             rows_read: 0,
             covered: 0,
             closing: false,
@@ -325,12 +347,12 @@ impl<P: Clone + std::fmt::Display + Send + Sync + 'static, K: Sink> Session<'_, 
             Some(rows) => {
                 rows.undeleted.extend(rows.held.drain(..));
                 rows.stale_since = None;
-                Progress::new(eo.kind, None, None).with_ids(&rows.undeleted)
+                Progress::new(eo.kind, None, None).with_ids(&rows.undeleted).in_history(&eo.history)
             }
             None => {
                 let mark = mark.or_else(|| eo.committed.mark.clone());
                 let partial = in_source_txn.then(|| Partial { transaction: self.label.clone(), rows: eo.rows_read });
-                Progress::new(eo.kind, mark, partial)
+                Progress::new(eo.kind, mark, partial).in_history(&eo.history)
             }
         };
         let started = std::time::Instant::now();
@@ -406,7 +428,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_busy_stream_stretches_its_transactions_a_waiting_one_keeps_the_interval() {
         let interval = Duration::from_millis(20);
-        let mut eo = ExactlyOnce::new(20, 10_000, "outbox-lsn", false, None);
+        let mut eo = ExactlyOnce::new(20, 10_000, "outbox-lsn", "history".into(), false, None);
         let began = Instant::now();
         eo.open = Some((began, 1));
         assert_eq!(eo.due(false), Some(began + interval), "decided once the interval is over");

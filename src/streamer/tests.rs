@@ -219,6 +219,8 @@ struct SourceLog {
     /// Positions passed to `finished`, in order.
     confirmed: Vec<u64>,
     finishes_started: usize,
+    /// The database history the source reads (`history` when `None`).
+    history: Option<&'static str>,
 }
 
 struct FakeSource {
@@ -277,6 +279,10 @@ impl Source for FakeSource {
     fn confirm_idle(&mut self, _position: u64) {}
 
     async fn close(self) {}
+
+    async fn history(&mut self) -> Result<String, Error> {
+        Ok(lock(&self.log).history.unwrap_or("history").to_string())
+    }
 
     async fn current_rows(&mut self, _ids: &[i64]) -> Result<Vec<PolledRow>, Error> {
         let _session = self.session.lock().await;
@@ -644,6 +650,29 @@ async fn an_acknowledged_prefix_whose_delete_failed_is_finished_first_by_the_nex
     assert_eq!(sink.ids(), [1, 2], "what was acknowledged is not sent again");
 }
 
+/// A failover between the sessions: the promoted server may have given ids 1 and 2 to other
+/// rows, so the prefix is not deleted by id there; rows it holds are read and sent again.
+#[tokio::test(start_paused = true)]
+async fn an_unfinished_prefix_is_not_deleted_by_id_in_another_database_history() {
+    let sink = FakeSink::with(|s| s.auto_ack = true);
+    let log = SourceLog { fail_finish: 1, history: Some("primary"), ..SourceLog::default() };
+    let first = start_with(&sink, settings(), StreamMemory::default(), log);
+    first.txn(10, &[1, 2]);
+    let (result, memory) = first.ended().await;
+    assert!(result.is_err());
+    assert!(memory.unfinished.is_some());
+    let log = SourceLog { history: Some("promoted standby"), ..SourceLog::default() };
+    let second = start_with(&sink, settings(), memory, log);
+    second.txn(5, &[1, 3]);
+    until("the new history's rows are deleted", || second.deleted() == [1, 3]).await;
+    assert_eq!(second.finished()[0], (vec![1, 3], 5), "nothing of the old prefix, no position of it");
+    assert_eq!(lock(&second.log).confirmed, [5], "the old history's position is never confirmed");
+    let (result, memory) = second.stop().await;
+    result.unwrap();
+    assert_eq!(sink.ids(), [1, 2, 1, 3], "this server's row 1 is sent: its id is not proof it was");
+    assert_eq!(memory.history.as_deref(), Some("promoted standby"));
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_transient_delivery_failure_mid_batch_ends_the_session_after_settling_the_rest() {
     let sink = FakeSink::with(|s| {
@@ -829,6 +858,38 @@ async fn a_restart_deletes_what_the_last_progress_record_covers_and_sends_the_re
     assert_eq!(sink.ids(), [6, 7], "only what Kafka did not hold is sent");
     assert_eq!(committed_ids(&sink), [6, 7]);
     assert_eq!(last_progress(&sink).mark.as_deref(), Some("40"));
+}
+
+/// The database failed over since the progress record was written: its positions may name
+/// other transactions on the promoted server, so it covers nothing; every record written
+/// names the history it was written in.
+#[tokio::test(start_paused = true)]
+async fn a_progress_record_of_another_database_history_covers_nothing() {
+    let progress = crate::progress::Progress::new("outbox-lsn", Some("20".into()), None).in_history("old primary");
+    let sink = transactional(Some(progress));
+    let eo = StreamSettings { delivery: crate::config::Delivery::ExactlyOnce, ..settings() };
+    let log = SourceLog { history: Some("promoted standby"), ..SourceLog::default() };
+    let session = start_with(&sink, eo, StreamMemory::default(), log);
+    session.txn(10, &[1]);
+    session.txn(20, &[2]);
+    until("every row is deleted", || session.deleted().len() == 2).await;
+    session.stop().await.0.unwrap();
+    assert_eq!(committed_ids(&sink), [1, 2], "both sent: the old history's mark covers neither");
+    assert_eq!(last_progress(&sink).history.as_deref(), Some("promoted standby"));
+}
+
+/// A record of the same history (a restart, a crash of the server) still covers its mark.
+#[tokio::test(start_paused = true)]
+async fn a_progress_record_of_the_same_history_still_covers_its_mark() {
+    let progress = crate::progress::Progress::new("outbox-lsn", Some("10".into()), None).in_history("history");
+    let sink = transactional(Some(progress));
+    let eo = StreamSettings { delivery: crate::config::Delivery::ExactlyOnce, ..settings() };
+    let session = start(&sink, eo, StreamMemory::default());
+    session.txn(10, &[1]);
+    session.txn(20, &[2]);
+    until("every row is deleted", || session.deleted().len() == 2).await;
+    session.stop().await.0.unwrap();
+    assert_eq!(committed_ids(&sink), [2]);
 }
 
 #[tokio::test(start_paused = true)]

@@ -35,16 +35,25 @@ pub(crate) async fn exclusive_services() -> tokio::sync::RwLockWriteGuard<'stati
 
 /// Runs `scripts/services <args>` (for example `down kafka`) and panics if it fails.
 pub(crate) fn services(args: &[&str]) {
-    if let Err(e) = try_services(args) {
+    services_with(args, &[]);
+}
+
+/// [`services`] with extra environment variables for the script (such as
+/// `OUTBOX_MYSQL_REPLICA_LOG_UPDATES`).
+pub(crate) fn services_with(args: &[&str], vars: &[(&str, &str)]) {
+    if let Err(e) = try_services(args, vars) {
         panic!("{e}");
     }
 }
 
-/// [`services`], saying what failed instead of panicking.
-fn try_services(args: &[&str]) -> Result<(), String> {
+/// [`services_with`], saying what failed instead of panicking.
+fn try_services(args: &[&str], vars: &[(&str, &str)]) -> Result<(), String> {
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/services");
-    let out =
-        std::process::Command::new(script).args(args).output().map_err(|e| format!("running scripts/services: {e}"))?;
+    let out = std::process::Command::new(script)
+        .args(args)
+        .envs(vars.iter().copied())
+        .output()
+        .map_err(|e| format!("running scripts/services: {e}"))?;
     if out.status.success() {
         return Ok(());
     }
@@ -85,7 +94,7 @@ impl RestoreServices {
 impl Drop for RestoreServices {
     fn drop(&mut self) {
         for command in &self.0 {
-            match try_services(command) {
+            match try_services(command, &[]) {
                 Ok(()) => {}
                 // A second panic would abort the process and hide the first one.
                 Err(e) if std::thread::panicking() => eprintln!("restoring the services after a failure: {e}"),

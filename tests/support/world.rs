@@ -56,7 +56,7 @@ pub(crate) struct WorldBuilder<D> {
     exclusive: bool,
     grants: Option<String>,
     /// Services started once the world holds the services, before its database exists.
-    first: Vec<&'static str>,
+    first: Vec<(&'static str, &'static [(&'static str, &'static str)])>,
     database: PhantomData<D>,
 }
 
@@ -131,9 +131,18 @@ impl<D: Database> WorldBuilder<D> {
 
     /// Starts `service` (`scripts/services up <service>`) once the world holds the services
     /// alone and before it creates its database: a replica that must see the database made.
-    pub(crate) fn start_first(mut self, service: &'static str) -> Self {
+    pub(crate) fn start_first(self, service: &'static str) -> Self {
+        self.start_first_with(service, &[])
+    }
+
+    /// [`Self::start_first`] with environment variables for `scripts/services`.
+    pub(crate) fn start_first_with(
+        mut self,
+        service: &'static str,
+        vars: &'static [(&'static str, &'static str)],
+    ) -> Self {
         self.exclusive = true;
-        self.first.push(service);
+        self.first.push((service, vars));
         self
     }
 
@@ -144,8 +153,8 @@ impl<D: Database> WorldBuilder<D> {
         } else {
             ServicesHold::Shared(super::shared_services().await)
         };
-        for service in &self.first {
-            super::services(&["up", service]);
+        for (service, vars) in &self.first {
+            super::services_with(&["up", service], vars);
         }
         let (db, streamer_url) = D::create(self.grants.as_deref()).await;
         let prefix = unique(&self.name);

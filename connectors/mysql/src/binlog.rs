@@ -34,7 +34,9 @@ pub enum BinlogError {
     Connection(#[from] mysql_async::Error),
     #[error("no binlog event or heartbeat for {0:?}: the connection is presumed dead")]
     Timeout(Duration),
-    #[error("the stored binlog position {0} is no longer on the server (purged binlogs)")]
+    #[error(
+        "the stored binlog position {0} is not in the server's binlog (purged, or a promoted replica that did not log what it replicated)"
+    )]
     Purged(String),
     #[error("malformed binlog event: {0}")]
     Malformed(String),

@@ -152,7 +152,8 @@ impl PgTarget {
     /// With several hosts, the first that accepts writes, in the URL's order; the error of
     /// the last one tried when none does.
     pub async fn connect(&self) -> Result<Client, ConnectError> {
-        let mut last = None;
+        let mut last: Option<ConnectError> = None;
+        let mut failed = Vec::new();
         for (i, endpoint) in self.hosts.iter().enumerate() {
             match self.connect_to(endpoint).await {
                 Ok(client) => {
@@ -161,21 +162,29 @@ impl PgTarget {
                     }
                     return Ok(client);
                 }
-                Err(e) => last = Some(e),
+                Err(e) => {
+                    if let Some(before) = last.replace(e) {
+                        failed.push(format!("{}: {before}", before.host.as_deref().unwrap_or("?")));
+                    }
+                }
             }
         }
-        Err(last.expect("a URL names at least one host"))
+        let mut error = last.expect("a URL names at least one host");
+        error.others = failed;
+        Err(error)
     }
 
     async fn connect_to(&self, endpoint: &Endpoint) -> Result<Client, ConnectError> {
         let client = match &self.tls {
             Some((_, connector)) => {
-                let (client, connection) = endpoint.config.connect(connector.clone()).await.map_err(ConnectError)?;
+                let (client, connection) =
+                    endpoint.config.connect(connector.clone()).await.map_err(|e| ConnectError::at(endpoint, e))?;
                 tokio::spawn(drive(connection));
                 client
             }
             None => {
-                let (client, connection) = endpoint.config.connect(NoTls).await.map_err(ConnectError)?;
+                let (client, connection) =
+                    endpoint.config.connect(NoTls).await.map_err(|e| ConnectError::at(endpoint, e))?;
                 tokio::spawn(drive(connection));
                 client
             }
@@ -258,17 +267,40 @@ async fn drive<F: Future<Output = Result<(), tokio_postgres::Error>>>(connection
 }
 
 /// A failed connection, shown with the server's own message ("password authentication failed
-/// for user …") where `tokio_postgres` alone would say "db error".
+/// for user …") where `tokio_postgres` alone would say "db error". With several hosts in the
+/// URL it is the last host's error, and the message names what each host said.
 #[derive(Debug)]
-pub struct ConnectError(pub tokio_postgres::Error);
+pub struct ConnectError {
+    /// The last host's error (its SQLSTATE classifies the failure).
+    pub error: tokio_postgres::Error,
+    /// `host:port`, when the URL names several hosts.
+    host: Option<String>,
+    /// What the hosts tried before it said, in the URL's order.
+    others: Vec<String>,
+}
+
+impl ConnectError {
+    fn at(endpoint: &Endpoint, error: tokio_postgres::Error) -> Self {
+        ConnectError { error, host: Some(format!("{}:{}", endpoint.host, endpoint.port)), others: Vec::new() }
+    }
+}
 
 impl std::fmt::Display for ConnectError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let text = match self.0.as_db_error() {
+        if !self.others.is_empty() {
+            f.write_str("no host of the URL accepts writes: ")?;
+            for other in &self.others {
+                write!(f, "{other}; ")?;
+            }
+        }
+        if let (Some(host), false) = (&self.host, self.others.is_empty()) {
+            write!(f, "{host}: ")?;
+        }
+        let text = match self.error.as_db_error() {
             Some(db) => format!("{}: {} (SQLSTATE {})", db.severity(), db.message(), db.code().code()),
-            None => match std::error::Error::source(&self.0) {
-                Some(cause) => format!("{}: {cause}", self.0),
-                None => self.0.to_string(),
+            None => match std::error::Error::source(&self.error) {
+                Some(cause) => format!("{}: {cause}", self.error),
+                None => self.error.to_string(),
             },
         };
         f.write_str(&text)?;
@@ -285,6 +317,8 @@ fn connect_hint(message: &str) -> Option<&'static str> {
         Some(hint)
     } else if message.contains("no encryption") {
         Some("the server requires TLS for this login: add a [source.tls] table")
+    } else if message.contains("does not allow writes") {
+        Some("a standby in recovery: the streamer needs the primary; name it in the URL, or promote this server")
     } else {
         None
     }
@@ -334,5 +368,18 @@ mod tests {
         );
         let e = PgTarget::from_url("host=a,b,c port=1,2 user=u", None).unwrap_err();
         assert!(e.to_string().contains("3 hosts but 2 ports"), "{e}");
+    }
+
+    /// Two ports nothing listens on: the error names each host and what it said, in order.
+    #[tokio::test]
+    async fn when_no_host_answers_the_error_names_each_one() {
+        let closed = || std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let (a, b) = (closed(), closed());
+        let t = PgTarget::from_url(&format!("postgres://u:secret@127.0.0.1:{a},127.0.0.1:{b}/db"), None).unwrap();
+        let text = t.connect().await.expect_err("nothing listens").to_string();
+        let first = text.find(&format!("127.0.0.1:{a}: ")).expect(&text);
+        let second = text.find(&format!("127.0.0.1:{b}: ")).expect(&text);
+        assert!(text.starts_with("no host of the URL accepts writes: ") && first < second, "{text}");
+        assert!(!text.contains("secret"), "{text}");
     }
 }

@@ -76,10 +76,17 @@ pub fn literal(value: &str) -> String {
 }
 
 /// Checkpoint columns added after its first version: the published-up-to mark (the commit LSN
-/// below which every transaction was published and deleted, stored with the delete) and the
-/// operator's skip lists (`outbox-streamer skip`).
-const CHECKPOINT_LATER_COLUMNS: [(&str, &str); 4] =
-    [("published_lsn", "pg_lsn"), ("skip_ids", "text"), ("skip_transactions", "text"), ("storage", "text")];
+/// below which every transaction was published and deleted, stored with the delete), the
+/// operator's skip lists (`outbox-streamer skip`), the storage, and the last catch-up's drain
+/// snapshot with the WAL position read right after it (the stream skips what it drained).
+const CHECKPOINT_LATER_COLUMNS: [(&str, &str); 6] = [
+    ("published_lsn", "pg_lsn"),
+    ("skip_ids", "text"),
+    ("skip_transactions", "text"),
+    ("storage", "text"),
+    ("catchup_snapshot", "text"),
+    ("catchup_snapshot_lsn", "pg_lsn"),
+];
 
 /// Statements that must run in a transaction block (tables, publications, grants, function).
 pub fn schema_statements(plan: &SetupPlan) -> Vec<String> {

@@ -4,10 +4,14 @@
 //! MariaDB writes a transaction to the binlog before InnoDB makes it visible, so the current
 //! binlog position alone could name a transaction the drain cannot see yet. A snapshot taken
 //! `WITH CONSISTENT SNAPSHOT` reports the binlog position it corresponds to
-//! (`Binlog_snapshot_file`/`_position`): everything before it is visible in the snapshot, and
-//! its highest id bounds the drain. MySQL adds a GTID to `gtid_executed` only after the
-//! engine commit, so reading it before the highest id is enough there (unverified live: no
-//! MySQL server here).
+//! (`Binlog_snapshot_file`/`_position`): exactly the transactions before it are visible in
+//! the snapshot. The reader keeps that snapshot open and drains inside it, so the drain sends
+//! exactly what committed before the new position and the stream exactly what committed
+//! after: no row twice (a transaction that took its id before the snapshot and committed
+//! after it is the stream's alone), and commit order holds across the seam. MySQL reports no
+//! snapshot position: its `gtid_executed` gains a GTID only after the engine commit, so
+//! reading it before the highest id is enough there, and its drain reads committed rows as
+//! polling does (unverified live: no MySQL server here).
 
 use std::time::Instant;
 
@@ -33,7 +37,9 @@ struct Snapshot {
     upto: Option<i64>,
 }
 
-async fn snapshot(conn: &mut Conn, table: &str) -> Result<Snapshot, MyError> {
+/// Takes the new position on `conn`. MariaDB: `conn` stays inside the consistent snapshot
+/// the position belongs to (`in_snapshot` is true), for the drain to read in.
+async fn snapshot(conn: &mut Conn, table: &str) -> Result<(Snapshot, bool), MyError> {
     let version: Option<String> = conn.query_first("SELECT @@version").await?;
     let max_sql = format!("SELECT MAX(id) FROM {}", ident(table));
     match Flavor::from_version(&version.unwrap_or_default()) {
@@ -42,18 +48,18 @@ async fn snapshot(conn: &mut Conn, table: &str) -> Result<Snapshot, MyError> {
             conn.query_drop("START TRANSACTION WITH CONSISTENT SNAPSHOT").await?;
             let status: Vec<(String, String)> = conn.query("SHOW STATUS LIKE 'binlog_snapshot_%'").await?;
             let upto: Option<Option<i64>> = conn.query_first(&max_sql).await?;
-            conn.query_drop("COMMIT").await?;
             let value = |name: &str| status.iter().find(|(n, _)| n.eq_ignore_ascii_case(name)).map(|(_, v)| v.clone());
             let file = value("Binlog_snapshot_file").unwrap_or_default();
             let offset = value("Binlog_snapshot_position").and_then(|v| v.parse().ok()).unwrap_or(4);
+            // A plain function call: it reads the binlog index, not the snapshot's tables.
             let gtid: Option<Option<String>> = conn.exec_first("SELECT BINLOG_GTID_POS(?, ?)", (&file, offset)).await?;
-            Ok(Snapshot { gtid: gtid.flatten(), file, offset, upto: upto.flatten() })
+            Ok((Snapshot { gtid: gtid.flatten(), file, offset, upto: upto.flatten() }, true))
         }
         Flavor::MySql => {
             let position = current_position(conn, false).await?;
             let upto: Option<Option<i64>> = conn.query_first(&max_sql).await?;
             let gtid = (!position.gtid.trim().is_empty()).then_some(position.gtid);
-            Ok(Snapshot { gtid, file: position.file, offset: position.offset, upto: upto.flatten() })
+            Ok((Snapshot { gtid, file: position.file, offset: position.offset, upto: upto.flatten() }, false))
         }
     }
 }
@@ -106,9 +112,11 @@ pub(crate) async fn run(
     let started = Instant::now();
     tracing::warn!(reason, table = %names.table, "catching up by polling before streaming resumes");
     let mut reader = MyPollTable::connect(opts, &names.table).await?;
-    let cleaner = MyPollTable::connect(opts, &names.table).await?;
-    let snap = snapshot(reader.conn(), &names.table).await.map_err(|e| Error::from_db("taking the new position", e))?;
-    let conn = reader.conn();
+    let mut cleaner = MyPollTable::connect(opts, &names.table).await?;
+    let (snap, in_snapshot) =
+        snapshot(reader.conn(), &names.table).await.map_err(|e| Error::from_db("taking the new position", e))?;
+    // Not on the reader: its snapshot transaction stays open for the drain.
+    let conn = cleaner.conn();
     let checkpoint = Checkpoint::new(checkpoint_table);
     conn.exec_drop(checkpoint.restart_at(), (&snap.gtid, &snap.file, snap.offset, &names.table, epoch))
         .await
@@ -124,7 +132,7 @@ pub(crate) async fn run(
     );
     let rows = match snap.upto {
         None => 0,
-        Some(upto) => match drain.run(reader, cleaner, upto).await? {
+        Some(upto) => match drain.run(reader, cleaner, upto, in_snapshot).await? {
             Some(rows) => rows,
             None => return Ok(None),
         },

@@ -371,9 +371,9 @@ fn binlog_error(e: BinlogError, storage: Storage, stream: &str) -> Error {
         BinlogError::Purged(position) if storage == Storage::Wal => {
             super::wal::position_purged(&position.to_string(), stream)
         }
-        BinlogError::Purged(position) => {
-            Error::position_lost(format!("the stored binlog position {position} was purged from the server"))
-        }
+        BinlogError::Purged(position) => Error::position_lost(format!(
+            "the stored binlog position {position} is not in the server's binlog (purged, or a promoted replica that did not log what it replicated)"
+        )),
         BinlogError::Malformed(m) => Error::definite(
             format!("malformed binlog event: {m}"),
             "check binlog_format=ROW and log_bin_compress=OFF; report it with the server version",
@@ -521,6 +521,10 @@ impl Source for MySource {
         if let Ok(sql) = Arc::try_unwrap(self.sql) {
             let _ = sql.into_inner().disconnect().await;
         }
+    }
+
+    async fn history(&mut self) -> Result<String, Error> {
+        super::connect::history(&mut *self.sql.lock().await).await
     }
 
     async fn current_rows(&mut self, ids: &[i64]) -> Result<Vec<PolledRow>, Error> {

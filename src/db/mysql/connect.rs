@@ -100,3 +100,11 @@ pub(super) async fn identify(source: &SourceConfig) -> anyhow::Result<String> {
     };
     Ok(format!("database {database:?} on {server}"))
 }
+
+/// The history `conn`'s server writes (see [`crate::source::Source::history`]): its
+/// `server_id`, which every server of a replication topology has to itself.
+pub(crate) async fn history(conn: &mut Conn) -> Result<String, crate::error::Error> {
+    let id: Option<u64> =
+        crate::source::within("reading the server's server_id", conn.query_first("SELECT @@server_id")).await?;
+    Ok(format!("MySQL/MariaDB server_id {}", id.unwrap_or_default()))
+}

@@ -212,4 +212,8 @@ impl PollTable for MyPollTable {
         let n: Option<i64> = within("checking the table's writers", query).await?;
         Ok(n.unwrap_or(0) > 0)
     }
+
+    async fn history(&mut self) -> Result<String, Error> {
+        super::connect::history(&mut self.conn).await
+    }
 }

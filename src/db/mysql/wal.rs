@@ -73,10 +73,10 @@ pub(super) fn statement_write(table: &str, txn: &str, stream: &str) -> Error {
 pub(super) fn position_purged(position: &str, stream: &str) -> Error {
     Error::definite(
         format!(
-            "the stored binlog position {position} was purged from the server; with storage = \"wal\" the messages committed after it could not be read and are not in any table: they may be lost"
+            "the stored binlog position {position} is not in the server's binlog (purged, or a promoted replica that did not log what it replicated); with storage = \"wal\" the messages committed after it could not be read and are not in any table: they may be lost"
         ),
         format!(
-            "find out what was lost (the applications' logs, a replica's or a backup's binlog), then resume at the current position with `outbox-streamer skip --stream {stream} --backlog`; keep binlogs longer than any outage (binlog_expire_logs_seconds)"
+            "find out what was lost (the applications' logs, a replica's or a backup's binlog), then resume at the current position with `outbox-streamer skip --stream {stream} --backlog`; keep binlogs longer than any outage (binlog_expire_logs_seconds) and log_slave_updates = ON on every replica that may be promoted"
         ),
     )
 }

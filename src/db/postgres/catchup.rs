@@ -1,15 +1,19 @@
 //! PostgreSQL catch-up: mark, make sure a slot exists, take a bound, wait out the table's
-//! writers, drain, then move the stream's position to the bound.
+//! writers, drain inside one snapshot, then move the stream's position to the bound.
 //!
 //! The slot is created (a) before anything is read. Then the WAL insert position `L` is read,
 //! and after it the transactions writing the table. A transaction whose commit is before `L`
 //! is either visible already or, not yet visible, still holds its lock on the table (a
 //! transaction releases its locks only after it became visible), so it is among those writers;
-//! once they have all ended, every row committed before `L` is visible, and the highest id in
-//! the table bounds every row (b) must send. After the drain, `L` becomes the published-up-to
-//! mark and the slot moves to it: the stream (c) starts with the transactions committed after
-//! `L`, and nothing the drain sent from before `L` is sent twice — not even when the slot was
-//! older (a return from polling mode, whose slot lags behind what polling sent).
+//! once they have all ended, every row committed before `L` is visible. The drain (b) then
+//! reads inside one `REPEATABLE READ` snapshot `S` taken after that, with the WAL position `M`
+//! read right after it: `S` holds every transaction committed before `L` and some committed
+//! between `L` and `M`. After the drain, `L` becomes the published-up-to mark and the slot
+//! moves to it; `S` and `M` are stored beside it. The stream (c) starts with the transactions
+//! committed after `L` and skips those `S` saw committed (and so the drain sent), up to `M`:
+//! nothing is sent twice — not even when the slot was older (a return from polling mode, whose
+//! slot lags behind what polling sent) — and a transaction the drain could not see is the
+//! stream's.
 
 use std::time::{Duration, Instant};
 
@@ -147,9 +151,10 @@ pub(crate) async fn run(
             _ = drain.stop.changed() => return Ok(None),
         }
     }
+    let (snapshot, snapshot_lsn) = reader.enter_snapshot().await?;
     let rows = match reader.max_id().await? {
         None => 0,
-        Some(upto) => match drain.run(reader, cleaner, upto).await? {
+        Some(upto) => match drain.run(reader, cleaner, upto, true).await? {
             Some(rows) => rows,
             None => return Ok(None),
         },
@@ -158,23 +163,25 @@ pub(crate) async fn run(
     // before it could be, which in a catch-up only the table can tell). With `wal` storage
     // the slot also holds messages the drain cannot send: it stays, and the stream replays
     // the rows too (duplicates, never a loss).
-    let bound = match storage {
+    let (bound, drained) = match storage {
         Storage::Table => {
             slot::advance(&client, &names.slot, bound)
                 .await
                 .map_err(|e| Error::from_db(&format!("moving slot {} to {bound}", names.slot), e))?;
-            Some(bound.to_pg_string())
+            (Some(bound.to_pg_string()), Some((snapshot, snapshot_lsn.to_pg_string())))
         }
-        Storage::Wal => None,
+        Storage::Wal => (None, None),
     };
+    let (snapshot, snapshot_lsn) = drained.unzip();
     let sql = format!(
         "UPDATE {} SET catchup_pending = false, last_catchup_at = now(), last_catchup_rows = $2,
-                published_lsn = greatest(published_lsn, $3::text::pg_lsn), updated_at = now()
+                published_lsn = greatest(published_lsn, $3::text::pg_lsn), catchup_snapshot = $4,
+                catchup_snapshot_lsn = $5::text::pg_lsn, updated_at = now()
          WHERE stream = $1",
         ident(checkpoint_table)
     );
     client
-        .execute(&sql, &[&names.table, &(rows as i64), &bound])
+        .execute(&sql, &[&names.table, &(rows as i64), &bound, &snapshot, &snapshot_lsn])
         .await
         .map_err(|e| Error::from_db(&format!("updating {checkpoint_table}"), e))?;
     Ok(Some(report(drain.labels, started, rows)))

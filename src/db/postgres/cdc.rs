@@ -35,6 +35,7 @@ use tokio::sync::Mutex;
 use tokio_postgres::Client;
 use tokio_postgres::error::SqlState;
 
+use super::snapshot::Drained;
 use super::{checkpoint, envelope, visibility};
 use crate::config::Storage;
 use crate::error::Error;
@@ -164,6 +165,11 @@ pub(crate) struct PgSource {
     /// Skips transactions whose commit starts below the published-up-to mark: this stream
     /// published and deleted them (the mark is stored with the delete).
     replay: ReplayFilter<Lsn>,
+    /// The last catch-up's drain: transactions it sent, committed after its new position
+    /// (the mark), are skipped too. Dropped once the stream is past them.
+    drained: Option<Drained>,
+    /// The transaction being read was sent by that drain.
+    in_drained: bool,
     skips: SkipList,
     metric_labels: [(&'static str, String); 3],
     /// Whether a message with this stream's prefix outside a transaction was reported.
@@ -254,6 +260,8 @@ impl PgSource {
                 cleanup::RowDeleter::new(&names.table).recording_in(checkpoint_table, &names.table),
             )),
             replay: ReplayFilter::new(stored.published),
+            drained: stored.drained,
+            in_drained: false,
             skips: stored.skips,
             metric_labels,
             warned_untransactional: false,
@@ -454,6 +462,10 @@ impl Source for PgSource {
                     self.begun = final_lsn;
                     self.xids.push_back((xid, final_lsn));
                     self.replay.begin(|published| final_lsn < *published);
+                    self.in_drained = self.drained.as_ref().is_some_and(|d| d.covers(final_lsn, xid));
+                    if self.drained.as_ref().is_some_and(|d| final_lsn >= d.upto) {
+                        self.drained = None;
+                    }
                     SourceEvent::Begin { label: final_lsn.to_string() }
                 }
                 Change::Relation(rel) => {
@@ -477,7 +489,7 @@ impl Source for PgSource {
                             continue;
                         }
                     };
-                    if self.replay.skip_row() {
+                    if self.replay.skip_row() || self.in_drained {
                         metrics::counter!(crate::metrics::SKIPPED_REPLAYED_ROWS, &self.metric_labels).increment(1);
                         continue;
                     }
@@ -529,6 +541,10 @@ impl Source for PgSource {
     fn confirm_idle(&mut self, position: Lsn) {
         self.xids.retain(|(_, lsn)| *lsn >= position);
         self.stream.confirm(position);
+    }
+
+    async fn history(&mut self) -> Result<String, Error> {
+        super::connect::history(&self.sql).await
     }
 
     async fn close(self) {

@@ -12,6 +12,7 @@ use outbox_postgres::setup::ident;
 use tokio_postgres::Client;
 use tokio_postgres::error::SqlState;
 
+use super::snapshot::{Drained, PgSnapshot};
 use crate::error::Error;
 use crate::skip::SkipList;
 
@@ -21,6 +22,8 @@ pub(super) struct Stored {
     pub catchup_pending: bool,
     pub published: Option<Lsn>,
     pub skips: SkipList,
+    /// What the last catch-up drained beyond `published` (see `super::snapshot`).
+    pub drained: Option<Drained>,
 }
 
 fn run_setup(message: String) -> Error {
@@ -33,7 +36,9 @@ fn run_setup(message: String) -> Error {
 /// Reads the row of `table`.
 pub(super) async fn read(client: &Client, checkpoint_table: &str, table: &str) -> Result<Stored, Error> {
     let sql = format!(
-        "SELECT catchup_pending, published_lsn::text, skip_ids, skip_transactions FROM {} WHERE stream = $1",
+        "SELECT catchup_pending, published_lsn::text, skip_ids, skip_transactions, catchup_snapshot,
+                catchup_snapshot_lsn::text
+         FROM {} WHERE stream = $1",
         ident(checkpoint_table)
     );
     let row = match client.query_opt(&sql, &[&table]).await {
@@ -60,5 +65,14 @@ pub(super) async fn read(client: &Client, checkpoint_table: &str, table: &str) -
             ),
         )
     })?;
-    Ok(Stored { catchup_pending: row.get(0), published, skips })
+    let drained = match (row.get::<_, Option<String>>(4), row.get::<_, Option<String>>(5)) {
+        (Some(snapshot), Some(upto)) => {
+            let unreadable = |e: String| Error::transient(format!("reading {checkpoint_table}.catchup_snapshot: {e}"));
+            let snapshot = PgSnapshot::parse(&snapshot).map_err(unreadable)?;
+            let upto = Lsn::parse(&upto).map_err(|e| unreadable(e.to_string()))?;
+            Some(Drained { snapshot, upto })
+        }
+        _ => None,
+    };
+    Ok(Stored { catchup_pending: row.get(0), published, skips, drained })
 }

@@ -43,3 +43,19 @@ pub(super) async fn identify(source: &SourceConfig) -> anyhow::Result<String> {
     let (system, database): (String, String) = (row.get(0), row.get(1));
     Ok(format!("database {database:?} of the PostgreSQL cluster with system identifier {system}"))
 }
+
+/// The history `client`'s server writes (see [`crate::source::Source::history`]): its cluster's
+/// system identifier, which a standby shares with its primary, and the timeline, which a
+/// promotion or a point-in-time recovery starts anew.
+pub(crate) async fn history(client: &tokio_postgres::Client) -> Result<String, crate::error::Error> {
+    let sql = "SELECT system_identifier::text, CASE WHEN pg_is_in_recovery() THEN NULL \
+               ELSE ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::int END \
+               FROM pg_control_system()";
+    let row = crate::source::within("reading the server's system identifier and timeline", client.query_one(sql, &[]))
+        .await?;
+    let (system, timeline): (String, Option<i32>) = (row.get(0), row.get(1));
+    Ok(match timeline {
+        Some(timeline) => format!("PostgreSQL system {system} timeline {timeline}"),
+        None => format!("PostgreSQL system {system} (a standby in recovery)"),
+    })
+}

@@ -26,6 +26,7 @@ mod lag;
 pub(crate) mod poll;
 mod setup;
 mod skip;
+mod snapshot;
 mod status;
 mod teardown;
 mod visibility;

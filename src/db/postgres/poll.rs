@@ -9,6 +9,7 @@
 //! keeps it until its transaction ends, so "none of them is left" means every id drawn before
 //! is settled.
 
+use outbox_postgres::Lsn;
 use outbox_postgres::cleanup;
 use outbox_postgres::connect::PgTarget;
 use outbox_postgres::setup::ident;
@@ -91,6 +92,22 @@ impl PgPollTable {
     }
 
     /// The highest id in the table now (`None` when it is empty).
+    /// Opens a `REPEATABLE READ` transaction on this connection that every later read runs
+    /// in, and answers its snapshot (`pg_snapshot` text) and the WAL insert position read right
+    /// after it was taken: no transaction committing at or after that position is in it.
+    pub(crate) async fn enter_snapshot(&self) -> Result<(String, Lsn), Error> {
+        let what = "taking the catch-up's snapshot";
+        within(what, self.client.batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ")).await?;
+        let row = within(
+            what,
+            self.client.query_one("SELECT pg_current_snapshot()::text, pg_current_wal_insert_lsn()::text", &[]),
+        )
+        .await?;
+        let (snapshot, lsn): (String, String) = (row.get(0), row.get(1));
+        let lsn = Lsn::parse(&lsn).map_err(|e| Error::transient(format!("{what}: {e}")))?;
+        Ok((snapshot, lsn))
+    }
+
     pub(crate) async fn max_id(&self) -> Result<Option<i64>, Error> {
         let row = self
             .client
@@ -219,6 +236,10 @@ impl PollTable for PgPollTable {
             self.client.query_one("SELECT EXISTS (SELECT 1 FROM pg_locks WHERE virtualtransaction = ANY($1))", &params);
         let row = within("checking the table's writers in pg_locks", query).await?;
         Ok(row.get(0))
+    }
+
+    async fn history(&mut self) -> Result<String, Error> {
+        super::connect::history(&self.client).await
     }
 }
 
