@@ -315,6 +315,32 @@ impl BenchDb {
     }
 
     /// Commits one row (for the warm-up).
+    /// Marks `table`'s catch-up pending in `checkpoint`, as a return from polling mode does:
+    /// the streamer's next start drains the table by polling before it streams.
+    pub(super) async fn mark_catch_up_pending(&self, checkpoint: &str, table: &str) -> anyhow::Result<()> {
+        match self.kind {
+            DbKind::Postgres => {
+                let c = PgTarget::from_url(&self.admin_url, None)?.connect().await?;
+                let sql = format!(
+                    "UPDATE {} SET catchup_pending = true WHERE stream = $1",
+                    outbox_postgres::setup::ident(checkpoint)
+                );
+                anyhow::ensure!(c.execute(&sql, &[&table]).await? == 1, "{checkpoint} has no row for {table}");
+            }
+            DbKind::Mariadb => {
+                let mut c = my_connect(&self.admin_url).await?;
+                let sql = format!(
+                    "UPDATE {} SET catchup_pending = 1 WHERE stream = ?",
+                    outbox_mysql::setup::ident(checkpoint)
+                );
+                c.exec_drop(sql, (table,)).await?;
+                anyhow::ensure!(c.affected_rows() == 1, "{checkpoint} has no row for {table}");
+                c.disconnect().await?;
+            }
+        }
+        Ok(())
+    }
+
     pub(super) async fn insert_one(&self, table: &str, topic: &str, key: &str) -> anyhow::Result<()> {
         match self.kind {
             DbKind::Postgres => {

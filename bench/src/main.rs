@@ -157,6 +157,11 @@ pub(crate) struct BenchArgs {
     /// Backlog drain: insert this many rows with the streamer stopped, then time the drain.
     #[arg(long)]
     pub backlog: Option<usize>,
+    /// With `--backlog`: mark the shard-partition's catch-up pending before the streamer
+    /// starts, so the backlog drains as a catch-up (the path after a lost slot or binlog
+    /// position, or a return from polling mode) instead of from the log. CDC mode only.
+    #[arg(long, requires = "backlog")]
+    pub catch_up: bool,
     /// Where a suite writes its results.
     #[arg(long, default_value = "target/bench/results")]
     pub out: PathBuf,

@@ -135,7 +135,11 @@ async fn run(
         Some(rows) => {
             eprintln!("inserting a backlog of {rows} rows with the streamer stopped…");
             let wal = args.storage == BenchStorage::Wal;
-            Some(db.insert_backlog(&tables[0], &topic, rows, args.payload_bytes, wal, &progress).await?)
+            let inserted = db.insert_backlog(&tables[0], &topic, rows, args.payload_bytes, wal, &progress).await?;
+            if args.catch_up {
+                db.mark_catch_up_pending(&format!("{run_id}_checkpoint"), &tables[0]).await?;
+            }
+            Some(inserted)
         }
         None => None,
     };
