@@ -115,3 +115,69 @@ async fn mariadb_a_prepared_xa_transaction_survives_a_restart() {
         c.disconnect().await.unwrap();
     }
 }
+
+/// A catch-up while an XA transaction that wrote the table is prepared (here: a stream back
+/// from polling, so a catch-up is pending): its consistent snapshot cannot see the prepared
+/// rows and its position lies after the prepare, so the stream resumes before the prepare with
+/// the snapshot as the replay mark and publishes the rows at the `XA COMMIT`, in commit order.
+/// Before, the stream started after the prepare and the sweep sent the rows intervals later,
+/// after rows committed after them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mariadb_a_catch_up_keeps_an_xa_transaction_prepared_before_it() {
+    let w = World::mysql("mxc").build().await;
+    let (mut admin, insert) = crate::mysql_cdc::one_published_then_stopped(&w).await;
+    let mut held = w.admin().await;
+    // Prepared XA transactions outlive their session: a unique XID per run.
+    let xid = format!("{}-held", w.prefix);
+    xa_insert(&mut held, &xid, &w.table(0, 0), &w.topic, "held").await;
+    // The prepare is then in an older binlog file than the snapshot's.
+    admin.query_drop("FLUSH BINARY LOGS").await.unwrap();
+    admin.exec_drop(&insert, (&w.topic, "b")).await.unwrap();
+    admin
+        .exec_drop(format!("UPDATE {}_checkpoint SET catchup_pending = 1 WHERE stream = ?", w.prefix), (w.table(0, 0),))
+        .await
+        .unwrap();
+    let second = w.start("second.log");
+    let log = second.wait_for_log("catch-up done", ARRIVAL).await;
+    assert!(log.contains("found the prepare of an XA transaction"), "{log}");
+    assert!(log.contains("rows=1"), "the drain sent b only: {log}");
+    admin.exec_drop(&insert, (&w.topic, "c")).await.unwrap();
+    held.query_drop(format!("XA COMMIT '{xid}'")).await.unwrap();
+    admin.exec_drop(&insert, (&w.topic, "d")).await.unwrap();
+    let records = kafka::read_at_least(&w.topic, 1, 5, ARRIVAL).await;
+    assert_eq!(payloads(&records), ["one", "b", "c", "held", "d"], "each once, the XA rows at their commit");
+    w.wait_drained(&w.table(0, 0)).await;
+    assert!(second.stop());
+    held.disconnect().await.unwrap();
+    admin.disconnect().await.unwrap();
+}
+
+/// The same, after the binlog holding the prepare was purged (the server purges it although
+/// the transaction is still prepared): the prepare cannot be read again, the catch-up names
+/// the XID in a warning, and the sweep publishes the rows once they commit — once, later than
+/// their commit. Purging binlogs is server-wide, so this test runs alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mariadb_a_catch_up_after_the_prepare_was_purged_names_it_and_the_sweep_sends_it() {
+    let w = World::mysql("mxp").config("sweep_interval_ms = 300").exclusive().build().await;
+    let (mut admin, insert) = crate::mysql_cdc::one_published_then_stopped(&w).await;
+    let mut held = w.admin().await;
+    let xid = format!("{}-purged", w.prefix);
+    xa_insert(&mut held, &xid, &w.table(0, 0), &w.topic, "held").await;
+    admin.exec_drop(&insert, (&w.topic, "b")).await.unwrap();
+    crate::support::mysql::purge_binlogs(&w.db.admin_url).await;
+    let second = w.start("second.log");
+    let log = second.wait_for_log("catch-up done", ARRIVAL).await;
+    // Named as `XA COMMIT` and `XA RECOVER FORMAT='SQL'` take it.
+    let named: String = xid.bytes().map(|b| format!("{b:02x}")).collect();
+    assert!(log.contains("prepares are not in the binlog any more") && log.contains(&named), "{log}");
+    held.query_drop(format!("XA COMMIT '{xid}'")).await.unwrap();
+    admin.exec_drop(&insert, (&w.topic, "c")).await.unwrap();
+    let records = kafka::read_distinct(&w.topic, 1, 4, ARRIVAL).await;
+    let mut got = payloads(&records);
+    got.sort();
+    assert_eq!(got, ["b", "c", "held", "one"], "each once");
+    w.wait_drained(&w.table(0, 0)).await;
+    assert!(second.stop());
+    held.disconnect().await.unwrap();
+    admin.disconnect().await.unwrap();
+}

@@ -73,10 +73,11 @@ impl Checkpoint {
     }
 
     /// A catch-up's new position, stored before it drains the table; binds gtid, file,
-    /// offset, stream, epoch.
+    /// offset, done_gtid (the snapshot's position when the stream resumes before it, behind an
+    /// XA prepare), stream, epoch.
     pub(super) fn restart_at(&self) -> String {
         format!(
-            "UPDATE {} SET gtid = ?, binlog_file = ?, binlog_pos = ?, done_gtid = NULL, catchup_pending = 1,
+            "UPDATE {} SET gtid = ?, binlog_file = ?, binlog_pos = ?, done_gtid = ?, catchup_pending = 1,
                  catchup_started_at = NOW(6)
              WHERE stream = ? AND owner_epoch <= ?",
             self.quoted

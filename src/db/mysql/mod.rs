@@ -6,6 +6,7 @@
 //!  cdc.rs       the CDC source: a table's binlog rows turned into outbox records
 //!  checkpoint.rs every statement on the checkpoint row (position, epoch, catch-up, skips)
 //!  xa.rs        XA transactions held between prepare and commit
+//!  xa_scan.rs   where a catch-up resumes so that XA transactions prepared before it are kept
 //!  poll.rs      the polling table (polling mode and the catch-up drain)
 //!  catchup.rs   catching up when the binlog position is lost, or when a stream returns from polling
 //!  lag.rs       the binlog-lag gauge
@@ -27,6 +28,7 @@ mod status;
 mod teardown;
 mod wal;
 mod xa;
+mod xa_scan;
 
 use std::sync::Arc;
 use std::time::Duration;
