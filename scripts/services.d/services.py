@@ -1,5 +1,5 @@
-"""Real PostgreSQL, MariaDB, Apache Kafka (KRaft) and ZooKeeper on loopback, for the demo,
-the tests, CI and the benchmarks.
+"""Real PostgreSQL, MariaDB, Apache Kafka (KRaft), ZooKeeper and RabbitMQ on loopback, for the
+demo, the tests, CI and the benchmarks.
 
 Contract:
   * `up` installs what is missing (Debian packages, Maven Central jars resolved into a cache),
@@ -28,6 +28,7 @@ import secrets
 import shutil
 import signal
 import socket
+import ssl
 import struct
 import subprocess
 import sys
@@ -43,10 +44,10 @@ IS_ROOT = os.geteuid() == 0
 
 
 def traversable_by_service_users(path: Path) -> bool:
-    """As root, the servers run as `postgres` and `mysql`; they must reach their data."""
+    """As root, the servers run as `postgres`, `mysql` and `rabbitmq`; they must reach their data."""
     if not IS_ROOT:
         return True
-    for user in ("postgres", "mysql"):
+    for user in ("postgres", "mysql", "rabbitmq"):
         try:
             pwd.getpwnam(user)
         except KeyError:
@@ -106,6 +107,14 @@ KAFKA_TLS_PORT = port("OUTBOX_KAFKA_TLS_PORT", 29095)
 ZK_PORT = port("OUTBOX_ZK_PORT", 22181)
 # ZooKeeper's TLS client port (Netty), with the private CA's server certificate.
 ZK_TLS_PORT = port("OUTBOX_ZK_TLS_PORT", 22182)
+# RabbitMQ (AMQP 0-9-1) and its TLS listener. Not 25672: that is RabbitMQ's own convention for
+# the distribution port of a node on 5672. Erlang distribution and its port mapper (epmd) get
+# ports of our own too, so a system RabbitMQ (5672, 25672, epmd on 4369) or another copy of the
+# services on other ports never meets this one.
+RABBITMQ_PORT = port("OUTBOX_RABBITMQ_PORT", 25673)
+RABBITMQ_TLS_PORT = port("OUTBOX_RABBITMQ_TLS_PORT", 25674)
+RABBITMQ_DIST_PORT = port("OUTBOX_RABBITMQ_DIST_PORT", 25675)
+RABBITMQ_EPMD_PORT = port("OUTBOX_RABBITMQ_EPMD_PORT", 25676)
 
 
 class ServiceError(Exception):
@@ -174,6 +183,36 @@ def apt_install(packages: list[str]) -> None:
             policy.unlink()
     # Packages may have started their system service despite the policy (non-Debian init);
     # they are not ours to stop, but they must not hold our ports, which are not defaults.
+    # (Erlang programs that appear during the install are stopped by install(): stop_system_erlang.)
+
+
+# Erlang's programs: the VM, its port programs, and epmd (which detaches from whoever started it).
+ERLANG_PROGRAMS = ("beam.smp", "epmd", "erl_child_setup", "inet_gethost")
+
+
+def erlang_processes() -> set[int]:
+    """Pids of running Erlang programs that are not ours (see `Service.helpers`)."""
+    found = set()
+    for pid in all_pids():
+        if comm(pid) in ERLANG_PROGRAMS and alive(pid) and service_of(pid) is None:
+            found.add(pid)
+    return found
+
+
+def stop_system_erlang(before: set[int]) -> None:
+    """Stops a system RabbitMQ and epmd that installing the packages started.
+
+    rabbitmq-server's postinst runs `invoke-rc.d rabbitmq-server start` (and erlang-base's offers
+    to start every installed service that depends on Erlang); invoke-rc.d asks policy-rc.d first,
+    and apt_install's policy-rc.d (exit 101, Debian's "no start-ups now") makes it refuse, so with
+    no systemd nothing starts. A policy-rc.d of the system's own that allows start-ups would let a
+    system RabbitMQ (on 5672, 25672) and epmd (on 4369) run: the ones that appeared during this
+    install (Erlang programs without our OUTBOX_SERVICES_OWNER mark) are stopped here."""
+    new = sorted(erlang_processes() - before)
+    if not new:
+        return
+    say(f"stopping the system RabbitMQ/epmd the package install started (pids {', '.join(map(str, new))})")
+    terminate(new)
 
 
 def java_major() -> int:
@@ -205,8 +244,12 @@ def install() -> None:
         missing.append("maven")
     if not shutil.which("openssl"):
         missing.append("openssl")
+    if not (RABBITMQ_BIN / "rabbitmq-server").exists():
+        missing.append("rabbitmq-server")
     if missing:
+        before = erlang_processes()
         apt_install(sorted(set(missing)))
+        stop_system_erlang(before)
     for name in ("kafka", "zookeeper"):
         classpath(name)
 
@@ -254,6 +297,11 @@ class Service:
     after_ready: Callable[[], None] | None = None
     # Started only when named (`up postgres-standby`); its data goes with `down`.
     disposable: bool = False
+    # The server's environment on top of ours (and of OWNER_VAR, which every service gets).
+    env: Callable[[], dict[str, str]] | None = None
+    # Its server starts helpers that detach and outlive it (RabbitMQ's epmd): `stop` ends them
+    # too, found by the OWNER_VAR they inherit, also when an earlier `up` started them.
+    helpers: bool = False
 
     @property
     def dir(self) -> Path:
@@ -283,6 +331,70 @@ class Service:
             return pid  # between fork and exec (or a launcher re-exec): still ours
         # The pid is ours only while it runs a command that names our directory (pids are reused).
         return pid if str(self.dir) in cmdline else None
+
+
+# Set to the service's directory in the environment of every server we start; its children
+# inherit it, so a helper that detached from the server is still known as ours.
+OWNER_VAR = "OUTBOX_SERVICES_OWNER"
+
+
+def all_pids() -> list[int]:
+    return [int(e.name) for e in Path("/proc").iterdir() if e.name.isdigit()]
+
+
+def alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[-1].split()[0] not in ("Z", "X")
+
+
+def comm(pid: int) -> str:
+    """The program name of process `pid` ("" once it is gone)."""
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
+
+
+def service_of(pid: int) -> str | None:
+    """The service directory in the OWNER_VAR of process `pid` (None: not ours, or unreadable)."""
+    try:
+        environ = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return None
+    prefix = f"{OWNER_VAR}=".encode()
+    for entry in environ.split(b"\0"):
+        if entry.startswith(prefix):
+            return entry[len(prefix):].decode(errors="replace")
+    return None
+
+
+def helper_pids(svc: Service) -> list[int]:
+    """Processes of `svc` other than its server (and this script): its detached helpers."""
+    if not svc.helpers:
+        return []
+    skip = (os.getpid(), svc.pid())
+    return [p for p in all_pids() if p not in skip and alive(p) and service_of(p) == str(svc.dir)]
+
+
+def terminate(pids: list[int], grace_s: float = 10.0) -> None:
+    """SIGTERM, then SIGKILL for what still runs after `grace_s`."""
+    for p in pids:
+        try:
+            os.kill(p, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline and any(alive(p) for p in pids):
+        time.sleep(0.1)
+    for p in pids:
+        if alive(p):
+            try:
+                os.kill(p, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
 
 
 def port_free(p: int) -> bool:
@@ -337,12 +449,13 @@ def start(svc: Service) -> None:
     svc.prepare()
     chown_tree(svc.dir, svc.run_as)
     ids = user_ids(svc.run_as)
+    env = dict(os.environ, **(svc.env() if svc.env else {}), **{OWNER_VAR: str(svc.dir)})
     with open(svc.log, "ab") as log:
         log.write(f"\n==== started by scripts/services at {time.ctime()} ====\n".encode())
         log.flush()
         proc = subprocess.Popen(
             svc.command(), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            cwd=svc.dir, start_new_session=True,
+            cwd=svc.dir, start_new_session=True, env=env,
             user=ids[0] if ids else None, group=ids[1] if ids else None,
             extra_groups=[] if ids else None)
     svc.pidfile.write_text(f"{proc.pid}\n")
@@ -376,6 +489,7 @@ def stop(svc: Service, sig: int | None = None) -> None:
     pid = svc.pid()
     if pid is None:
         svc.pidfile.unlink(missing_ok=True)
+        stop_helpers(svc)
         return
     os.kill(pid, svc.stop_signal if sig is None else sig)
     deadline = time.monotonic() + STOP_DEADLINE_S
@@ -385,6 +499,16 @@ def stop(svc: Service, sig: int | None = None) -> None:
         say(f"{svc.name} (pid {pid}) did not stop within {STOP_DEADLINE_S:.0f}s; sending SIGKILL")
         os.killpg(pid, signal.SIGKILL)
     svc.pidfile.unlink(missing_ok=True)
+    stop_helpers(svc)
+
+
+def stop_helpers(svc: Service) -> None:
+    """Ends what the server left running (RabbitMQ's epmd), once the server itself is gone."""
+    left = helper_pids(svc)
+    if left:
+        names = [f"{comm(p) or '?'} (pid {p})" for p in left]
+        say(f"{svc.name:<9} stopping its helper{'s' if len(left) > 1 else ''} {', '.join(names)}")
+        terminate(left)
 
 
 # ---------------------------------------------------------------- TLS
@@ -878,12 +1002,12 @@ def kafka_request(sock: socket.socket, api_key: int, version: int, body: bytes, 
     return payload[4:]
 
 
-def recv_exact(sock: socket.socket, n: int) -> bytes:
+def recv_exact(sock: socket.socket, n: int, peer: str = "kafka") -> bytes:
     buf = b""
     while len(buf) < n:
         chunk = sock.recv(n - len(buf))
         if not chunk:
-            raise OSError("connection closed by kafka")
+            raise OSError(f"connection closed by {peer}")
         buf += chunk
     return buf
 
@@ -913,6 +1037,156 @@ def kafka_check() -> str | None:
     return None
 
 
+# ---------------------------------------------------------------- RabbitMQ
+
+RABBITMQ_BIN = Path("/usr/lib/rabbitmq/bin")
+RABBITMQ_USER = "outbox"
+
+
+def rabbitmq_node() -> str:
+    """One Erlang node name per AMQP port: copies of the services on other ports never share one."""
+    return f"outbox-{RABBITMQ_PORT}@localhost"
+
+
+def rabbitmq_prepare() -> None:
+    d = STATE / "rabbitmq"
+    for p, var in ((RABBITMQ_TLS_PORT, "OUTBOX_RABBITMQ_TLS_PORT"), (RABBITMQ_DIST_PORT, "OUTBOX_RABBITMQ_DIST_PORT")):
+        if not port_free(p):
+            raise ServiceError(f"rabbitmq: port {p} on 127.0.0.1 is already in use by another process; set {var} "
+                               f"to a free port (and use the same value for every scripts/services call)")
+    # An epmd of ours left by an earlier start is reused; any other holder of the port is not.
+    ours = [p for p in helper_pids(service("rabbitmq")) if comm(p) == "epmd"]
+    if not ours and not port_free(RABBITMQ_EPMD_PORT):
+        raise ServiceError(f"rabbitmq: port {RABBITMQ_EPMD_PORT} on 127.0.0.1 (its epmd) is already in use by another "
+                           f"process; set OUTBOX_RABBITMQ_EPMD_PORT to a free port (and use the same value for every "
+                           f"scripts/services call)")
+    tls = tls_copy(d, ["server.pem", "server.key", "ca.pem"])
+    (d / "log").mkdir(exist_ok=True)
+    # No plugins: no management UI, no Prometheus, no other listener.
+    (d / "enabled_plugins").write_text("[].\n")
+    # Read instead of the system's /etc/rabbitmq/rabbitmq-env.conf; the settings are in rabbitmq_env().
+    (d / "rabbitmq-env.conf").write_text("# outbox-streamer: settings come from scripts/services (rabbitmq_env)\n")
+    conf = d / "rabbitmq.conf"
+    conf.touch(mode=0o600)
+    os.chmod(conf, 0o600)  # it holds the password
+    conf.write_text("\n".join([
+        "# outbox-streamer test/demo RabbitMQ (scripts/services)",
+        f"listeners.tcp.1 = 127.0.0.1:{RABBITMQ_PORT}",
+        f"listeners.ssl.1 = 127.0.0.1:{RABBITMQ_TLS_PORT}",
+        f"ssl_options.cacertfile = {tls / 'ca.pem'}",
+        f"ssl_options.certfile = {tls / 'server.pem'}",
+        f"ssl_options.keyfile = {tls / 'server.key'}",
+        # Client certificates are checked against the private CA when given, not required.
+        "ssl_options.verify = verify_peer",
+        "ssl_options.fail_if_no_peer_cert = false",
+        # Made when the node's database is created (its first start), instead of guest/guest,
+        # which then does not exist; with listeners on loopback only, no user needs the
+        # loopback restriction.
+        f"default_user = {RABBITMQ_USER}",
+        f"default_pass = {password('rabbitmq')}",
+        "default_user_tags.administrator = true",
+        "default_vhost = /",
+        "default_permissions.configure = .*",
+        "default_permissions.read = .*",
+        "default_permissions.write = .*",
+        "loopback_users = none",
+        "",
+    ]))
+
+
+def rabbitmq_env() -> dict[str, str]:
+    d = STATE / "rabbitmq"
+    return {
+        # Erlang keeps its distribution cookie in $HOME/.erlang.cookie, made at the first start:
+        # ours, not /var/lib/rabbitmq's.
+        "HOME": str(d),
+        "RABBITMQ_CONF_ENV_FILE": str(d / "rabbitmq-env.conf"),
+        "RABBITMQ_CONFIG_FILE": str(d / "rabbitmq.conf"),
+        "RABBITMQ_ADVANCED_CONFIG_FILE": str(d / "advanced.config"),  # absent: none
+        "RABBITMQ_ENABLED_PLUGINS_FILE": str(d / "enabled_plugins"),
+        "RABBITMQ_MNESIA_BASE": str(d / "mnesia"),
+        "RABBITMQ_LOG_BASE": str(d / "log"),
+        "RABBITMQ_LOGS": "-",  # to standard output: our log file
+        "RABBITMQ_NODENAME": rabbitmq_node(),
+        "RABBITMQ_DIST_PORT": str(RABBITMQ_DIST_PORT),
+        "RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS": "-kernel inet_dist_use_interface {127,0,0,1}",
+        # The node starts its own epmd (detached; `stop` ends it, see Service.helpers) on our port.
+        "ERL_EPMD_PORT": str(RABBITMQ_EPMD_PORT),
+        "ERL_EPMD_ADDRESS": "127.0.0.1",
+        # rabbitmq-server then execs the Erlang VM instead of waiting on it in a shell: the pid we
+        # record is the VM's, so SIGTERM stops it cleanly and SIGKILL (`crash`) really kills it.
+        "detached": "true",
+    }
+
+
+def rabbitmq_command() -> list[str]:
+    # The last two words are an Erlang "user flag" nothing reads: they name our directory in
+    # the VM's command line, as Service.pid wants.
+    return [str(RABBITMQ_BIN / "rabbitmq-server"), "-outbox_services_dir", str(STATE / "rabbitmq")]
+
+
+def amqp_method(sock: socket.socket) -> tuple[tuple[int, int], bytes]:
+    """Reads one frame, which must be a method frame on channel 0: ((class, method), arguments)."""
+    frame_type, channel, size = struct.unpack(">BHI", recv_exact(sock, 7, "rabbitmq"))
+    payload = recv_exact(sock, size + 1, "rabbitmq")
+    if frame_type != 1 or channel != 0 or payload[-1:] != b"\xce":
+        raise OSError(f"rabbitmq answered frame type {frame_type} on channel {channel}, expected a method frame (1) on 0")
+    return struct.unpack(">HH", payload[:4]), payload[4:-1]
+
+
+def amqp_send(sock: socket.socket, method: tuple[int, int], args: bytes) -> None:
+    payload = struct.pack(">HH", *method) + args
+    sock.sendall(struct.pack(">BHI", 1, 0, len(payload)) + payload + b"\xce")
+
+
+def shortstr(value: str) -> bytes:
+    return bytes([len(value.encode())]) + value.encode()
+
+
+def amqp_login(sock: socket.socket) -> str | None:
+    """An AMQP 0-9-1 connection as RABBITMQ_USER to vhost /, closed again: the protocol header
+    must be answered with Connection.Start (a method frame), the login with Connection.Tune."""
+    sock.sendall(b"AMQP\x00\x00\x09\x01")
+    method, _ = amqp_method(sock)
+    if method != (10, 10):
+        return f"answered the protocol header with method {method}, expected Connection.Start (10, 10)"
+    response = f"\0{RABBITMQ_USER}\0{password('rabbitmq')}".encode()
+    amqp_send(sock, (10, 11), struct.pack(">I", 0) + shortstr("PLAIN") + struct.pack(">I", len(response))
+              + response + shortstr("en_US"))  # Start-Ok: no client properties, PLAIN
+    try:
+        method, tune = amqp_method(sock)
+    except OSError:
+        method = None
+    if method != (10, 30):
+        return (f"login as {RABBITMQ_USER!r} refused (answer {method}); its password is made at the node's first "
+                f"start: after {STATE / 'secrets'} was lost, remove {STATE / 'rabbitmq' / 'mnesia'} too")
+    channel_max, frame_max, _ = struct.unpack(">HIH", tune[:8])
+    amqp_send(sock, (10, 31), struct.pack(">HIH", channel_max, frame_max, 0))  # Tune-Ok: its limits, no heartbeats
+    amqp_send(sock, (10, 40), shortstr("/") + shortstr("") + b"\x00")  # Open
+    method, _ = amqp_method(sock)
+    if method != (10, 41):
+        return f"opening vhost / answered method {method}, expected Connection.Open-Ok (10, 41)"
+    amqp_send(sock, (10, 50), struct.pack(">H", 200) + shortstr("") + struct.pack(">HH", 0, 0))  # Close
+    amqp_method(sock)  # Close-Ok
+    return None
+
+
+def rabbitmq_check() -> str | None:
+    with socket.create_connection(("127.0.0.1", RABBITMQ_PORT), timeout=2) as s:
+        s.settimeout(3)
+        why = amqp_login(s)
+        if why:
+            return f"port {RABBITMQ_PORT}: {why}"
+    context = ssl.create_default_context(cafile=str(tls_dir() / "ca.pem"))
+    with socket.create_connection(("127.0.0.1", RABBITMQ_TLS_PORT), timeout=2) as raw:
+        raw.settimeout(3)
+        with context.wrap_socket(raw, server_hostname="127.0.0.1") as s:
+            why = amqp_login(s)
+            if why:
+                return f"TLS port {RABBITMQ_TLS_PORT}: {why}"
+    return None
+
+
 # ---------------------------------------------------------------- registry
 
 SERVICES = [
@@ -923,6 +1197,8 @@ SERVICES = [
     Service("kafka", KAFKA_PORT, "OUTBOX_KAFKA_PORT", kafka_prepare, kafka_command, kafka_check,
             after_ready=kafka_scram_user),
     Service("zookeeper", ZK_PORT, "OUTBOX_ZK_PORT", zk_prepare, zk_command, zk_check),
+    Service("rabbitmq", RABBITMQ_PORT, "OUTBOX_RABBITMQ_PORT", rabbitmq_prepare, rabbitmq_command, rabbitmq_check,
+            run_as="rabbitmq", env=rabbitmq_env, helpers=True),
     Service("postgres-standby", PG_STANDBY_PORT, "OUTBOX_PG_STANDBY_PORT", pg_standby_prepare,
             lambda: pg_command("postgres-standby", PG_STANDBY_PORT, sync_names=""), pg_standby_check,
             run_as="postgres", stop_signal=signal.SIGINT, crash_signal=signal.SIGQUIT, disposable=True),
@@ -930,6 +1206,11 @@ SERVICES = [
             lambda: mysql_prepare("mariadb-replica"), mysql_replica_command, mysql_replica_check,
             run_as="mysql", after_ready=mysql_replica_follow, disposable=True),
 ]
+
+
+def service(name: str) -> Service:
+    return next(svc for svc in SERVICES if svc.name == name)
+
 
 PROMOTE = {"postgres-standby": pg_standby_promote, "mariadb-replica": mysql_replica_promote}
 
@@ -947,6 +1228,9 @@ def env_lines() -> list[str]:
         f"export OUTBOX_KAFKA_SASL_PASSWORD={password('kafka-sasl')}",
         f"export OUTBOX_ZK_CONNECT=127.0.0.1:{ZK_PORT}",
         f"export OUTBOX_ZK_TLS_CONNECT=127.0.0.1:{ZK_TLS_PORT}",
+        f"export OUTBOX_RABBITMQ_URL=amqp://{RABBITMQ_USER}:{password('rabbitmq')}@127.0.0.1:{RABBITMQ_PORT}/%2f",
+        f"export OUTBOX_RABBITMQ_TLS_URL=amqps://{RABBITMQ_USER}:{password('rabbitmq')}@127.0.0.1:{RABBITMQ_TLS_PORT}/%2f",
+        f"export OUTBOX_RABBITMQ_PORT={RABBITMQ_PORT}",
         f"export OUTBOX_SERVICES_DIR={STATE}",
         f"export OUTBOX_TLS_DIR={tls_dir()}",
     ]
@@ -1078,7 +1362,7 @@ def kafka_tool(name: str, args: list[str]) -> int:
 def main(argv: list[str]) -> int:
     usage = ("usage: scripts/services up [SERVICE…] | down [SERVICE…] | crash SERVICE… | promote SERVICE… "
              "| status | env\n"
-             "       SERVICE is postgres, mariadb, kafka or zookeeper (default: these four), or\n"
+             "       SERVICE is postgres, mariadb, kafka, zookeeper or rabbitmq (default: these five), or\n"
              "       postgres-standby or mariadb-replica (a standby cloned from its primary when started;\n"
              "       `promote` makes it a primary, `down` throws its data away)\n"
              "       scripts/services kafka-topics ARGS… | kafka-console-consumer ARGS…  (Kafka's own tools, "
