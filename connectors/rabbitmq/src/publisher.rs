@@ -1,0 +1,303 @@
+//! One shard-partition's publisher: a connection, one channel in confirm mode, and a task that
+//! owns both.
+//!
+//! # Contract
+//!
+//! * [`Publisher::send`] never waits: it takes a place in the confirm window (or answers
+//!   [`Offer::Full`]) and queues the message for the task, which publishes messages in the
+//!   order they were sent. The returned [`Confirm`] resolves with the broker's confirm.
+//! * Confirms resolve in publish order. A message is confirmed only when the broker acked it
+//!   and did not return it (every message is `mandatory`: an unroutable one comes back as
+//!   [`Class::Unroutable`]).
+//! * After a failure that closes the channel or the connection (or a nack), every message sent
+//!   afterwards fails too, until [`Publisher::reset`]: no later message can be confirmed
+//!   after an earlier one failed, so the caller can resend from its last confirmed position
+//!   without reordering. The task reconnects for the first message after the reset.
+//! * Messages are persistent (`delivery_mode` 2) and carry a `message_id`.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use futures::StreamExt;
+use futures::stream::FuturesOrdered;
+use lapin::options::{BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions};
+use lapin::tcp::OwnedTLSConfig;
+use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
+use lapin::{BasicProperties, Channel, Confirmation, Connection, ConnectionProperties, ExchangeKind};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
+
+use crate::classify::{Class, PublishError};
+
+/// How to reach the broker.
+#[derive(Clone)]
+pub struct PublisherSettings {
+    /// `amqp://` or `amqps://` with user, password, vhost and query (`heartbeat`, `frame_max`).
+    pub uri: String,
+    /// PEM certificates that sign the broker's certificate (amqps); none: the system's roots.
+    pub ca_pem: Option<String>,
+    /// Messages that may wait for their confirm at once.
+    pub confirm_window: usize,
+    pub connect_timeout: Duration,
+    /// Shown in the broker's connection list.
+    pub connection_name: String,
+}
+
+impl std::fmt::Debug for PublisherSettings {
+    /// Without the URI: it holds the password.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PublisherSettings")
+            .field("confirm_window", &self.confirm_window)
+            .field("connection_name", &self.connection_name)
+            .finish_non_exhaustive()
+    }
+}
+
+/// One message, borrowed from the caller.
+#[derive(Debug, Clone, Copy)]
+pub struct Message<'a> {
+    pub exchange: &'a str,
+    pub routing_key: &'a str,
+    pub payload: &'a [u8],
+    pub message_id: &'a str,
+    /// Headers, in order; a later one with the same name wins.
+    pub headers: &'a [(&'a str, &'a [u8])],
+}
+
+/// Why [`Publisher::send`] did not take a message.
+#[derive(Debug)]
+pub enum Offer {
+    /// The confirm window is full: await [`Publisher::room`], then offer it again.
+    Full,
+    /// Refused before it was published.
+    Refused(PublishError),
+}
+
+/// The longest exchange name, routing key or header name AMQP carries.
+const SHORT_STRING_MAX: usize = 255;
+
+/// Resolves with the message's confirm.
+pub type Confirm = oneshot::Receiver<Result<(), PublishError>>;
+
+/// A message to publish, or a question for the task.
+enum Job {
+    Publish(Box<Publish>),
+    Exchange { name: ShortString, reply: oneshot::Sender<Option<bool>> },
+}
+
+struct Publish {
+    exchange: ShortString,
+    routing_key: ShortString,
+    payload: Vec<u8>,
+    properties: BasicProperties,
+    reply: oneshot::Sender<Result<(), PublishError>>,
+    permit: OwnedSemaphorePermit,
+}
+
+/// See the module docs.
+#[derive(Debug)]
+pub struct Publisher {
+    jobs: mpsc::UnboundedSender<Job>,
+    window: Arc<Semaphore>,
+    broken: Arc<AtomicBool>,
+}
+
+impl Publisher {
+    /// Starts the publisher's task (it connects at the first message). Call inside a tokio
+    /// runtime.
+    pub fn new(settings: PublisherSettings) -> Self {
+        let (jobs, rx) = mpsc::unbounded_channel();
+        let window = Arc::new(Semaphore::new(settings.confirm_window.max(1)));
+        let broken = Arc::new(AtomicBool::new(false));
+        tokio::spawn(run(settings, rx, broken.clone()));
+        Self { jobs, window, broken }
+    }
+
+    /// Queues `m` for publishing; see the module docs.
+    pub fn send(&self, m: &Message<'_>) -> Result<Confirm, Offer> {
+        if self.broken.load(Ordering::Acquire) {
+            return Err(Offer::Refused(PublishError::transient(
+                "an earlier message of this stream failed; it is sent again from the last confirmed one",
+            )));
+        }
+        if m.routing_key.len() > SHORT_STRING_MAX {
+            return Err(Offer::Refused(PublishError {
+                class: Class::Message,
+                text: format!("a routing key of {} bytes; AMQP allows at most {SHORT_STRING_MAX}", m.routing_key.len()),
+            }));
+        }
+        if m.exchange.len() > SHORT_STRING_MAX {
+            return Err(Offer::Refused(PublishError {
+                class: Class::NoExchange,
+                text: format!("an exchange name of {} bytes; AMQP allows at most {SHORT_STRING_MAX}", m.exchange.len()),
+            }));
+        }
+        let (routing_key, exchange) = (ShortString::from(m.routing_key), ShortString::from(m.exchange));
+        let permit = self.window.clone().try_acquire_owned().map_err(|_| Offer::Full)?;
+        let mut headers = FieldTable::default();
+        for (name, value) in m.headers {
+            if name.len() <= SHORT_STRING_MAX {
+                headers.insert(ShortString::from(*name), AMQPValue::LongString(LongString::from(value.to_vec())));
+            }
+        }
+        let properties = BasicProperties::default()
+            .with_delivery_mode(2)
+            .with_message_id(ShortString::from(m.message_id))
+            .with_headers(headers);
+        let (reply, confirm) = oneshot::channel();
+        let job = Job::Publish(Box::new(Publish {
+            exchange,
+            routing_key,
+            payload: m.payload.to_vec(),
+            properties,
+            reply,
+            permit,
+        }));
+        self.jobs.send(job).map_err(|_| Offer::Refused(PublishError::transient("the publisher's task ended")))?;
+        Ok(confirm)
+    }
+
+    /// Resolves when the confirm window may have room.
+    pub async fn room(&self) {
+        let _ = self.window.acquire().await;
+    }
+
+    /// A new session begins: messages may be sent again after a failure.
+    pub fn reset(&self) {
+        self.broken.store(false, Ordering::Release);
+    }
+
+    /// Whether `exchange` exists (`None`: the broker cannot be asked now).
+    pub async fn exchange_exists(&self, exchange: &str) -> Option<bool> {
+        if exchange.len() > SHORT_STRING_MAX {
+            return Some(false);
+        }
+        let name = ShortString::from(exchange);
+        let (reply, answer) = oneshot::channel();
+        self.jobs.send(Job::Exchange { name, reply }).ok()?;
+        answer.await.ok().flatten()
+    }
+}
+
+struct Link {
+    connection: Connection,
+    channel: Channel,
+}
+
+async fn connect(s: &PublisherSettings) -> Result<Link, PublishError> {
+    let runtime = lapin::runtime::default_runtime().map_err(|e| PublishError::from(&e))?;
+    let properties = ConnectionProperties::default().with_connection_name(LongString::from(s.connection_name.clone()));
+    let tls = OwnedTLSConfig { identity: None, cert_chain: s.ca_pem.clone() };
+    let connecting = Connection::connect_with_config(&s.uri, properties, tls, runtime);
+    let connection = tokio::time::timeout(s.connect_timeout, connecting)
+        .await
+        .map_err(|_| PublishError::transient(format!("no connection to RabbitMQ within {:?}", s.connect_timeout)))?
+        .map_err(|e| PublishError::transient(format!("cannot connect to RabbitMQ: {e}")))?;
+    let channel = connection.create_channel().await.map_err(|e| PublishError::from(&e))?;
+    channel.confirm_select(ConfirmSelectOptions::default()).await.map_err(|e| PublishError::from(&e))?;
+    Ok(Link { connection, channel })
+}
+
+/// A published message waiting for its confirm: the outcome, whom to tell, its window place.
+type Pending = (Result<(), PublishError>, oneshot::Sender<Result<(), PublishError>>, OwnedSemaphorePermit);
+type Confirming = Pin<Box<dyn Future<Output = Pending> + Send>>;
+
+/// The task: publishes jobs in order and releases confirms in order.
+async fn run(settings: PublisherSettings, mut rx: mpsc::UnboundedReceiver<Job>, broken: Arc<AtomicBool>) {
+    let mut link: Option<Link> = None;
+    let mut pending: FuturesOrdered<Confirming> = FuturesOrdered::new();
+    loop {
+        tokio::select! {
+            biased;
+            Some((outcome, reply, permit)) = pending.next(), if !pending.is_empty() => {
+                if let Err(e) = &outcome && e.class != Class::Unroutable {
+                    broken.store(true, Ordering::Release);
+                }
+                let _ = reply.send(outcome);
+                drop(permit);
+            }
+            job = rx.recv() => match job {
+                None => break,
+                Some(Job::Exchange { name, reply }) => {
+                    let _ = reply.send(exchange_exists(&settings, &mut link, name).await);
+                }
+                Some(Job::Publish(job)) => {
+                    let Publish { exchange, routing_key, payload, properties, reply, permit } = *job;
+                    if broken.load(Ordering::Acquire) {
+                        let _ = reply.send(Err(PublishError::transient("an earlier message of this stream failed")));
+                        continue;
+                    }
+                    let channel = match usable(&settings, &mut link).await {
+                        Ok(channel) => channel,
+                        Err(e) => {
+                            broken.store(true, Ordering::Release);
+                            let _ = reply.send(Err(e));
+                            continue;
+                        }
+                    };
+                    let options = BasicPublishOptions { mandatory: true, immediate: false };
+                    match channel.basic_publish(exchange, routing_key, options, &payload, properties).await {
+                        Ok(confirm) => {
+                            pending.push_back(Box::pin(async move { (settled(confirm.await), reply, permit) }));
+                        }
+                        Err(e) => {
+                            broken.store(true, Ordering::Release);
+                            link = None;
+                            let _ = reply.send(Err(PublishError::from(&e)));
+                        }
+                    }
+                }
+            }
+        }
+    }
+    if let Some(link) = link {
+        let _ = link.connection.close(200, ShortString::from("outbox-streamer stopping")).await;
+    }
+}
+
+/// The channel to publish on, connecting (again) when there is none or it closed.
+async fn usable(settings: &PublisherSettings, link: &mut Option<Link>) -> Result<Channel, PublishError> {
+    if let Some(l) = link
+        && !(l.connection.status().connected() && l.channel.status().connected())
+    {
+        *link = None;
+    }
+    if link.is_none() {
+        *link = Some(connect(settings).await?);
+    }
+    Ok(link.as_ref().map(|l| l.channel.clone()).expect("connected above"))
+}
+
+/// Asks on a channel of its own: a passive declare of a missing exchange closes its channel.
+async fn exchange_exists(settings: &PublisherSettings, link: &mut Option<Link>, name: ShortString) -> Option<bool> {
+    usable(settings, link).await.ok()?;
+    let channel = link.as_ref()?.connection.create_channel().await.ok()?;
+    let options = ExchangeDeclareOptions { passive: true, ..ExchangeDeclareOptions::default() };
+    let answer = match channel.exchange_declare(name, ExchangeKind::Direct, options, FieldTable::default()).await {
+        Ok(()) => Some(true),
+        Err(e) if crate::classify::classify(&e) == Class::NoExchange => Some(false),
+        Err(_) => None,
+    };
+    let _ = channel.close(200, ShortString::from("checked")).await;
+    answer
+}
+
+fn settled(confirm: Result<Confirmation, lapin::Error>) -> Result<(), PublishError> {
+    match confirm {
+        Ok(Confirmation::Ack(None)) => Ok(()),
+        Ok(Confirmation::Ack(Some(returned)) | Confirmation::Nack(Some(returned))) => Err(PublishError {
+            class: Class::Unroutable,
+            text: format!(
+                "RabbitMQ returned the message: {} {} (exchange {:?}, routing key {:?})",
+                returned.reply_code, returned.reply_text, returned.delivery.exchange, returned.delivery.routing_key
+            ),
+        }),
+        Ok(Confirmation::Nack(None)) => {
+            Err(PublishError::transient("RabbitMQ nacked the message (an internal error of the broker)"))
+        }
+        Ok(Confirmation::NotRequested) => Err(PublishError::transient("the channel is not in confirm mode")),
+        Err(e) => Err(PublishError::from(&e)),
+    }
+}
