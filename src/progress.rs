@@ -15,7 +15,8 @@
 //! * `ids`: for a source whose positions mean nothing outside their session (polling, a
 //!   catch-up's drain), the ids of the rows that committed Kafka transactions hold and that
 //!   were not known to be deleted when it was written, as inclusive ranges
-//!   (`"ids":[[1,40],[42,42]]`); absent when empty.
+//!   (`"ids":[[1,40],[42,42]]`); absent when empty. For a source with positions, the same for
+//!   the rows the sweep published (rows the log never carried: no position covers them).
 //! * `source`: the position header of the source that wrote it; the `mark` and `partial` of a
 //!   record of another kind of source (a catch-up's, a polling stream's) cover nothing.
 //! * `history`: the database history it was written in ([`Source::history`]); a record of

@@ -21,6 +21,9 @@
 //!   out: the next transaction's, or — when none began within `transaction_interval_ms` and at
 //!   a clean end — one committed for it alone, so that an id used again later (an identity
 //!   restarted lower) is not taken for a row already sent.
+//! * Rows the sweep publishes ([`crate::sweep`]) are named the same way under progress by
+//!   position: no position covers them. The next session's sweep finds them in the table again
+//!   and deletes those the last record names instead of sending them.
 //!
 //! [`AckTracker`]: crate::ack::AckTracker
 
@@ -79,6 +82,14 @@ pub(super) struct ExactlyOnce {
     /// Progress by rows (see the module docs): the ids of the open transaction's records, and
     /// those committed transactions hold whose rows are not deleted yet. `None`: by position.
     by_rows: Option<ByRows>,
+    /// Progress by position: the same for the rows the sweep published (no position covers
+    /// them), so a restart does not send them again.
+    swept: ByRows,
+    /// Swept rows sent in the open transaction, not acknowledged yet.
+    sweeping: BTreeSet<i64>,
+    /// Swept rows the last session's committed transactions hold: the sweep finds them again
+    /// and deletes them instead of sending them.
+    swept_in_kafka: BTreeSet<i64>,
 }
 
 /// Row ids for progress by rows.
@@ -169,6 +180,9 @@ impl ExactlyOnce {
             }
             None => Progress::new(kind, None, None),
         };
+        // By position, the ids a record names are rows the sweep published.
+        let swept_in_kafka: BTreeSet<i64> =
+            if by_rows { BTreeSet::new() } else { committed.id_list().into_iter().collect() };
         Self {
             interval: Duration::from_millis(interval_ms),
             max_records,
@@ -182,6 +196,9 @@ impl ExactlyOnce {
             covered: 0,
             closing: false,
             by_rows: by_rows.then(ByRows::default),
+            swept: ByRows { undeleted: swept_in_kafka.clone(), ..ByRows::default() },
+            sweeping: BTreeSet::new(),
+            swept_in_kafka,
         }
     }
 
@@ -217,7 +234,8 @@ impl ExactlyOnce {
 
     /// When a record leaving out deleted rows is due, if one is.
     fn refresh_due(&self) -> Option<Instant> {
-        Some(self.by_rows.as_ref()?.stale_since? + self.interval)
+        let stale = self.by_rows.as_ref().map_or(self.swept.stale_since, |rows| rows.stale_since);
+        Some(stale? + self.interval)
     }
 
     /// Whether the open transaction should close now.
@@ -236,14 +254,28 @@ impl ExactlyOnce {
         self.held.push(seq);
         if let Some(rows) = &mut self.by_rows {
             rows.held.push(id);
+        } else if self.sweeping.remove(&id) {
+            self.swept.held.push(id);
         }
+    }
+
+    /// The sweep is about to publish row `id`: whether a committed Kafka transaction of the
+    /// last session holds it already (then it is deleted, not sent); otherwise its record will
+    /// be named by progress records until it is deleted.
+    pub(super) fn sweeping(&mut self, id: i64) -> bool {
+        if self.swept_in_kafka.remove(&id) {
+            return true;
+        }
+        if self.by_rows.is_none() {
+            self.sweeping.insert(id);
+        }
+        false
     }
 
     /// Rows `ids` are deleted: progress records need not name them any more.
     pub(super) fn deleted(&mut self, ids: &[i64]) {
-        if let Some(rows) = &mut self.by_rows
-            && !rows.undeleted.is_empty()
-        {
+        let rows = self.by_rows.as_mut().unwrap_or(&mut self.swept);
+        if !rows.undeleted.is_empty() {
             let before = rows.undeleted.len();
             for id in ids {
                 rows.undeleted.remove(id);
@@ -352,7 +384,10 @@ impl<P: Clone + std::fmt::Display + Send + Sync + 'static, K: Sink> Session<'_, 
             None => {
                 let mark = mark.or_else(|| eo.committed.mark.clone());
                 let partial = in_source_txn.then(|| Partial { transaction: self.label.clone(), rows: eo.rows_read });
-                Progress::new(eo.kind, mark, partial).in_history(&eo.history)
+                let swept = &mut eo.swept;
+                swept.undeleted.extend(swept.held.drain(..));
+                swept.stale_since = None;
+                Progress::new(eo.kind, mark, partial).with_ids(&swept.undeleted).in_history(&eo.history)
             }
         };
         let started = std::time::Instant::now();
