@@ -220,7 +220,7 @@ async fn stream_task<S, F, Fut>(
                     ),
                     None => {
                         set_state(&labels, &metric_labels, state::STREAMING, None);
-                        tracing::info!("streaming");
+                        tracing::info!(sink = settings.sink.as_str(), "streaming");
                     }
                 }
                 run_session(&labels, &settings, source, &producer, message_timeout, &mut stop, &mut memory).await

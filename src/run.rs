@@ -51,7 +51,8 @@ pub(crate) async fn run(mut config: Config) -> anyhow::Result<()> {
     let mut tasks = JoinSet::new();
     let mut jobs = Vec::new();
     let cluster = config.coordination.as_ref().map_or("default", |c| c.cluster_name.as_str());
-    let ctx = JobContext { kafka: &config.kafka, instance: instance.as_deref(), cluster };
+    let rabbitmq = config.rabbitmq.as_ref().map(crate::config::RabbitConfig::publisher).transpose()?;
+    let ctx = JobContext { kafka: &config.kafka, rabbitmq: rabbitmq.as_ref(), instance: instance.as_deref(), cluster };
     for source in &config.sources {
         let database = db::of(source.kind);
         jobs.extend(database.jobs(source, &ctx)?);

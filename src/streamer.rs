@@ -235,7 +235,8 @@ pub(crate) async fn run_session<S: Source, K: Sink>(
 ) -> Result<(), Error> {
     memory.last_halt = None;
     memory.progressed = false;
-    tracing::debug!(sink = K::NAME, transactional = sink.transactional(), "session starts");
+    tracing::debug!(sink = sink.name(), transactional = sink.transactional(), "session starts");
+    sink.reset();
     let history = match source.history().await {
         Ok(history) => history,
         Err(e) => {
@@ -646,20 +647,20 @@ impl<P: Clone + std::fmt::Display + Send + Sync + 'static, K: Sink> Session<'_, 
             self.memory.suspects.insert(d.id);
             return Err(Error::transient(format!(
                 "{} refused row id={} ({failure}) in a batch; it is sent again on its own to tell a bad record from a refused batch",
-                K::NAME,
+                self.sink.name(),
                 d.id
             )));
         }
         counter!(m::ERRORS, &kind_labels(&self.metric_labels, "kafka_definite")).increment(1);
         self.memory.suspects.remove(&d.id);
-        let reason = format!("{} refused it: {failure}", K::NAME);
+        let reason = format!("{} refused it: {failure}", self.sink.name());
         if self.eo.is_some() && self.settings.on_bad_row == BadRowPolicy::DeadLetter {
             // The refusal spoiled the Kafka transaction: it is aborted, and the next session
             // sends the dead-letter copy in its place.
             self.memory.refused.insert(d.id, reason);
             return Err(Error::transient(format!(
                 "{} refused row id={} on its own; the Kafka transaction is aborted and the row goes to the dead-letter topic in the next one",
-                K::NAME,
+                self.sink.name(),
                 d.id
             )));
         }

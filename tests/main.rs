@@ -37,6 +37,7 @@ mod postgres_cdc;
 mod postgres_errors;
 mod postgres_faults;
 mod postgres_wal;
+mod rabbitmq;
 mod same_database;
 mod smoke;
 mod status;

@@ -28,6 +28,8 @@ const MIN_MASKED_LEN: usize = 4;
 struct Effective {
     kafka: KafkaView,
     #[serde(skip_serializing_if = "Option::is_none")]
+    rabbitmq: Option<RabbitView>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     metrics: Option<MetricsView>,
     #[serde(skip_serializing_if = "Option::is_none")]
     coordination: Option<CoordinationView>,
@@ -42,6 +44,21 @@ struct KafkaView {
     #[serde(skip_serializing_if = "Option::is_none")]
     sasl_password: Option<String>,
     properties: BTreeMap<String, String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tls: Option<TlsSettings>,
+}
+
+#[derive(Debug, Serialize)]
+struct RabbitView {
+    /// With `***` for a password written in it.
+    url: String,
+    /// Where the password comes from, if not the URL.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    password: Option<String>,
+    heartbeat_s: u16,
+    frame_max: u32,
+    confirm_window: usize,
+    connect_timeout_ms: u64,
     #[serde(skip_serializing_if = "Option::is_none")]
     tls: Option<TlsSettings>,
 }
@@ -157,6 +174,19 @@ fn view(config: &Config) -> Effective {
             properties,
             tls: k.tls.clone(),
         },
+        rabbitmq: config.rabbitmq.as_ref().map(|r| RabbitView {
+            url: r.url.redacted(),
+            password: match (&r.password_env, &r.password_file) {
+                (Some(var), _) => Some(format!("from environment variable {var}")),
+                (None, Some(path)) => Some(format!("from file {}", path.display())),
+                (None, None) => None,
+            },
+            heartbeat_s: r.heartbeat_s,
+            frame_max: r.frame_max,
+            confirm_window: r.confirm_window,
+            connect_timeout_ms: r.connect_timeout_ms,
+            tls: r.tls.clone(),
+        }),
         metrics: config.metrics.listen.map(|listen| MetricsView { listen: listen.to_string() }),
         coordination: config.coordination.as_ref().map(|c| CoordinationView {
             kind: "zookeeper",
@@ -235,6 +265,9 @@ fn is_secret_property(key: &str) -> bool {
 /// `password_env`/`password_file`, and Kafka's SASL password.
 fn known_secrets(config: &Config) -> Vec<String> {
     let mut secrets: Vec<String> = config.sources.iter().filter_map(|s| s.password().ok().flatten()).collect();
+    if let Some(Ok(Some(password))) = config.rabbitmq.as_ref().map(|r| r.password()) {
+        secrets.push(password);
+    }
     if let Ok(properties) = config.kafka.producer_properties() {
         secrets.extend(properties.into_iter().filter(|(k, _)| is_secret_property(k)).map(|(_, v)| v));
     }

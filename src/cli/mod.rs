@@ -155,6 +155,12 @@ const QUIET_REPLICATION_WORKER: &str = "pgwire_replication::client::tokio_client
 /// them; `RUST_LOG` naming `zookeeper_client` turns them back on.
 const QUIET_ZOOKEEPER_SESSIONS: &str = "zookeeper_client=off";
 
+/// The RabbitMQ client logs connection and channel events the streamer reports itself, and
+/// logs a returned message whole — row data, which is never logged. `RUST_LOG` naming `lapin`
+/// turns the first back on; returned messages stay off.
+const QUIET_RABBITMQ_CLIENT: &str = "lapin=off";
+const NO_RETURNED_MESSAGES: &str = "lapin::returned_messages=off";
+
 /// Installs the tracing subscriber (`RUST_LOG` filters, default `info`) for `command`.
 pub fn init_logging(format: LogFormat, command: &Command) {
     let mut filter = tracing_subscriber::EnvFilter::try_from_default_env()
@@ -163,6 +169,10 @@ pub fn init_logging(format: LogFormat, command: &Command) {
     if !rust_log.contains("pgwire_replication") {
         filter = filter.add_directive(QUIET_REPLICATION_WORKER.parse().expect("a valid directive"));
     }
+    if !rust_log.contains("lapin") {
+        filter = filter.add_directive(QUIET_RABBITMQ_CLIENT.parse().expect("a valid directive"));
+    }
+    filter = filter.add_directive(NO_RETURNED_MESSAGES.parse().expect("a valid directive"));
     if !matches!(command, Command::Run) && !rust_log.contains("zookeeper_client") {
         filter = filter.add_directive(QUIET_ZOOKEEPER_SESSIONS.parse().expect("a valid directive"));
     }

@@ -43,8 +43,8 @@ mod stream;
 mod validate;
 
 pub(crate) use error::ConfigError;
-pub(crate) use sections::{Config, CoordinationConfig, KafkaConfig, SourceConfig, SourceKind};
-pub(crate) use stream::{BadRowPolicy, Delivery, Mode, Storage, StreamSettings};
+pub(crate) use sections::{Config, CoordinationConfig, KafkaConfig, RabbitConfig, SourceConfig, SourceKind};
+pub(crate) use stream::{BadRowPolicy, Delivery, Mode, SinkKind, Storage, StreamSettings};
 
 #[cfg(test)]
 mod tests;

@@ -27,6 +27,8 @@ pub(crate) const MAX_PARTITIONS: u32 = 1024;
 pub(crate) struct Config {
     #[serde(default)]
     pub kafka: KafkaConfig,
+    /// Needed when a shard-partition sets `sink = "rabbitmq"`.
+    pub rabbitmq: Option<RabbitConfig>,
     #[serde(default)]
     pub metrics: MetricsConfig,
     #[serde(default, rename = "source")]
@@ -89,6 +91,51 @@ fn default_brokers() -> String {
 }
 fn default_message_timeout_ms() -> u64 {
     DEFAULT_MESSAGE_TIMEOUT_MS
+}
+
+/// `[rabbitmq]`: the broker of the shard-partitions with `sink = "rabbitmq"`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RabbitConfig {
+    /// `amqp://user[:password]@host:port/vhost` (`%2f` is the default vhost `/`), or `amqps://`
+    /// for TLS.
+    pub url: SecretUrl,
+    /// The password from this environment variable instead of the URL.
+    pub password_env: Option<String>,
+    /// The password from the first line of this file instead of the URL.
+    pub password_file: Option<PathBuf>,
+    /// `[rabbitmq.tls]` with an `amqps://` URL: the CA that signs the broker's certificate, and
+    /// optionally a client certificate and key (PEM).
+    pub tls: Option<TlsSettings>,
+    /// The AMQP heartbeat asked for: a silent connection is declared dead after about twice this.
+    #[serde(default = "default_rabbit_heartbeat_s")]
+    pub heartbeat_s: u16,
+    /// The largest AMQP frame asked for (the broker may lower it).
+    #[serde(default = "default_rabbit_frame_max")]
+    pub frame_max: u32,
+    /// Messages of one shard-partition that may wait for their publisher confirm at once.
+    #[serde(default = "default_rabbit_confirm_window")]
+    pub confirm_window: usize,
+    #[serde(default = "default_rabbit_connect_timeout_ms")]
+    pub connect_timeout_ms: u64,
+}
+
+pub(crate) const DEFAULT_RABBIT_HEARTBEAT_S: u16 = 10;
+pub(crate) const DEFAULT_RABBIT_FRAME_MAX: u32 = 131_072;
+pub(crate) const DEFAULT_RABBIT_CONFIRM_WINDOW: usize = 1024;
+pub(crate) const DEFAULT_RABBIT_CONNECT_TIMEOUT_MS: u64 = 10_000;
+
+fn default_rabbit_heartbeat_s() -> u16 {
+    DEFAULT_RABBIT_HEARTBEAT_S
+}
+fn default_rabbit_frame_max() -> u32 {
+    DEFAULT_RABBIT_FRAME_MAX
+}
+fn default_rabbit_confirm_window() -> usize {
+    DEFAULT_RABBIT_CONFIRM_WINDOW
+}
+fn default_rabbit_connect_timeout_ms() -> u64 {
+    DEFAULT_RABBIT_CONNECT_TIMEOUT_MS
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]

@@ -97,6 +97,25 @@ impl Delivery {
     }
 }
 
+/// Where a shard-partition's records go.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub(crate) enum SinkKind {
+    #[default]
+    Kafka,
+    /// `[rabbitmq]`: the row's topic is the exchange, its key the routing key.
+    Rabbitmq,
+}
+
+impl SinkKind {
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            SinkKind::Kafka => "kafka",
+            SinkKind::Rabbitmq => "rabbitmq",
+        }
+    }
+}
+
 /// What happens to a row that can never become a Kafka record.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "kebab-case")]
@@ -121,6 +140,12 @@ pub(crate) struct StreamOverrides {
     pub storage: Option<Storage>,
     /// `at-least-once` (the default) or `exactly-once` (Kafka transactions).
     pub delivery: Option<Delivery>,
+    /// `kafka` (the default) or `rabbitmq`.
+    pub sink: Option<SinkKind>,
+    /// RabbitMQ: publish every record to this exchange, with the row's topic as the routing key
+    /// (for tables whose rows name only a routing key). Unset: the topic is the exchange and the
+    /// key the routing key.
+    pub exchange: Option<String>,
     /// Exactly-once: a Kafka transaction commits once it is this old (at the next end of a
     /// source transaction).
     pub transaction_interval_ms: Option<u64>,
@@ -149,6 +174,8 @@ pub(crate) struct StreamSettings {
     pub mode: Mode,
     pub storage: Storage,
     pub delivery: Delivery,
+    pub sink: SinkKind,
+    pub exchange: Option<String>,
     pub transaction_interval_ms: u64,
     pub transaction_max_records: usize,
     pub linger_ms: u64,
@@ -171,6 +198,8 @@ impl Default for StreamSettings {
             mode: Mode::Cdc,
             storage: Storage::Table,
             delivery: Delivery::AtLeastOnce,
+            sink: SinkKind::Kafka,
+            exchange: None,
             transaction_interval_ms: DEFAULT_TRANSACTION_INTERVAL_MS,
             transaction_max_records: DEFAULT_TRANSACTION_MAX_RECORDS,
             linger_ms: DEFAULT_LINGER_MS,
@@ -199,6 +228,12 @@ impl StreamSettings {
         }
         if let Some(v) = o.delivery {
             self.delivery = v;
+        }
+        if let Some(v) = o.sink {
+            self.sink = v;
+        }
+        if let Some(v) = &o.exchange {
+            self.exchange = Some(v.clone());
         }
         if let Some(v) = o.transaction_interval_ms {
             self.transaction_interval_ms = v;

@@ -260,3 +260,47 @@ fn delivery_is_per_shard_partition_in_every_mode() {
     let e = Config::from_toml(&bad_topic).unwrap_err().to_string();
     assert!(e.contains("kafka.progress_topic"), "{e}");
 }
+
+#[test]
+fn a_rabbitmq_shard_partition_needs_the_section_and_refuses_exactly_once() {
+    let rabbit = "[rabbitmq]\nurl = \"amqp://outbox:pw@mq:5672/%2f\"\n";
+    let on_shard_1 = "[[source.override]]\nshard = 1\nsink = \"rabbitmq\"\n";
+    let e = Config::from_toml(&format!("{MINIMAL}{on_shard_1}")).unwrap_err().to_string();
+    assert!(e.contains("rabbitmq") && e.contains("[rabbitmq] section"), "{e}");
+    let c = Config::from_toml(&format!("{MINIMAL}{on_shard_1}{rabbit}")).unwrap();
+    let s = &c.sources[0];
+    assert_eq!(s.settings_for(StreamId { shard: 1, partition: 0 }).sink, SinkKind::Rabbitmq);
+    assert_eq!(s.settings_for(StreamId { shard: 0, partition: 0 }).sink, SinkKind::Kafka);
+    let e = Config::from_toml(&format!("{MINIMAL}{on_shard_1}delivery = \"exactly-once\"\n{rabbit}"))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("exactly-once") && e.contains("at-least-once") && e.contains("shard-partition 1/0"), "{e}");
+}
+
+#[test]
+fn rabbitmq_settings_are_checked_without_showing_the_password() {
+    let with =
+        |extra: &str| Config::from_toml(&format!("{MINIMAL}[rabbitmq]\n{extra}")).map(|_| ()).unwrap_err().to_string();
+    let e = with("url = \"http://outbox:hunter2@mq/\"");
+    assert!(e.contains("rabbitmq.url") && e.contains("amqp://") && !e.contains("hunter2"), "{e}");
+    let e = with("url = \"amqp://outbox:hunter2@mq/%2f?heartbeat=5\"");
+    assert!(e.contains("query") && !e.contains("hunter2"), "{e}");
+    let e = with("url = \"amqp://outbox@mq/%2f\"\nconfirm_window = 0");
+    assert!(e.contains("rabbitmq.confirm_window"), "{e}");
+    let e = with("url = \"amqp://outbox@mq/%2f\"\nheartbeat_s = 0");
+    assert!(e.contains("rabbitmq.heartbeat_s"), "{e}");
+}
+
+#[test]
+fn the_rabbitmq_uri_carries_the_password_from_a_file_and_the_limits() {
+    let path = std::env::temp_dir().join(format!("outbox-rabbit-password-{}", std::process::id()));
+    std::fs::write(&path, "p@ss word\nignored\n").unwrap();
+    let c = Config::from_toml(&format!(
+        "{MINIMAL}[rabbitmq]\nurl = \"amqp://outbox@mq:5672/%2f\"\npassword_file = \"{}\"\nheartbeat_s = 7\n",
+        path.display()
+    ))
+    .unwrap();
+    let uri = c.rabbitmq.unwrap().connection_uri().unwrap();
+    std::fs::remove_file(&path).unwrap();
+    assert_eq!(uri, "amqp://outbox:p%40ss%20word@mq:5672/%2f?heartbeat=7&frame_max=131072");
+}

@@ -4,8 +4,9 @@
 use std::collections::HashSet;
 
 use super::error::{ConfigError, invalid};
+use super::sections::RabbitConfig;
 use super::sections::{Config, MAX_PARTITIONS, MAX_SHARDS, MetricsConfig, SourceKind};
-use super::stream::{BadRowPolicy, Mode, Storage, StreamOverrides};
+use super::stream::{BadRowPolicy, Delivery, Mode, SinkKind, Storage, StreamOverrides};
 
 impl MetricsConfig {
     fn validate(&self) -> Result<(), ConfigError> {
@@ -88,6 +89,9 @@ impl Config {
             ));
         }
         self.metrics.validate()?;
+        if let Some(r) = &self.rabbitmq {
+            r.validate()?;
+        }
         if self.sources.is_empty() {
             return Err(invalid("source", "at least one [[source]] is needed"));
         }
@@ -207,6 +211,25 @@ impl Config {
                         ),
                     ));
                 }
+                if st.sink == SinkKind::Rabbitmq {
+                    if self.rabbitmq.is_none() {
+                        return Err(invalid(
+                            "rabbitmq",
+                            format!(
+                                "shard-partition {id} of source {:?} sets sink = \"rabbitmq\": add a [rabbitmq] section with its url",
+                                s.name
+                            ),
+                        ));
+                    }
+                    if st.delivery == Delivery::ExactlyOnce {
+                        return Err(invalid(
+                            f("defaults.delivery"),
+                            format!(
+                                "shard-partition {id} sets delivery = \"exactly-once\" with sink = \"rabbitmq\": RabbitMQ has no transactional producer that survives a crash, so exactly-once is Kafka's only; use delivery = \"at-least-once\" and deduplicate by message_id (see docs/rabbitmq.md)"
+                            ),
+                        ));
+                    }
+                }
                 if st.on_bad_row == BadRowPolicy::DeadLetter && st.dead_letter_topic.is_none() {
                     return Err(invalid(
                         f("defaults.dead_letter_topic"),
@@ -260,6 +283,12 @@ fn check_overrides(field: &str, o: &StreamOverrides) -> Result<(), ConfigError> 
     if o.transaction_max_records.is_some_and(|v| !(1..=1_000_000).contains(&v)) {
         return Err(invalid(format!("{field}.transaction_max_records"), "must be between 1 and 1000000"));
     }
+    if o.exchange.as_deref().is_some_and(|e| e.len() > 255 || e.contains(|c: char| c.is_control())) {
+        return Err(invalid(
+            format!("{field}.exchange"),
+            "must be a RabbitMQ exchange name: at most 255 bytes, no control characters",
+        ));
+    }
     if o.dead_letter_topic.as_deref().is_some_and(|t| !is_kafka_topic_name(t)) {
         return Err(invalid(
             format!("{field}.dead_letter_topic"),
@@ -267,6 +296,52 @@ fn check_overrides(field: &str, o: &StreamOverrides) -> Result<(), ConfigError> 
         ));
     }
     Ok(())
+}
+
+impl RabbitConfig {
+    fn validate(&self) -> Result<(), ConfigError> {
+        let url = self.url.expose();
+        let Some(rest) = url.strip_prefix("amqp://").or_else(|| url.strip_prefix("amqps://")) else {
+            return Err(invalid(
+                "rabbitmq.url",
+                "must start with amqp:// or amqps:// (e.g. \"amqps://outbox@mq.internal:5671/%2f\")",
+            ));
+        };
+        if rest.contains('?') {
+            return Err(invalid(
+                "rabbitmq.url",
+                "must not carry a query: set heartbeat_s, frame_max and the TLS table in [rabbitmq] instead",
+            ));
+        }
+        if self.password_env.is_some() && self.password_file.is_some() {
+            return Err(invalid("rabbitmq.password_env", "set password_env or password_file, not both"));
+        }
+        if !(1..=600).contains(&self.heartbeat_s) {
+            return Err(invalid("rabbitmq.heartbeat_s", "must be between 1 and 600"));
+        }
+        if !(4096..=1_048_576).contains(&self.frame_max) {
+            return Err(invalid("rabbitmq.frame_max", "must be between 4096 and 1048576"));
+        }
+        if !(1..=65_535).contains(&self.confirm_window) {
+            return Err(invalid("rabbitmq.confirm_window", "must be between 1 and 65535"));
+        }
+        if !(100..=600_000).contains(&self.connect_timeout_ms) {
+            return Err(invalid("rabbitmq.connect_timeout_ms", "must be between 100 and 600000"));
+        }
+        if let Some(tls) = &self.tls {
+            tls.validate("rabbitmq.tls")?;
+            if !url.starts_with("amqps://") {
+                return Err(invalid("rabbitmq.url", "must start with amqps:// when [rabbitmq.tls] is set"));
+            }
+            if tls.mode != crate::tls::TlsMode::VerifyFull || tls.server_name.is_some() {
+                return Err(invalid(
+                    "rabbitmq.tls.mode",
+                    "RabbitMQ TLS always verifies the broker against the URL's host: use mode = \"verify-full\" without server_name",
+                ));
+            }
+        }
+        Ok(())
+    }
 }
 
 /// Whether the broker accepts `name` as a topic name.

@@ -40,6 +40,9 @@ pub(crate) const LAG_POLL_INTERVAL: Duration = Duration::from_secs(5);
 pub(crate) struct JobContext<'a> {
     /// The producer settings every shard-partition's producer starts from.
     pub kafka: &'a KafkaConfig,
+    /// `[rabbitmq]` resolved (password read, CA loaded): what a RabbitMQ shard-partition's
+    /// publisher starts from.
+    pub rabbitmq: Option<&'a outbox_rabbitmq::PublisherSettings>,
     /// Under ZooKeeper ownership, this instance's name (PostgreSQL shows it as the sessions'
     /// `application_name`).
     pub instance: Option<&'a str>,

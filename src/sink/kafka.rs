@@ -21,7 +21,7 @@ use crate::streamer::StreamLabels;
 /// The sink every shard-partition publishes through: one Kafka producer each, transactional
 /// under exactly-once delivery.
 #[derive(Debug)]
-pub(crate) struct Broker {
+pub(crate) struct KafkaBroker {
     producer: Producer,
     exactly_once: Option<Transactions>,
 }
@@ -41,7 +41,7 @@ struct Transactions {
     began: Mutex<Option<Instant>>,
     /// The producer's `transaction.timeout.ms`: the broker aborts a transaction open longer.
     timeout: Duration,
-    /// The producer died of its own transaction's timeout (see [`Broker::expired`]).
+    /// The producer died of its own transaction's timeout (see [`KafkaBroker::expired`]).
     expired: AtomicBool,
 }
 
@@ -68,9 +68,9 @@ impl Transactions {
     }
 }
 
-/// What opening a shard-partition's [`Broker`] takes.
+/// What opening a shard-partition's [`KafkaBroker`] takes.
 #[derive(Debug, Clone)]
-pub(crate) struct BrokerSettings {
+pub(crate) struct KafkaSettings {
     producer: ProducerSettings,
     /// Under exactly-once: the progress topic.
     progress_topic: Option<String>,
@@ -79,14 +79,9 @@ pub(crate) struct BrokerSettings {
 /// The producer settings of one shard-partition: the `[kafka]` section with its stream's
 /// overrides, a client id naming the shard-partition and, under exactly-once, its
 /// transactional id (see [`crate::progress::transactional_id`]).
-pub(crate) fn broker_settings(
-    kafka: &KafkaConfig,
-    s: &StreamSettings,
-    labels: &StreamLabels,
-    cluster: &str,
-) -> BrokerSettings {
+pub(crate) fn settings(kafka: &KafkaConfig, s: &StreamSettings, labels: &StreamLabels, cluster: &str) -> KafkaSettings {
     let exactly_once = s.delivery == Delivery::ExactlyOnce;
-    BrokerSettings {
+    KafkaSettings {
         producer: ProducerSettings {
             brokers: kafka.brokers.clone(),
             client_id: format!("outbox-streamer-{}-{}-{}", labels.source, labels.id.shard, labels.id.partition),
@@ -104,7 +99,7 @@ pub(crate) fn broker_settings(
 
 /// Opens a shard-partition's producer; an error is definite (the halt's message and fix), with
 /// the producer's error as its source.
-pub(crate) fn open(settings: &BrokerSettings) -> Result<Broker, Error> {
+pub(crate) fn open(settings: &KafkaSettings) -> Result<KafkaBroker, Error> {
     let producer = Producer::new(&settings.producer).map_err(|e| {
         Error::definite(
             format!("cannot create the Kafka producer: {e}"),
@@ -128,12 +123,12 @@ pub(crate) fn open(settings: &BrokerSettings) -> Result<Broker, Error> {
         }),
         _ => None,
     };
-    Ok(Broker { producer, exactly_once })
+    Ok(KafkaBroker { producer, exactly_once })
 }
 
 /// Waits (up to 5 s) for what the producer still holds to be acknowledged, then drops it,
 /// which purges anything left.
-pub(crate) async fn close(broker: Broker) {
+pub(crate) async fn close(broker: KafkaBroker) {
     let _ = tokio::task::spawn_blocking(move || broker.producer.flush(Duration::from_secs(5))).await;
 }
 
@@ -141,7 +136,7 @@ pub(crate) async fn close(broker: Broker) {
 /// starts over from the last committed progress.
 const TXN_CALL_TIMEOUT: Duration = Duration::from_secs(30);
 
-impl Broker {
+impl KafkaBroker {
     /// Whether the producer died of its own transaction's timeout (the broker aborted a
     /// transaction left open past `transaction.timeout.ms`, which retires the producer): the
     /// shard-partition's task then opens a new one before the next session.
@@ -178,9 +173,15 @@ fn txn_error(e: TxnFailure, key: &str) -> Error {
 
 type Report = Result<DeliveryResultOwned, RecvError>;
 
-impl Sink for Broker {
-    const NAME: &'static str = "Kafka";
-    type Delivery = Map<DeliveryFuture, fn(Report) -> Result<(), Failure>>;
+/// A record's acknowledgement as the loop awaits it.
+pub(crate) type KafkaDelivery = Map<DeliveryFuture, fn(Report) -> Result<(), Failure>>;
+
+impl Sink for KafkaBroker {
+    type Delivery = KafkaDelivery;
+
+    fn name(&self) -> &'static str {
+        "Kafka"
+    }
 
     fn send(&self, r: &Outgoing<'_>) -> Result<Self::Delivery, Offer> {
         let out = outbox_kafka::Outgoing {

@@ -17,22 +17,163 @@
 //!   [`Sink::abort`]; [`Sink::resume`] reads the last committed progress record before a
 //!   session (see [`crate::progress`]). A sink that cannot returns `false` and is never asked.
 //!
-//! Kafka ([`kafka`]) is the first implementation; nothing outside it names the Kafka client.
+//! * [`Sink::reset`] is called as a session begins: a sink that refuses records after a failure
+//!   (so that none is acknowledged after an earlier one failed) accepts them again.
+//!
+//! Kafka ([`kafka`]) and RabbitMQ ([`rabbitmq`]) implement it; nothing outside them names their
+//! clients.
 //!
 //! # Choosing the broker
 //!
 //! [`Broker`], [`BrokerSettings`], [`broker_settings`], [`open`] and [`close`] are the one place
-//! the rest of the streamer gets its sink from. With a second broker, `Broker` becomes an enum
-//! over the implementations (each arm delegating to its [`Sink`]) and `open` the one `match`
-//! on the configured broker.
+//! the rest of the streamer gets its sink from: `Broker` is an enum over the implementations
+//! (each arm delegating to its [`Sink`]) and [`broker_settings`] the one `match` on the
+//! shard-partition's `sink` setting.
 
 use std::error::Error;
 use std::fmt;
 use std::future::Future;
 
-mod kafka;
+use futures::future::Either;
 
-pub(crate) use kafka::{Broker, BrokerSettings, broker_settings, close, open};
+use crate::config::{SinkKind, StreamSettings};
+use crate::db::JobContext;
+use crate::streamer::StreamLabels;
+
+mod kafka;
+mod rabbitmq;
+
+/// A shard-partition's sink, whichever broker it publishes to.
+#[derive(Debug)]
+pub(crate) enum Broker {
+    Kafka(kafka::KafkaBroker),
+    Rabbit(rabbitmq::RabbitBroker),
+}
+
+/// What opening a shard-partition's [`Broker`] takes.
+#[derive(Debug, Clone)]
+pub(crate) enum BrokerSettings {
+    Kafka(kafka::KafkaSettings),
+    Rabbit(rabbitmq::RabbitSettings),
+}
+
+/// The broker settings of one shard-partition, by its `sink` setting.
+pub(crate) fn broker_settings(ctx: &JobContext<'_>, s: &StreamSettings, labels: &StreamLabels) -> BrokerSettings {
+    match (s.sink, ctx.rabbitmq) {
+        (SinkKind::Rabbitmq, Some(base)) => BrokerSettings::Rabbit(rabbitmq::settings(base, s, labels)),
+        // Validation requires [rabbitmq] for a RabbitMQ shard-partition.
+        _ => BrokerSettings::Kafka(kafka::settings(ctx.kafka, s, labels, ctx.cluster)),
+    }
+}
+
+/// Opens a shard-partition's sink; an error is definite (the halt's message and fix).
+pub(crate) fn open(settings: &BrokerSettings) -> Result<Broker, crate::error::Error> {
+    Ok(match settings {
+        BrokerSettings::Kafka(s) => Broker::Kafka(kafka::open(s)?),
+        BrokerSettings::Rabbit(s) => Broker::Rabbit(rabbitmq::open(s)?),
+    })
+}
+
+/// Closes a sink, waiting briefly for what it still holds.
+pub(crate) async fn close(broker: Broker) {
+    match broker {
+        Broker::Kafka(b) => kafka::close(b).await,
+        Broker::Rabbit(b) => drop(b),
+    }
+}
+
+impl Broker {
+    /// Whether the sink retired itself and must be opened again (a Kafka producer whose
+    /// transaction outlived its timeout).
+    pub(crate) fn expired(&self) -> bool {
+        match self {
+            Broker::Kafka(b) => b.expired(),
+            Broker::Rabbit(_) => false,
+        }
+    }
+}
+
+/// Delegates every call to the shard-partition's broker.
+impl Sink for Broker {
+    type Delivery = Either<kafka::KafkaDelivery, rabbitmq::RabbitDelivery>;
+
+    fn name(&self) -> &'static str {
+        match self {
+            Broker::Kafka(b) => b.name(),
+            Broker::Rabbit(b) => b.name(),
+        }
+    }
+
+    fn send(&self, record: &Outgoing<'_>) -> Result<Self::Delivery, Offer> {
+        match self {
+            Broker::Kafka(b) => b.send(record).map(Either::Left),
+            Broker::Rabbit(b) => b.send(record).map(Either::Right),
+        }
+    }
+
+    async fn ready(&self) {
+        match self {
+            Broker::Kafka(b) => b.ready().await,
+            Broker::Rabbit(b) => b.ready().await,
+        }
+    }
+
+    async fn topic_ready(&self, topic: &str) -> Option<bool> {
+        match self {
+            Broker::Kafka(b) => b.topic_ready(topic).await,
+            Broker::Rabbit(b) => b.topic_ready(topic).await,
+        }
+    }
+
+    async fn recheck(&self, failure: Failure) -> Failure {
+        match self {
+            Broker::Kafka(b) => b.recheck(failure).await,
+            Broker::Rabbit(b) => b.recheck(failure).await,
+        }
+    }
+
+    fn reset(&self) {
+        match self {
+            Broker::Kafka(b) => b.reset(),
+            Broker::Rabbit(b) => b.reset(),
+        }
+    }
+
+    fn transactional(&self) -> bool {
+        match self {
+            Broker::Kafka(b) => b.transactional(),
+            Broker::Rabbit(b) => b.transactional(),
+        }
+    }
+
+    async fn resume(&self) -> Result<Option<Vec<u8>>, crate::error::Error> {
+        match self {
+            Broker::Kafka(b) => b.resume().await,
+            Broker::Rabbit(b) => b.resume().await,
+        }
+    }
+
+    fn begin(&self) -> Result<(), crate::error::Error> {
+        match self {
+            Broker::Kafka(b) => b.begin(),
+            Broker::Rabbit(b) => b.begin(),
+        }
+    }
+
+    async fn commit(&self, progress: Vec<u8>) -> Result<(), crate::error::Error> {
+        match self {
+            Broker::Kafka(b) => b.commit(progress).await,
+            Broker::Rabbit(b) => b.commit(progress).await,
+        }
+    }
+
+    async fn abort(&self) -> Result<(), crate::error::Error> {
+        match self {
+            Broker::Kafka(b) => b.abort().await,
+            Broker::Rabbit(b) => b.abort().await,
+        }
+    }
+}
 
 /// One record to hand over; borrowed from the outbox row and the session.
 #[derive(Debug, Clone, Copy)]
@@ -102,7 +243,7 @@ impl fmt::Display for Failure {
 /// Where the streamer loop sends records. See the module docs for the contract.
 pub(crate) trait Sink: Send + Sync {
     /// The broker's name in messages ("Kafka refused it").
-    const NAME: &'static str;
+    fn name(&self) -> &'static str;
 
     /// Resolves when the record is acknowledged, or with its failure.
     type Delivery: Future<Output = Result<(), Failure>> + Send + Unpin + 'static;
@@ -120,6 +261,9 @@ pub(crate) trait Sink: Send + Sync {
 
     /// Settles a [`Verdict::Unsure`] failure (any other comes back as it is).
     fn recheck(&self, failure: Failure) -> impl Future<Output = Failure> + Send;
+
+    /// A session begins: see the module docs.
+    fn reset(&self) {}
 
     /// Whether this sink delivers exactly once: records go in transactions with a progress
     /// record, and the calls below are used.

@@ -93,7 +93,9 @@ fn header<'a>(headers: &'a [(&str, &[u8])], name: &str) -> &'a [u8] {
 }
 
 impl Sink for FakeSink {
-    const NAME: &'static str = "Fake";
+    fn name(&self) -> &'static str {
+        "Fake"
+    }
     type Delivery = Map<oneshot::Receiver<Result<(), Failure>>, fn(Report) -> Result<(), Failure>>;
 
     fn send(&self, r: &Outgoing<'_>) -> Result<Self::Delivery, Offer> {

@@ -78,7 +78,10 @@ impl Running {
             .arg("--config")
             .arg(config)
             .arg("run")
-            .env("RUST_LOG", "info,outbox_streamer=debug")
+            .env(
+                "RUST_LOG",
+                std::env::var("OUTBOX_TEST_RUST_LOG").unwrap_or_else(|_| "info,outbox_streamer=debug".into()),
+            )
             .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
             .envs(free.iter().map(|addr| ("OUTBOX_METRICS_LISTEN", addr.as_str())))
             .stdout(Stdio::null())

@@ -24,11 +24,21 @@ pub enum Class {
 pub struct PublishError {
     pub class: Class,
     pub text: String,
+    /// The exchange of a [`Class::NoExchange`] failure.
+    pub exchange: Option<String>,
 }
 
 impl PublishError {
     pub(crate) fn transient(text: impl Into<String>) -> Self {
-        Self { class: Class::Transient, text: text.into() }
+        Self { class: Class::Transient, text: text.into(), exchange: None }
+    }
+
+    /// Names `exchange` in a [`Class::NoExchange`] failure.
+    pub(crate) fn of_exchange(mut self, exchange: String) -> Self {
+        if self.class == Class::NoExchange {
+            self.exchange = Some(exchange);
+        }
+        self
     }
 
     /// What an operator does about it.
@@ -63,6 +73,6 @@ pub fn classify(e: &Error) -> Class {
 
 impl From<&Error> for PublishError {
     fn from(e: &Error) -> Self {
-        Self { class: classify(e), text: e.to_string() }
+        Self { class: classify(e), text: e.to_string(), exchange: None }
     }
 }

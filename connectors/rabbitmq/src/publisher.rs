@@ -24,7 +24,7 @@ use std::time::Duration;
 use futures::StreamExt;
 use futures::stream::FuturesOrdered;
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions};
-use lapin::tcp::OwnedTLSConfig;
+use lapin::tcp::{OwnedIdentity, OwnedTLSConfig};
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::{BasicProperties, Channel, Confirmation, Connection, ConnectionProperties, ExchangeKind};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
@@ -38,6 +38,8 @@ pub struct PublisherSettings {
     pub uri: String,
     /// PEM certificates that sign the broker's certificate (amqps); none: the system's roots.
     pub ca_pem: Option<String>,
+    /// A client certificate and its PKCS#8 key, both PEM (amqps).
+    pub identity: Option<(Vec<u8>, Vec<u8>)>,
     /// Messages that may wait for their confirm at once.
     pub confirm_window: usize,
     pub connect_timeout: Duration,
@@ -126,12 +128,14 @@ impl Publisher {
             return Err(Offer::Refused(PublishError {
                 class: Class::Message,
                 text: format!("a routing key of {} bytes; AMQP allows at most {SHORT_STRING_MAX}", m.routing_key.len()),
+                exchange: None,
             }));
         }
         if m.exchange.len() > SHORT_STRING_MAX {
             return Err(Offer::Refused(PublishError {
                 class: Class::NoExchange,
                 text: format!("an exchange name of {} bytes; AMQP allows at most {SHORT_STRING_MAX}", m.exchange.len()),
+                exchange: Some(m.exchange.to_string()),
             }));
         }
         let (routing_key, exchange) = (ShortString::from(m.routing_key), ShortString::from(m.exchange));
@@ -189,7 +193,8 @@ struct Link {
 async fn connect(s: &PublisherSettings) -> Result<Link, PublishError> {
     let runtime = lapin::runtime::default_runtime().map_err(|e| PublishError::from(&e))?;
     let properties = ConnectionProperties::default().with_connection_name(LongString::from(s.connection_name.clone()));
-    let tls = OwnedTLSConfig { identity: None, cert_chain: s.ca_pem.clone() };
+    let identity = s.identity.clone().map(|(pem, key)| OwnedIdentity::PKCS8 { pem, key });
+    let tls = OwnedTLSConfig { identity, cert_chain: s.ca_pem.clone() };
     let connecting = Connection::connect_with_config(&s.uri, properties, tls, runtime);
     let connection = tokio::time::timeout(s.connect_timeout, connecting)
         .await
@@ -238,14 +243,17 @@ async fn run(settings: PublisherSettings, mut rx: mpsc::UnboundedReceiver<Job>, 
                         }
                     };
                     let options = BasicPublishOptions { mandatory: true, immediate: false };
+                    let name = exchange.as_str().to_string();
                     match channel.basic_publish(exchange, routing_key, options, &payload, properties).await {
                         Ok(confirm) => {
-                            pending.push_back(Box::pin(async move { (settled(confirm.await), reply, permit) }));
+                            pending.push_back(Box::pin(async move {
+                                (settled(confirm.await).map_err(|e| e.of_exchange(name)), reply, permit)
+                            }));
                         }
                         Err(e) => {
                             broken.store(true, Ordering::Release);
                             link = None;
-                            let _ = reply.send(Err(PublishError::from(&e)));
+                            let _ = reply.send(Err(PublishError::from(&e).of_exchange(name)));
                         }
                     }
                 }
@@ -289,9 +297,13 @@ fn settled(confirm: Result<Confirmation, lapin::Error>) -> Result<(), PublishErr
         Ok(Confirmation::Ack(None)) => Ok(()),
         Ok(Confirmation::Ack(Some(returned)) | Confirmation::Nack(Some(returned))) => Err(PublishError {
             class: Class::Unroutable,
+            exchange: None,
             text: format!(
                 "RabbitMQ returned the message: {} {} (exchange {:?}, routing key {:?})",
-                returned.reply_code, returned.reply_text, returned.delivery.exchange, returned.delivery.routing_key
+                returned.reply_code,
+                returned.reply_text.as_str(),
+                returned.delivery.exchange.as_str(),
+                returned.delivery.routing_key.as_str()
             ),
         }),
         Ok(Confirmation::Nack(None)) => {

@@ -21,6 +21,7 @@ fn settings(uri: String, ca_pem: Option<String>) -> PublisherSettings {
     PublisherSettings {
         uri,
         ca_pem,
+        identity: None,
         confirm_window: 64,
         connect_timeout: Duration::from_secs(10),
         connection_name: "outbox-rabbitmq test".into(),

@@ -122,7 +122,7 @@ fn jobs(source: &SourceConfig, ctx: &JobContext<'_>) -> anyhow::Result<Vec<Strea
         (opts.user().unwrap_or_default().to_string(), opts.db_name().unwrap_or_default().to_string());
     for (labels, settings, names) in stream_plans(source) {
         let scope = dberror::Scope::of_stream(source, Backend::MySql, &login, &database, &names.table);
-        let broker = crate::sink::broker_settings(ctx.kafka, &settings, &labels, ctx.cluster);
+        let broker = crate::sink::broker_settings(ctx, &settings, &labels);
         let catch_up: Arc<dyn CatchUp> =
             Arc::new(catchup::MyCatchUp { opts: opts.clone(), names: names.clone(), checkpoint: checkpoint.clone() });
         let message_timeout_ms = ctx.kafka.message_timeout_ms;

@@ -134,7 +134,7 @@ fn jobs(source: &SourceConfig, ctx: &JobContext<'_>) -> anyhow::Result<Vec<Strea
     for (labels, settings, names) in stream_plans(source) {
         let scope =
             dberror::Scope::of_stream(source, Backend::Postgres, target.user(), target.database(), &names.table);
-        let broker = crate::sink::broker_settings(ctx.kafka, &settings, &labels, ctx.cluster);
+        let broker = crate::sink::broker_settings(ctx, &settings, &labels);
         let catch_up: Arc<dyn CatchUp> = Arc::new(catchup::PgCatchUp {
             target: target.clone(),
             names: names.clone(),
