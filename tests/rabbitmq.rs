@@ -171,15 +171,24 @@ async fn postgres_a_returned_message_leaves_no_row_data_in_the_log() {
     assert!(streamer.stop());
 }
 
-/// RabbitMQ is killed (SIGKILL) and started again while rows flow: the session ends on the
-/// lost connection and resends from the last confirmed row, so a durable queue holds every
-/// row, first deliveries in commit order (a resend may repeat rows, never reorder them).
-/// Stopping a service is server-wide, so this test runs alone.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn postgres_rabbitmq_killed_mid_stream_loses_nothing_and_keeps_order() {
+/// How RabbitMQ is interrupted while rows flow.
+#[derive(Clone, Copy)]
+enum Interruption {
+    /// SIGKILL, then started again.
+    Kill,
+    /// SIGSTOP for longer than the confirm timeout, then SIGCONT: connected, silent.
+    Freeze,
+}
+
+/// RabbitMQ is interrupted while rows flow: the session ends (the connection lost, or a
+/// confirm overdue) and resends from the last confirmed row on a new connection, so a durable
+/// queue holds every row, first deliveries in commit order (a resend may repeat rows, never
+/// reorder them). Interrupting a service is server-wide, so these tests run alone.
+async fn broker_interrupted_mid_stream(name: &str, how: Interruption) {
     use crate::support::services;
     const N: usize = 6000;
-    let w = World::postgres("rmk").shards(2).config(&config()).exclusive().build().await;
+    let config = format!("{}confirm_timeout_ms = 1500\n", config());
+    let w = World::postgres(name).shards(2).config(&config).exclusive().build().await;
     let queue = format!("{}-durable", w.topic);
     {
         let (conn, ch) = channel().await;
@@ -203,7 +212,7 @@ async fn postgres_rabbitmq_killed_mid_stream_loses_nothing_and_keeps_order() {
     let writer = {
         let (mut db, table, topic, written) = (w.db.connect().await, table.clone(), w.topic.clone(), written.clone());
         tokio::spawn(async move {
-            // A steady load (not a synchronisation): rows keep coming across the kill.
+            // A steady load (not a synchronisation): rows keep coming across the interruption.
             let mut pace = tokio::time::interval(Duration::from_millis(10));
             for batch in (0..N).collect::<Vec<_>>().chunks(10) {
                 pace.tick().await;
@@ -213,17 +222,26 @@ async fn postgres_rabbitmq_killed_mid_stream_loses_nothing_and_keeps_order() {
             }
         })
     };
-    // Killed while records are in flight, started again while rows are still written.
     let stream = [("source", "test"), ("shard", "1"), ("partition", "0")];
     streamer.wait_for_metric("outbox_published_records_total", &stream, (N / 10) as f64, ARRIVAL).await;
-    // Off the runtime's threads: the writer goes on meanwhile.
-    tokio::task::spawn_blocking(|| {
-        services(&["crash", "rabbitmq"]);
-        services(&["up", "rabbitmq"]);
-    })
-    .await
-    .unwrap();
-    assert!(written.load(std::sync::atomic::Ordering::Relaxed) < N, "rows still being written after the restart");
+    match how {
+        // Off the runtime's threads: the writer goes on meanwhile.
+        Interruption::Kill => {
+            tokio::task::spawn_blocking(|| services(&["crash", "rabbitmq"])).await.unwrap();
+            assert!(written.load(std::sync::atomic::Ordering::Relaxed) < N, "rows still written while it is down");
+            tokio::task::spawn_blocking(|| services(&["up", "rabbitmq"])).await.unwrap();
+        }
+        Interruption::Freeze => {
+            let dir = std::env::var("OUTBOX_SERVICES_DIR").expect("OUTBOX_SERVICES_DIR from scripts/services env");
+            let pid = std::fs::read_to_string(format!("{dir}/rabbitmq/pid")).unwrap().trim().to_string();
+            let signal =
+                |sig: &str| assert!(std::process::Command::new("kill").args([sig, &pid]).status().unwrap().success());
+            signal("-STOP");
+            streamer.wait_for_log("did not confirm the message within", ARRIVAL).await;
+            assert!(written.load(std::sync::atomic::Ordering::Relaxed) < N, "rows still written while it is frozen");
+            signal("-CONT");
+        }
+    }
     writer.await.unwrap();
     w.wait_drained(&table).await;
     let (_conn, ch) = channel().await;
@@ -250,10 +268,20 @@ async fn postgres_rabbitmq_killed_mid_stream_loses_nothing_and_keeps_order() {
     }
     assert!(firsts.windows(2).all(|p| p[0] < p[1]), "first deliveries in commit order");
     let log = streamer.log_text();
-    assert!(log.contains("RabbitMQ"), "the interruption is reported: {log}");
+    assert!(log.contains("stream interrupted"), "the interruption is reported: {log}");
     eprintln!("rows {N}, duplicated {duplicates}");
     ch.queue_delete(queue.as_str().into(), Default::default()).await.unwrap();
     assert!(streamer.stop());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_rabbitmq_killed_mid_stream_loses_nothing_and_keeps_order() {
+    broker_interrupted_mid_stream("rmk", Interruption::Kill).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_rabbitmq_frozen_past_the_confirm_timeout_loses_nothing_and_keeps_order() {
+    broker_interrupted_mid_stream("rmf", Interruption::Freeze).await;
 }
 
 /// With `on_bad_row = "dead-letter"`, a row that comes back goes to the dead-letter exchange
@@ -291,5 +319,216 @@ async fn postgres_an_unroutable_row_is_dead_lettered_to_an_exchange() {
         assert_eq!(m.data, want.as_bytes());
     }
     w.wait_drained(&w.table(1, 0)).await;
+    assert!(streamer.stop());
+}
+
+/// Every shard-partition of the world to RabbitMQ.
+fn config_all() -> String {
+    format!("sink = \"rabbitmq\"\nhalt_retry_ms = 200\n\n[rabbitmq]\nurl = \"{}\"\n", rabbit_url())
+}
+
+/// Concurrent writers commit and roll back transactions while the streamer is SIGKILLed three
+/// times at seeded moments; a durable queue bound to the exchange receives every committed row
+/// (duplicates counted by `message_id`), each writer's rows first delivered in commit order,
+/// and nothing rolled back.
+async fn writers_rollbacks_and_kills<D: Database>(w: World<D>) {
+    const WRITERS: usize = 3;
+    const TXNS: usize = 40;
+    let queue = format!("{}-all", w.topic);
+    {
+        let (conn, ch) = channel().await;
+        let durable = ExchangeDeclareOptions { durable: true, ..Default::default() };
+        ch.exchange_declare(w.topic.as_str().into(), ExchangeKind::Fanout, durable, FieldTable::default())
+            .await
+            .unwrap();
+        let durable = QueueDeclareOptions { durable: true, ..Default::default() };
+        ch.queue_declare(queue.as_str().into(), durable, FieldTable::default()).await.unwrap();
+        ch.queue_bind(
+            queue.as_str().into(),
+            w.topic.as_str().into(),
+            "".into(),
+            QueueBindOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+        conn.close(200, "declared".into()).await.unwrap();
+    }
+    let table = w.table(0, 0);
+    let mut writers = Vec::new();
+    for writer in 0..WRITERS {
+        let mut conn = w.db.connect().await;
+        let (table, topic) = (table.clone(), w.topic.clone());
+        writers.push(tokio::spawn(async move {
+            let mut rng = crate::workload::Rng(0x9e37_79b9_7f4a_7c15 ^ (writer as u64 + 1));
+            // A steady load across the kills (not a synchronisation).
+            let mut pace = tokio::time::interval(Duration::from_millis(30));
+            let (mut committed, mut rolled_back, mut n) = (Vec::new(), Vec::new(), 0);
+            for t in 0..TXNS {
+                pace.tick().await;
+                let rollback = rng.below(5) == 0;
+                D::execute(&mut conn, "BEGIN").await;
+                let mut payloads = Vec::new();
+                for _ in 0..=rng.below(4) {
+                    let payload = if rollback {
+                        format!("rb-w{writer}-{t}-{}", payloads.len())
+                    } else {
+                        format!("w{writer}-{n}")
+                    };
+                    if !rollback {
+                        n += 1;
+                    }
+                    D::execute(
+                        &mut conn,
+                        &format!(
+                            "INSERT INTO {table} (topic, msg_key, payload) VALUES ('{topic}', 'k{writer}', '{payload}')"
+                        ),
+                    )
+                    .await;
+                    payloads.push(payload);
+                }
+                D::execute(&mut conn, if rollback { "ROLLBACK" } else { "COMMIT" }).await;
+                if rollback { rolled_back.extend(payloads) } else { committed.extend(payloads) }
+            }
+            (committed, rolled_back)
+        }));
+    }
+    let stream = [("source", "test"), ("shard", "0"), ("partition", "0")];
+    let mut streamer = w.start("run-0.log");
+    let mut seed = 0x2545_f491_4f6c_dd1d_u64;
+    for kill in 1..=3 {
+        streamer.wait_for_metric("outbox_published_records_total", &stream, 10.0, ARRIVAL).await;
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        let mut at = tokio::time::interval_at(
+            tokio::time::Instant::now() + Duration::from_millis(seed % 150),
+            Duration::from_secs(1),
+        );
+        at.tick().await;
+        streamer.kill();
+        streamer = w.start(&format!("run-{kill}.log"));
+    }
+    let (mut committed, mut rolled_back) = (std::collections::HashSet::new(), std::collections::HashSet::new());
+    for writer in writers {
+        let (c, r) = writer.await.unwrap();
+        committed.extend(c);
+        rolled_back.extend(r);
+    }
+    w.wait_drained(&table).await;
+    let (_conn, ch) = channel().await;
+    let mut consumer = ch
+        .basic_consume(queue.as_str().into(), "".into(), BasicConsumeOptions::default(), FieldTable::default())
+        .await
+        .unwrap();
+    let (mut seen, mut ids) = (std::collections::HashSet::new(), std::collections::HashMap::<String, usize>::new());
+    let mut next = [0usize; WRITERS];
+    while seen.len() < committed.len() {
+        let d = tokio::time::timeout(DEADLINE, consumer.next())
+            .await
+            .unwrap_or_else(|_| panic!("{} of {} committed rows arrived", seen.len(), committed.len()))
+            .unwrap()
+            .unwrap();
+        let payload = String::from_utf8(d.data.clone()).unwrap();
+        assert!(!rolled_back.contains(&payload), "a rolled-back row arrived: {payload}");
+        *ids.entry(d.properties.message_id().as_ref().unwrap().as_str().to_string()).or_default() += 1;
+        if seen.insert(payload.clone()) {
+            let (writer, n) = payload.trim_start_matches('w').split_once('-').unwrap();
+            let (writer, n): (usize, usize) = (writer.parse().unwrap(), n.parse().unwrap());
+            assert_eq!(n, next[writer], "writer {writer}'s rows first delivered in commit order");
+            next[writer] += 1;
+        }
+        d.ack(BasicAckOptions::default()).await.unwrap();
+    }
+    assert_eq!(seen, committed, "every committed row, nothing else");
+    let duplicates: usize = ids.values().map(|n| n - 1).sum();
+    eprintln!(
+        "{} to RabbitMQ: {} rows, {} rolled back, 3 kills, {duplicates} duplicates",
+        D::NAME,
+        committed.len(),
+        rolled_back.len()
+    );
+    ch.queue_delete(queue.as_str().into(), Default::default()).await.unwrap();
+    assert!(streamer.stop());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_writers_rollbacks_and_kills_reach_rabbitmq_in_order() {
+    writers_rollbacks_and_kills(World::postgres("rmw").config(&config_all()).build().await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mariadb_writers_rollbacks_and_kills_reach_rabbitmq_in_order() {
+    writers_rollbacks_and_kills(World::mysql("rmw").config(&config_all()).build().await).await;
+}
+
+/// With `on_bad_row = "dead-letter"`, a row for an exchange that does not exist is dead-lettered
+/// (the broker closes the channel; the row went alone, so nothing else is held back) and the
+/// rows after it go on.
+#[tokio::test]
+async fn postgres_a_row_for_a_missing_exchange_is_dead_lettered() {
+    let w = World::postgres("rme").shards(2).config(&config()).build().await;
+    let dlq = format!("{}-dlq", w.topic);
+    w.edit_config(|text| {
+        text.replace(
+            "sink = \"rabbitmq\"\n",
+            &format!("sink = \"rabbitmq\"\non_bad_row = \"dead-letter\"\ndead_letter_topic = \"{dlq}\"\n"),
+        )
+    });
+    let (_conn, ch) = channel().await;
+    declare_exchange(&ch, &w.topic).await;
+    let mut main = bound_queue(&ch, &w.topic, "k").await;
+    let fanout = ExchangeDeclareOptions { durable: true, ..Default::default() };
+    ch.exchange_declare(dlq.as_str().into(), ExchangeKind::Fanout, fanout, FieldTable::default()).await.unwrap();
+    let mut dead = bound_queue(&ch, &dlq, "any").await;
+    let streamer = w.start("streamer.log");
+    let mut db = w.db.connect().await;
+    let missing = format!("{}-missing", w.topic);
+    let rows =
+        [Row::new(&w.topic, "a").key("k"), Row::new(&missing, "nowhere").key("k"), Row::new(&w.topic, "b").key("k")];
+    crate::support::pg::PgDb::insert(&mut db, &w.table(1, 0), &rows).await;
+    let d = tokio::time::timeout(DEADLINE, dead.next()).await.expect("dead-lettered").unwrap().unwrap();
+    assert_eq!(d.data, b"nowhere");
+    let reason = header(&d, "outbox-dead-letter-reason");
+    assert!(reason.contains("NOT_FOUND"), "{reason}");
+    for want in ["a", "b"] {
+        let m = tokio::time::timeout(DEADLINE, main.next()).await.unwrap().unwrap().unwrap();
+        assert_eq!(m.data, want.as_bytes());
+    }
+    w.wait_drained(&w.table(1, 0)).await;
+    assert!(streamer.stop());
+}
+
+/// `amqps://` with `[rabbitmq.tls]`: rows go over TLS verified against the private CA; with a CA
+/// that did not sign the broker's certificate the shard-partition retries with an error that
+/// says so, and sends nothing.
+#[tokio::test]
+async fn postgres_rabbitmq_over_tls_verifies_the_broker() {
+    let tls_url = std::env::var("OUTBOX_RABBITMQ_TLS_URL").expect("OUTBOX_RABBITMQ_TLS_URL from scripts/services env");
+    let dir = std::env::var("OUTBOX_TLS_DIR").expect("OUTBOX_TLS_DIR from scripts/services env");
+    let with_ca = |ca: &str| {
+        format!(
+            "[[source.override]]\nshard = 1\nsink = \"rabbitmq\"\nhalt_retry_ms = 200\n\n[rabbitmq]\nurl = \"{tls_url}\"\n[rabbitmq.tls]\nca_file = \"{dir}/{ca}\"\n"
+        )
+    };
+    let w = World::postgres("rmt").shards(2).config(&with_ca("ca.pem")).build().await;
+    let (_conn, ch) = channel().await;
+    declare_exchange(&ch, &w.topic).await;
+    let mut consumer = bound_queue(&ch, &w.topic, "k").await;
+    let streamer = w.start("streamer.log");
+    let mut db = w.db.connect().await;
+    crate::support::pg::PgDb::insert(&mut db, &w.table(1, 0), &[Row::new(&w.topic, "over-tls").key("k")]).await;
+    let d = tokio::time::timeout(DEADLINE, consumer.next()).await.expect("over TLS").unwrap().unwrap();
+    assert_eq!(d.data, b"over-tls");
+    w.wait_drained(&w.table(1, 0)).await;
+    assert!(streamer.stop());
+
+    w.edit_config(|text| text.replace(&format!("{dir}/ca.pem"), &format!("{dir}/other-ca.pem")));
+    let streamer = w.start("wrong-ca.log");
+    crate::support::pg::PgDb::insert(&mut db, &w.table(1, 0), &[Row::new(&w.topic, "never").key("k")]).await;
+    let log = streamer.wait_for_log("cannot connect to RabbitMQ", ARRIVAL).await;
+    assert!(log.to_lowercase().contains("certificate") || log.contains("UnknownIssuer"), "{log}");
+    assert_eq!(w.count(&w.table(1, 0)).await, 1, "nothing sent, nothing deleted");
+    assert!(!log.contains(tls_url.split('@').next().unwrap().rsplit(':').next().unwrap()), "no password in the log");
     assert!(streamer.stop());
 }

@@ -58,6 +58,7 @@ struct RabbitView {
     heartbeat_s: u16,
     frame_max: u32,
     confirm_window: usize,
+    confirm_timeout_ms: u64,
     connect_timeout_ms: u64,
     #[serde(skip_serializing_if = "Option::is_none")]
     tls: Option<TlsSettings>,
@@ -184,6 +185,7 @@ fn view(config: &Config) -> Effective {
             heartbeat_s: r.heartbeat_s,
             frame_max: r.frame_max,
             confirm_window: r.confirm_window,
+            confirm_timeout_ms: r.confirm_timeout_ms,
             connect_timeout_ms: r.connect_timeout_ms,
             tls: r.tls.clone(),
         }),

@@ -118,12 +118,17 @@ pub(crate) struct RabbitConfig {
     pub confirm_window: usize,
     #[serde(default = "default_rabbit_connect_timeout_ms")]
     pub connect_timeout_ms: u64,
+    /// A message not confirmed this long after it was published fails, and the session resends
+    /// from the last confirmed one on a new connection.
+    #[serde(default = "default_rabbit_confirm_timeout_ms")]
+    pub confirm_timeout_ms: u64,
 }
 
 pub(crate) const DEFAULT_RABBIT_HEARTBEAT_S: u16 = 10;
 pub(crate) const DEFAULT_RABBIT_FRAME_MAX: u32 = 131_072;
 pub(crate) const DEFAULT_RABBIT_CONFIRM_WINDOW: usize = 1024;
 pub(crate) const DEFAULT_RABBIT_CONNECT_TIMEOUT_MS: u64 = 10_000;
+pub(crate) const DEFAULT_RABBIT_CONFIRM_TIMEOUT_MS: u64 = 30_000;
 
 fn default_rabbit_heartbeat_s() -> u16 {
     DEFAULT_RABBIT_HEARTBEAT_S
@@ -136,6 +141,9 @@ fn default_rabbit_confirm_window() -> usize {
 }
 fn default_rabbit_connect_timeout_ms() -> u64 {
     DEFAULT_RABBIT_CONNECT_TIMEOUT_MS
+}
+fn default_rabbit_confirm_timeout_ms() -> u64 {
+    DEFAULT_RABBIT_CONFIRM_TIMEOUT_MS
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]

@@ -325,6 +325,9 @@ impl RabbitConfig {
         if !(1..=65_535).contains(&self.confirm_window) {
             return Err(invalid("rabbitmq.confirm_window", "must be between 1 and 65535"));
         }
+        if !(100..=3_600_000).contains(&self.confirm_timeout_ms) {
+            return Err(invalid("rabbitmq.confirm_timeout_ms", "must be between 100 and 3600000"));
+        }
         if !(100..=600_000).contains(&self.connect_timeout_ms) {
             return Err(invalid("rabbitmq.connect_timeout_ms", "must be between 100 and 600000"));
         }

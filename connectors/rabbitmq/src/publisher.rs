@@ -9,10 +9,12 @@
 //! * Confirms resolve in publish order. A message is confirmed only when the broker acked it
 //!   and did not return it (every message is `mandatory`: an unroutable one comes back as
 //!   [`Class::Unroutable`]).
-//! * After a failure that closes the channel or the connection (or a nack), every message sent
-//!   afterwards fails too, until [`Publisher::reset`]: no later message can be confirmed
-//!   after an earlier one failed, so the caller can resend from its last confirmed position
-//!   without reordering. The task reconnects for the first message after the reset.
+//! * After a failure that closes the channel or the connection (or a nack, or an overdue
+//!   confirm), every message sent afterwards fails too (as transient: it is not at fault),
+//!   until [`Publisher::reset`]: no later message can be confirmed after an earlier one
+//!   failed, so the caller can resend from its last confirmed position without reordering.
+//!   A definite failure of a message with nothing sent after it blocks nothing: the next
+//!   message (a dead-letter copy) goes out on a new channel. The task reconnects as needed.
 //! * Messages are persistent (`delivery_mode` 2) and carry a `message_id`.
 
 use std::future::Future;
@@ -42,6 +44,10 @@ pub struct PublisherSettings {
     pub identity: Option<(Vec<u8>, Vec<u8>)>,
     /// Messages that may wait for their confirm at once.
     pub confirm_window: usize,
+    /// A message not confirmed this long after it was published fails (transient), and the
+    /// connection is opened again: a broker that stopped answering (frozen, blocked by a
+    /// resource alarm) holds nothing back for longer.
+    pub confirm_timeout: Duration,
     pub connect_timeout: Duration,
     /// Shown in the broker's connection list.
     pub connection_name: String,
@@ -216,9 +222,20 @@ async fn run(settings: PublisherSettings, mut rx: mpsc::UnboundedReceiver<Job>, 
     loop {
         tokio::select! {
             biased;
-            Some((outcome, reply, permit)) = pending.next(), if !pending.is_empty() => {
-                if let Err(e) = &outcome && e.class != Class::Unroutable {
-                    broken.store(true, Ordering::Release);
+            Some((mut outcome, reply, permit)) = pending.next(), if !pending.is_empty() => {
+                if let Err(e) = &mut outcome && e.class != Class::Unroutable {
+                    if broken.load(Ordering::Acquire) {
+                        // The channel closed for an earlier message: this one is not at fault.
+                        *e = PublishError::transient(format!("an earlier message of this stream failed ({e})"));
+                    }
+                    // Only what was sent after it could be confirmed out of order; a message that
+                    // failed alone (the caller sends a suspect one alone) leaves nothing to hold
+                    // back, and what the caller sends next (a dead-letter copy) goes out.
+                    if e.class == Class::Transient || !(pending.is_empty() && rx.is_empty()) {
+                        broken.store(true, Ordering::Release);
+                    }
+                    // The channel is closed, or a confirm never came: start over.
+                    link = None;
                 }
                 let _ = reply.send(outcome);
                 drop(permit);
@@ -244,10 +261,17 @@ async fn run(settings: PublisherSettings, mut rx: mpsc::UnboundedReceiver<Job>, 
                     };
                     let options = BasicPublishOptions { mandatory: true, immediate: false };
                     let name = exchange.as_str().to_string();
+                    let limit = settings.confirm_timeout;
                     match channel.basic_publish(exchange, routing_key, options, &payload, properties).await {
                         Ok(confirm) => {
                             pending.push_back(Box::pin(async move {
-                                (settled(confirm.await).map_err(|e| e.of_exchange(name)), reply, permit)
+                                let outcome = match tokio::time::timeout(limit, confirm).await {
+                                    Ok(confirm) => settled(confirm).map_err(|e| e.of_exchange(name)),
+                                    Err(_) => Err(PublishError::transient(format!(
+                                        "RabbitMQ did not confirm the message within {limit:?} (the broker stopped answering, or a resource alarm blocks publishers)"
+                                    ))),
+                                };
+                                (outcome, reply, permit)
                             }));
                         }
                         Err(e) => {

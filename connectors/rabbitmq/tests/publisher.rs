@@ -23,6 +23,7 @@ fn settings(uri: String, ca_pem: Option<String>) -> PublisherSettings {
         ca_pem,
         identity: None,
         confirm_window: 64,
+        confirm_timeout: Duration::from_secs(30),
         connect_timeout: Duration::from_secs(10),
         connection_name: "outbox-rabbitmq test".into(),
     }
@@ -114,8 +115,10 @@ async fn messages_are_confirmed_and_arrive_in_order_with_their_headers() {
 }
 
 /// An unroutable message comes back as a definite failure and leaves the channel usable; a
-/// missing exchange is definite too, fails what follows until the reset, and the publisher
-/// reconnects after it.
+/// missing exchange is definite too (the broker closes the channel). Alone, it holds nothing
+/// back: the next message goes out on a new channel. With messages sent after it, those fail
+/// (transient: not at fault) and so does everything until the reset, so none of them can be
+/// confirmed before it is resent.
 #[tokio::test]
 async fn unroutable_and_missing_exchange_are_definite_and_the_publisher_recovers() {
     let name = format!("outbox-test-fail-{}", std::process::id());
@@ -130,15 +133,28 @@ async fn unroutable_and_missing_exchange_are_definite_and_the_publisher_recovers
     publish(&p, &name, "k", "b").await.unwrap();
     let e = publish(&p, "outbox-test-no-such-exchange", "k", "y").await.unwrap_err();
     assert_eq!(e.class, Class::NoExchange, "{e}");
+    assert_eq!(e.exchange.as_deref(), Some("outbox-test-no-such-exchange"));
+    publish(&p, &name, "k", "c").await.unwrap();
+    // Now with a message behind the failing one.
+    let send = |exchange: &str, payload: &str| {
+        let headers: [(&str, &[u8]); 0] = [];
+        let m =
+            Message { exchange, routing_key: "k", payload: payload.as_bytes(), message_id: payload, headers: &headers };
+        p.send(&m).unwrap_or_else(|_| panic!("{payload} taken"))
+    };
+    let failing = send("outbox-test-no-such-exchange", "y2");
+    let behind = send(&name, "held-back");
+    assert_eq!(tokio::time::timeout(DEADLINE, failing).await.unwrap().unwrap().unwrap_err().class, Class::NoExchange);
+    assert_eq!(tokio::time::timeout(DEADLINE, behind).await.unwrap().unwrap().unwrap_err().class, Class::Transient);
     let e = publish(&p, &name, "k", "refused-until-reset").await.unwrap_err();
     assert_eq!(e.class, Class::Transient, "{e}");
     p.reset();
-    publish(&p, &name, "k", "c").await.unwrap();
+    publish(&p, &name, "k", "d").await.unwrap();
     let mut consumer = ch
         .basic_consume(queue.as_str().into(), "t".into(), BasicConsumeOptions::default(), FieldTable::default())
         .await
         .unwrap();
-    for want in ["a", "b", "c"] {
+    for want in ["a", "b", "c", "d"] {
         let d = tokio::time::timeout(DEADLINE, consumer.next()).await.unwrap().unwrap().unwrap();
         assert_eq!(d.data, want.as_bytes());
         d.ack(BasicAckOptions::default()).await.unwrap();
