@@ -182,6 +182,8 @@ async fn stream_task<S, F, Fut>(
         ("partition", labels.id.partition.to_string()),
     ];
     m::init_stream(&metric_labels);
+    let [a, b, c] = metric_labels.clone();
+    gauge!(m::STREAM_SINK, &[a, b, c, ("sink", settings.sink.as_str().to_string())]).set(1.0);
     set_state(&labels, &metric_labels, state::STOPPED, None);
     let Some(mut producer) = open_producer(&broker, &labels, &metric_labels) else { return };
     let message_timeout = Duration::from_millis(message_timeout_ms);

@@ -26,6 +26,7 @@ pub(crate) const BINLOG_LAG_SECONDS: &str = "outbox_binlog_lag_seconds";
 pub(crate) const BINLOG_LAG_BYTES: &str = "outbox_binlog_lag_bytes";
 pub(crate) const END_TO_END_LATENCY: &str = "outbox_end_to_end_latency_seconds";
 pub(crate) const STREAM_STATE: &str = "outbox_stream_state";
+pub(crate) const STREAM_SINK: &str = "outbox_stream_sink_info";
 pub(crate) const CATCHUPS: &str = "outbox_catchups_total";
 pub(crate) const CATCHUP_ROWS: &str = "outbox_catchup_rows_total";
 pub(crate) const HISTORY_CHANGES: &str = "outbox_database_history_changes_total";
@@ -134,6 +135,7 @@ pub(crate) fn describe() {
         "leases by event: acquired, released (rebalance), yielded, lost (session expired)"
     );
     describe_gauge!(OWNER_EPOCH, "the epoch of the lease this instance holds per shard-partition (0 when not held)");
+    describe_gauge!(STREAM_SINK, "1 for the broker (label sink: kafka, rabbitmq) each shard-partition publishes to");
     describe_gauge!(
         STREAM_STATE,
         "0 stopped, 1 streaming, 2 retrying after an error, 3 halted (operator action needed), 4 catching up by polling"

@@ -104,6 +104,12 @@ async fn postgres_rows_reach_a_bound_queue_in_commit_order_with_their_headers() 
     assert_eq!(kafka_records.len(), 1, "only shard 0 goes to Kafka");
     assert_eq!(kafka_records[0].payload_str(), "to-kafka");
     assert!(streamer.log_text().contains("sink=\"rabbitmq\""), "the log names the sink");
+    let sink = [("source", "test"), ("shard", "1"), ("partition", "0"), ("sink", "rabbitmq")];
+    streamer.wait_for_metric("outbox_stream_sink_info", &sink, 1.0, ARRIVAL).await;
+    let kafka_sink = [("source", "test"), ("shard", "0"), ("partition", "0"), ("sink", "kafka")];
+    streamer.wait_for_metric("outbox_stream_sink_info", &kafka_sink, 1.0, ARRIVAL).await;
+    let (_, out, _) = crate::support::streamer::run_cli(&w.config, &["status"]);
+    assert!(out.lines().any(|l| l.contains("cdc/rmq") && l.split_whitespace().nth(1) == Some("1")), "status:\n{out}");
     assert!(streamer.stop());
 }
 

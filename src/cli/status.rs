@@ -33,6 +33,8 @@ struct Row {
     storage: &'static str,
     /// `at-least-once` or `exactly-once`.
     delivery: &'static str,
+    /// `kafka` or `rabbitmq`.
+    sink: &'static str,
     /// Settings that could lose messages (see [`StreamStatus::warning`]).
     warning: Option<String>,
     /// What the streamer is doing, as its instance reports it.
@@ -76,6 +78,7 @@ impl Row {
             },
             storage: source.settings_for(id).storage.as_str(),
             delivery: source.settings_for(id).delivery.as_str(),
+            sink: source.settings_for(id).sink.as_str(),
             key: format!("{}.{}", source.name, source.stream_names(id).table),
             ..Self::default()
         }
@@ -283,7 +286,8 @@ fn print_table(rows: &[Row], coordinated: bool) {
     }
 }
 
-/// The mode column: `cdc`, with `/wal` for WAL-only storage and `/eo` for exactly-once.
+/// The mode column: `cdc`, with `/wal` for WAL-only storage, `/eo` for exactly-once and
+/// `/rmq` for a shard-partition that publishes to RabbitMQ.
 fn mode_text(r: &Row) -> String {
     let mut text = r.mode.to_string();
     if r.storage == "wal" {
@@ -291,6 +295,9 @@ fn mode_text(r: &Row) -> String {
     }
     if r.delivery == "exactly-once" {
         text.push_str("/eo");
+    }
+    if r.sink == "rabbitmq" {
+        text.push_str("/rmq");
     }
     text
 }
