@@ -538,3 +538,31 @@ async fn postgres_rabbitmq_over_tls_verifies_the_broker() {
     assert!(!log.contains(tls_url.split('@').next().unwrap().rsplit(':').next().unwrap()), "no password in the log");
     assert!(streamer.stop());
 }
+
+/// With `exchange` set for the shard-partition, every row goes to that exchange and its topic
+/// is the routing key (tables whose rows name only a routing key).
+#[tokio::test]
+async fn postgres_a_fixed_exchange_takes_the_topic_as_the_routing_key() {
+    let w = World::postgres("rmx").shards(2).config(&config()).build().await;
+    let fixed = format!("{}-fixed", w.topic);
+    w.edit_config(|text| {
+        text.replace("sink = \"rabbitmq\"\n", &format!("sink = \"rabbitmq\"\nexchange = \"{fixed}\"\n"))
+    });
+    let (_conn, ch) = channel().await;
+    declare_exchange(&ch, &fixed).await;
+    let mut eu = bound_queue(&ch, &fixed, "orders.eu").await;
+    let mut us = bound_queue(&ch, &fixed, "orders.us").await;
+    let streamer = w.start("streamer.log");
+    let mut db = w.db.connect().await;
+    let rows =
+        [Row::new("orders.eu", "e1").key("c1"), Row::new("orders.us", "u1").key("c2"), Row::new("orders.eu", "e2")];
+    crate::support::pg::PgDb::insert(&mut db, &w.table(1, 0), &rows).await;
+    for (queue, want) in [(0, "e1"), (1, "u1"), (0, "e2")] {
+        let consumer = if queue == 0 { &mut eu } else { &mut us };
+        let d = tokio::time::timeout(DEADLINE, consumer.next()).await.unwrap().unwrap().unwrap();
+        assert_eq!(d.data, want.as_bytes());
+        assert_eq!(d.exchange.as_str(), fixed);
+    }
+    w.wait_drained(&w.table(1, 0)).await;
+    assert!(streamer.stop());
+}
