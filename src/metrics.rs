@@ -223,6 +223,7 @@ mod tests {
         super::BINLOG_LAG_BYTES,
         super::END_TO_END_LATENCY,
         super::STREAM_STATE,
+        super::STREAM_SINK,
         super::CATCHUPS,
         super::CATCHUP_ROWS,
         super::HISTORY_CHANGES,
