@@ -21,9 +21,12 @@
 //!   out: the next transaction's, or — when none began within `transaction_interval_ms` and at
 //!   a clean end — one committed for it alone, so that an id used again later (an identity
 //!   restarted lower) is not taken for a row already sent.
-//! * Rows the sweep publishes ([`crate::sweep`]) are named the same way under progress by
-//!   position: no position covers them. The next session's sweep finds them in the table again
-//!   and deletes those the last record names instead of sending them.
+//! * Under progress by position (table storage), records name the same rows beside the
+//!   position: rows the sweep published ([`crate::sweep`]), which no position covers (the next
+//!   session's sweep finds them in the table again and deletes those the record names instead
+//!   of sending them), and every other row not yet deleted, for a catch-up after the position
+//!   was lost (the log the position was in is gone; the catch-up deletes the rows the record
+//!   names before it drains). Past [`MAX_NAMED_RANGES`] ranges a record names none.
 //!
 //! [`AckTracker`]: crate::ack::AckTracker
 
@@ -56,6 +59,9 @@ const SPLIT_AFTER: Duration = Duration::from_secs(5);
 const STRETCH: u32 = 5;
 const STRETCH_CAP: Duration = Duration::from_millis(500);
 
+/// The most id ranges a progress record by position names (about 40 bytes each).
+const MAX_NAMED_RANGES: usize = 10_000;
+
 /// A session's exactly-once state.
 #[derive(Debug)]
 pub(super) struct ExactlyOnce {
@@ -82,14 +88,15 @@ pub(super) struct ExactlyOnce {
     /// Progress by rows (see the module docs): the ids of the open transaction's records, and
     /// those committed transactions hold whose rows are not deleted yet. `None`: by position.
     by_rows: Option<ByRows>,
-    /// Progress by position: the same for the rows the sweep published (no position covers
-    /// them), so a restart does not send them again.
-    swept: ByRows,
-    /// Swept rows sent in the open transaction, not acknowledged yet.
-    sweeping: BTreeSet<i64>,
-    /// Swept rows the last session's committed transactions hold: the sweep finds them again
-    /// and deletes them instead of sending them.
-    swept_in_kafka: BTreeSet<i64>,
+    /// Progress by position, table storage: the ids of the rows committed transactions hold
+    /// and not yet deleted, named beside the position. A position says nothing to the sweep
+    /// (rows the log never carried) nor to a catch-up (the log the position was in is gone).
+    named: ByRows,
+    /// Whether rows are named (table storage: WAL-only messages are no rows).
+    name_rows: bool,
+    /// Rows the last session's record named: the sweep finds them again and deletes them
+    /// instead of sending them.
+    named_in_kafka: BTreeSet<i64>,
 }
 
 /// Row ids for progress by rows.
@@ -142,6 +149,7 @@ pub(super) async fn start<S: Source, K: Sink>(
         S::POSITION_HEADER,
         history,
         by_rows.is_some(),
+        settings.storage == crate::config::Storage::Table,
         resumed,
     )))
 }
@@ -167,6 +175,7 @@ impl ExactlyOnce {
         kind: &'static str,
         history: String,
         by_rows: bool,
+        name_rows: bool,
         resumed: Option<Progress>,
     ) -> Self {
         let committed = match resumed {
@@ -180,8 +189,8 @@ impl ExactlyOnce {
             }
             None => Progress::new(kind, None, None),
         };
-        // By position, the ids a record names are rows the sweep published.
-        let swept_in_kafka: BTreeSet<i64> =
+        // By position, the ids a record names are rows in Kafka not known to be deleted.
+        let named_in_kafka: BTreeSet<i64> =
             if by_rows { BTreeSet::new() } else { committed.id_list().into_iter().collect() };
         Self {
             interval: Duration::from_millis(interval_ms),
@@ -196,9 +205,9 @@ impl ExactlyOnce {
             covered: 0,
             closing: false,
             by_rows: by_rows.then(ByRows::default),
-            swept: ByRows { undeleted: swept_in_kafka.clone(), ..ByRows::default() },
-            sweeping: BTreeSet::new(),
-            swept_in_kafka,
+            named: ByRows { undeleted: named_in_kafka.clone(), ..ByRows::default() },
+            name_rows,
+            named_in_kafka,
         }
     }
 
@@ -234,7 +243,7 @@ impl ExactlyOnce {
 
     /// When a record leaving out deleted rows is due, if one is.
     fn refresh_due(&self) -> Option<Instant> {
-        let stale = self.by_rows.as_ref().map_or(self.swept.stale_since, |rows| rows.stale_since);
+        let stale = self.by_rows.as_ref().map_or(self.named.stale_since, |rows| rows.stale_since);
         Some(stale? + self.interval)
     }
 
@@ -254,27 +263,20 @@ impl ExactlyOnce {
         self.held.push(seq);
         if let Some(rows) = &mut self.by_rows {
             rows.held.push(id);
-        } else if self.sweeping.remove(&id) {
-            self.swept.held.push(id);
+        } else if self.name_rows {
+            self.named.held.push(id);
         }
     }
 
     /// The sweep is about to publish row `id`: whether a committed Kafka transaction of the
-    /// last session holds it already (then it is deleted, not sent); otherwise its record will
-    /// be named by progress records until it is deleted.
-    pub(super) fn sweeping(&mut self, id: i64) -> bool {
-        if self.swept_in_kafka.remove(&id) {
-            return true;
-        }
-        if self.by_rows.is_none() {
-            self.sweeping.insert(id);
-        }
-        false
+    /// last session holds it already (then it is deleted, not sent).
+    pub(super) fn in_kafka(&mut self, id: i64) -> bool {
+        self.named_in_kafka.remove(&id)
     }
 
     /// Rows `ids` are deleted: progress records need not name them any more.
     pub(super) fn deleted(&mut self, ids: &[i64]) {
-        let rows = self.by_rows.as_mut().unwrap_or(&mut self.swept);
+        let rows = self.by_rows.as_mut().unwrap_or(&mut self.named);
         if !rows.undeleted.is_empty() {
             let before = rows.undeleted.len();
             for id in ids {
@@ -384,10 +386,16 @@ impl<P: Clone + std::fmt::Display + Send + Sync + 'static, K: Sink> Session<'_, 
             None => {
                 let mark = mark.or_else(|| eo.committed.mark.clone());
                 let partial = in_source_txn.then(|| Partial { transaction: self.label.clone(), rows: eo.rows_read });
-                let swept = &mut eo.swept;
-                swept.undeleted.extend(swept.held.drain(..));
-                swept.stale_since = None;
-                Progress::new(eo.kind, mark, partial).with_ids(&swept.undeleted).in_history(&eo.history)
+                let named = &mut eo.named;
+                named.undeleted.extend(named.held.drain(..));
+                named.stale_since = None;
+                let progress = Progress::new(eo.kind, mark, partial).with_ids(&named.undeleted);
+                // Ids scattered by other writers' transactions could make a record too large for
+                // Kafka: past this many ranges the record names none (a catch-up then sends those
+                // rows again, as at-least-once would).
+                let progress =
+                    if progress.ids.len() > MAX_NAMED_RANGES { progress.with_ids(&BTreeSet::new()) } else { progress };
+                progress.in_history(&eo.history)
             }
         };
         let started = std::time::Instant::now();
@@ -463,7 +471,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_busy_stream_stretches_its_transactions_a_waiting_one_keeps_the_interval() {
         let interval = Duration::from_millis(20);
-        let mut eo = ExactlyOnce::new(20, 10_000, "outbox-lsn", "history".into(), false, None);
+        let mut eo = ExactlyOnce::new(20, 10_000, "outbox-lsn", "history".into(), false, true, None);
         let began = Instant::now();
         eo.open = Some((began, 1));
         assert_eq!(eo.due(false), Some(began + interval), "decided once the interval is over");

@@ -57,7 +57,7 @@ impl<P: Clone + std::fmt::Display + Send + Sync + 'static, K: Sink> Session<'_, 
                 Err(invalid) => invalid.id,
             };
             if let (Some(id), Some(eo)) = (id, &mut self.eo)
-                && eo.sweeping(id)
+                && eo.in_kafka(id)
             {
                 // A committed Kafka transaction of the last session holds it (exactly-once).
                 self.tracker.sent(seq, Some(id));
