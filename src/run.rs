@@ -51,7 +51,12 @@ pub(crate) async fn run(mut config: Config) -> anyhow::Result<()> {
     let mut tasks = JoinSet::new();
     let mut jobs = Vec::new();
     let cluster = config.coordination.as_ref().map_or("default", |c| c.cluster_name.as_str());
-    let rabbitmq = config.rabbitmq.as_ref().map(crate::config::RabbitConfig::publisher).transpose()?;
+    let mut rabbitmq = config.rabbitmq.as_ref().map(crate::config::RabbitConfig::publisher).transpose()?;
+    if let (Some(p), Some(c)) = (rabbitmq.as_mut(), &config.coordination) {
+        // As for Kafka's queued records above: a message queued before a pause long enough to
+        // lose the lease is not published after it.
+        p.max_queued = p.max_queued.min(std::time::Duration::from_millis(c.session_timeout_ms / 2));
+    }
     let ctx = JobContext { kafka: &config.kafka, rabbitmq: rabbitmq.as_ref(), instance: instance.as_deref(), cluster };
     for source in &config.sources {
         let database = db::of(source.kind);

@@ -1359,6 +1359,14 @@ def kafka_tool(name: str, args: list[str]) -> int:
     return subprocess.run(cmd).returncode
 
 
+def rabbitmqctl(args: list[str]) -> int:
+    """Runs RabbitMQ's own `rabbitmqctl` against our node (its cookie, epmd port and name)."""
+    env = {**os.environ, **rabbitmq_env()}
+    env.pop("detached", None)
+    cmd = [str(RABBITMQ_BIN / "rabbitmqctl"), "-n", rabbitmq_node(), *args]
+    return subprocess.run(cmd, env=env).returncode
+
+
 def main(argv: list[str]) -> int:
     usage = ("usage: scripts/services up [SERVICE…] | down [SERVICE…] | crash SERVICE… | promote SERVICE… "
              "| status | env\n"
@@ -1366,11 +1374,14 @@ def main(argv: list[str]) -> int:
              "       postgres-standby or mariadb-replica (a standby cloned from its primary when started;\n"
              "       `promote` makes it a primary, `down` throws its data away)\n"
              "       scripts/services kafka-topics ARGS… | kafka-console-consumer ARGS…  (Kafka's own tools, "
-             "--bootstrap-server is added)")
+             "--bootstrap-server is added)\n"
+             "       scripts/services rabbitmqctl ARGS…  (RabbitMQ's own tool, for our node)")
     global STATE
     STATE = resolve_state()
     if argv and argv[0] in KAFKA_TOOLS:
         return kafka_tool(argv[0], argv[1:])
+    if argv and argv[0] == "rabbitmqctl":
+        return rabbitmqctl(argv[1:])
     if not argv or (len(argv) > 1 and argv[0] not in ("up", "down", "crash", "promote")):
         print(usage, file=sys.stderr)
         return 2

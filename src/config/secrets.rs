@@ -94,6 +94,7 @@ impl RabbitConfig {
             identity,
             confirm_window: self.confirm_window,
             confirm_timeout: std::time::Duration::from_millis(self.confirm_timeout_ms),
+            max_queued: std::time::Duration::from_millis(self.confirm_timeout_ms),
             connect_timeout: std::time::Duration::from_millis(self.connect_timeout_ms),
             connection_name: "outbox-streamer".into(),
         })

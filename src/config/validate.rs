@@ -307,6 +307,13 @@ impl RabbitConfig {
                 "must start with amqp:// or amqps:// (e.g. \"amqps://outbox@mq.internal:5671/%2f\")",
             ));
         };
+        let user = rest.split_once('@').map(|(userinfo, _)| userinfo.split(':').next().unwrap_or_default());
+        if user.is_none_or(str::is_empty) {
+            return Err(invalid(
+                "rabbitmq.url",
+                "must name the user (amqp://user@host:5672/%2f): without one the client logs in as guest, which RabbitMQ refuses from other hosts",
+            ));
+        }
         if rest.contains('?') {
             return Err(invalid(
                 "rabbitmq.url",

@@ -69,10 +69,10 @@ fn settled(report: Report) -> Result<(), Failure> {
 
 fn failure(e: PublishError) -> Failure {
     let verdict = match e.class {
-        Class::Transient => Verdict::Transient,
+        Class::Transient | Class::Rejected => Verdict::Transient,
         Class::Unroutable | Class::AccessRefused => Verdict::Destination,
         Class::NoExchange => Verdict::MissingTopic,
-        Class::Message => Verdict::Record,
+        Class::Message | Class::Unrepresentable => Verdict::Record,
     };
     Failure { verdict, topic: e.exchange.clone(), fix: e.fix(), error: Box::new(e) }
 }
@@ -92,10 +92,21 @@ impl Sink for RabbitBroker {
     }
 
     fn send(&self, r: &Outgoing<'_>) -> Result<Self::Delivery, Offer> {
-        let key = r.key.map(String::from_utf8_lossy).unwrap_or_default();
+        let key = match r.key.map(std::str::from_utf8).transpose() {
+            Ok(key) => key.unwrap_or_default(),
+            // AMQP routing keys are text: a key that is not UTF-8 would change on the way.
+            Err(_) if self.exchange.is_none() => {
+                return Err(Offer::Refused(failure(PublishError {
+                    class: Class::Unrepresentable,
+                    text: "the row's msg_key is not UTF-8 text, which a RabbitMQ routing key must be".into(),
+                    exchange: None,
+                })));
+            }
+            Err(_) => "",
+        };
         let (exchange, routing_key) = match &self.exchange {
             Some(exchange) => (exchange.as_str(), r.topic),
-            None => (r.topic, key.as_ref()),
+            None => (r.topic, key),
         };
         let stamp = |name: &str| r.stamp.iter().find(|(n, _)| *n == name).map(|(_, v)| String::from_utf8_lossy(v));
         let message_id = format!(

@@ -14,8 +14,14 @@ pub enum Class {
     NoExchange,
     /// The login may not publish to its exchange.
     AccessRefused,
-    /// The broker refuses the message itself (larger than the broker takes).
+    /// The broker refuses the message itself (larger than its `max_message_size`).
     Message,
+    /// AMQP cannot carry the message as the row gives it: a routing key or a header name longer
+    /// than 255 bytes.
+    Unrepresentable,
+    /// The broker nacked it: a queue it routes to is full and refuses publishes
+    /// (`x-overflow = reject-publish`), or the broker failed to store it. Worth another try.
+    Rejected,
 }
 
 /// A failed publish: its class and the broker's or the client's words.
@@ -29,6 +35,11 @@ pub struct PublishError {
 }
 
 impl PublishError {
+    /// Whether the same message may go through later (the caller resends it).
+    pub fn is_transient(&self) -> bool {
+        matches!(self.class, Class::Transient | Class::Rejected)
+    }
+
     pub(crate) fn transient(text: impl Into<String>) -> Self {
         Self { class: Class::Transient, text: text.into(), exchange: None }
     }
@@ -48,11 +59,17 @@ impl PublishError {
                 "check that RabbitMQ is up and reachable; the stream resends from its last confirmed position"
             }
             Class::Unroutable => {
-                "bind a queue to the exchange for this routing key (or give the exchange an alternate-exchange), or correct the row's topic/msg_key"
+                "give the exchange an alternate-exchange (or bind a new queue for this routing key), or correct the row's topic/msg_key; binding a queue that already received later rows puts this row after them"
             }
             Class::NoExchange => "declare the exchange in RabbitMQ (durable), or correct the row's topic",
             Class::AccessRefused => "grant the streamer's RabbitMQ user write permission on the exchange in this vhost",
             Class::Message => "make the message smaller, or raise the broker's max_message_size",
+            Class::Unrepresentable => {
+                "shorten the row's msg_key (the routing key; the topic with a fixed exchange) or header names to at most 255 bytes"
+            }
+            Class::Rejected => {
+                "a queue bound to the exchange is full and refuses publishes (x-max-length with x-overflow = reject-publish): let its consumers catch up or raise its limit; the stream retries"
+            }
         }
     }
 }
@@ -65,6 +82,12 @@ pub fn classify(e: &Error) -> Class {
             AMQPErrorKind::Soft(AMQPSoftError::NOTFOUND) => Class::NoExchange,
             AMQPErrorKind::Soft(AMQPSoftError::ACCESSREFUSED) => Class::AccessRefused,
             AMQPErrorKind::Soft(AMQPSoftError::CONTENTTOOLARGE) => Class::Message,
+            // RabbitMQ closes the channel with 406 for a body above max_message_size.
+            AMQPErrorKind::Soft(AMQPSoftError::PRECONDITIONFAILED)
+                if amqp.get_message().as_str().contains("message size") =>
+            {
+                Class::Message
+            }
             _ => Class::Transient,
         },
         _ => Class::Transient,

@@ -21,7 +21,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use futures::stream::FuturesOrdered;
@@ -48,6 +48,11 @@ pub struct PublisherSettings {
     /// connection is opened again: a broker that stopped answering (frozen, blocked by a
     /// resource alarm) holds nothing back for longer.
     pub confirm_timeout: Duration,
+    /// A message still waiting to be published this long after it was handed over is not
+    /// published (it fails, transient): after a pause of the process (a stalled VM), what was
+    /// queued before it must not go out once another owner may have taken over. Under
+    /// ZooKeeper coordination, below the lease's bound.
+    pub max_queued: Duration,
     pub connect_timeout: Duration,
     /// Shown in the broker's connection list.
     pub connection_name: String,
@@ -102,6 +107,8 @@ struct Publish {
     properties: BasicProperties,
     reply: oneshot::Sender<Result<(), PublishError>>,
     permit: OwnedSemaphorePermit,
+    /// When the caller handed it over (see [`PublisherSettings::max_queued`]).
+    queued: Instant,
 }
 
 /// See the module docs.
@@ -132,8 +139,15 @@ impl Publisher {
         }
         if m.routing_key.len() > SHORT_STRING_MAX {
             return Err(Offer::Refused(PublishError {
-                class: Class::Message,
+                class: Class::Unrepresentable,
                 text: format!("a routing key of {} bytes; AMQP allows at most {SHORT_STRING_MAX}", m.routing_key.len()),
+                exchange: None,
+            }));
+        }
+        if let Some((name, _)) = m.headers.iter().find(|(name, _)| name.len() > SHORT_STRING_MAX) {
+            return Err(Offer::Refused(PublishError {
+                class: Class::Unrepresentable,
+                text: format!("a header name of {} bytes; AMQP allows at most {SHORT_STRING_MAX}", name.len()),
                 exchange: None,
             }));
         }
@@ -148,9 +162,7 @@ impl Publisher {
         let permit = self.window.clone().try_acquire_owned().map_err(|_| Offer::Full)?;
         let mut headers = FieldTable::default();
         for (name, value) in m.headers {
-            if name.len() <= SHORT_STRING_MAX {
-                headers.insert(ShortString::from(*name), AMQPValue::LongString(LongString::from(value.to_vec())));
-            }
+            headers.insert(ShortString::from(*name), AMQPValue::LongString(LongString::from(value.to_vec())));
         }
         let properties = BasicProperties::default()
             .with_delivery_mode(2)
@@ -164,6 +176,7 @@ impl Publisher {
             properties,
             reply,
             permit,
+            queued: Instant::now(),
         }));
         self.jobs.send(job).map_err(|_| Offer::Refused(PublishError::transient("the publisher's task ended")))?;
         Ok(confirm)
@@ -224,14 +237,14 @@ async fn run(settings: PublisherSettings, mut rx: mpsc::UnboundedReceiver<Job>, 
             biased;
             Some((mut outcome, reply, permit)) = pending.next(), if !pending.is_empty() => {
                 if let Err(e) = &mut outcome && e.class != Class::Unroutable {
-                    if broken.load(Ordering::Acquire) {
+                    if broken.load(Ordering::Acquire) && e.class != Class::Rejected {
                         // The channel closed for an earlier message: this one is not at fault.
                         *e = PublishError::transient(format!("an earlier message of this stream failed ({e})"));
                     }
                     // Only what was sent after it could be confirmed out of order; a message that
                     // failed alone (the caller sends a suspect one alone) leaves nothing to hold
                     // back, and what the caller sends next (a dead-letter copy) goes out.
-                    if e.class == Class::Transient || !(pending.is_empty() && rx.is_empty()) {
+                    if e.is_transient() || !(pending.is_empty() && rx.is_empty()) {
                         broken.store(true, Ordering::Release);
                     }
                     // The channel is closed, or a confirm never came: start over.
@@ -246,9 +259,18 @@ async fn run(settings: PublisherSettings, mut rx: mpsc::UnboundedReceiver<Job>, 
                     let _ = reply.send(exchange_exists(&settings, &mut link, name).await);
                 }
                 Some(Job::Publish(job)) => {
-                    let Publish { exchange, routing_key, payload, properties, reply, permit } = *job;
+                    let Publish { exchange, routing_key, payload, properties, reply, permit, queued } = *job;
                     if broken.load(Ordering::Acquire) {
                         let _ = reply.send(Err(PublishError::transient("an earlier message of this stream failed")));
+                        continue;
+                    }
+                    if queued.elapsed() > settings.max_queued {
+                        broken.store(true, Ordering::Release);
+                        let _ = reply.send(Err(PublishError::transient(format!(
+                            "the message waited {:?} to be published, longer than {:?} (the process was paused, or RabbitMQ blocked publishers): it is not sent from this queue",
+                            queued.elapsed(),
+                            settings.max_queued
+                        ))));
                         continue;
                     }
                     let channel = match usable(&settings, &mut link).await {
@@ -262,7 +284,18 @@ async fn run(settings: PublisherSettings, mut rx: mpsc::UnboundedReceiver<Job>, 
                     let options = BasicPublishOptions { mandatory: true, immediate: false };
                     let name = exchange.as_str().to_string();
                     let limit = settings.confirm_timeout;
-                    match channel.basic_publish(exchange, routing_key, options, &payload, properties).await {
+                    let publishing = channel.basic_publish(exchange, routing_key, options, &payload, properties);
+                    let Ok(published) = tokio::time::timeout(limit, publishing).await else {
+                        // RabbitMQ blocks publishers under a memory or disk alarm: the frame is not
+                        // even written. Fail loudly and start over on a new connection.
+                        broken.store(true, Ordering::Release);
+                        link = None;
+                        let _ = reply.send(Err(PublishError::transient(format!(
+                            "RabbitMQ did not take the message within {limit:?}: it blocks publishers (a memory or disk alarm: see `rabbitmqctl status`), or stopped answering"
+                        ))));
+                        continue;
+                    };
+                    match published {
                         Ok(confirm) => {
                             pending.push_back(Box::pin(async move {
                                 let outcome = match tokio::time::timeout(limit, confirm).await {
@@ -330,9 +363,11 @@ fn settled(confirm: Result<Confirmation, lapin::Error>) -> Result<(), PublishErr
                 returned.delivery.routing_key.as_str()
             ),
         }),
-        Ok(Confirmation::Nack(None)) => {
-            Err(PublishError::transient("RabbitMQ nacked the message (an internal error of the broker)"))
-        }
+        Ok(Confirmation::Nack(None)) => Err(PublishError {
+            class: Class::Rejected,
+            text: "RabbitMQ nacked the message: a queue it routes to refused it (full, with x-overflow = reject-publish), or the broker could not store it".into(),
+            exchange: None,
+        }),
         Ok(Confirmation::NotRequested) => Err(PublishError::transient("the channel is not in confirm mode")),
         Err(e) => Err(PublishError::from(&e)),
     }

@@ -24,6 +24,7 @@ fn settings(uri: String, ca_pem: Option<String>) -> PublisherSettings {
         identity: None,
         confirm_window: 64,
         confirm_timeout: Duration::from_secs(30),
+        max_queued: Duration::from_secs(30),
         connect_timeout: Duration::from_secs(10),
         connection_name: "outbox-rabbitmq test".into(),
     }
