@@ -62,6 +62,25 @@ async fn bound_queue(ch: &Channel, exchange: &str, routing_key: &str) -> Consume
         .unwrap()
 }
 
+/// Reads `consumer` until `n` distinct bodies arrived (acknowledging each); answers them in
+/// the order of their first delivery. A body longer than 100 bytes is named `big`.
+async fn first_deliveries(consumer: &mut Consumer, n: usize, what: &str) -> Vec<String> {
+    let mut firsts: Vec<String> = Vec::new();
+    while firsts.len() < n {
+        let d = tokio::time::timeout(DEADLINE, consumer.next())
+            .await
+            .unwrap_or_else(|_| panic!("{what}"))
+            .unwrap()
+            .unwrap();
+        let name = if d.data.len() > 100 { "big".to_string() } else { String::from_utf8(d.data.clone()).unwrap() };
+        if !firsts.contains(&name) {
+            firsts.push(name);
+        }
+        d.ack(BasicAckOptions::default()).await.unwrap();
+    }
+    firsts
+}
+
 fn header(d: &outbox_rabbitmq::lapin::message::Delivery, name: &str) -> String {
     let headers = d.properties.headers().clone().unwrap_or_default();
     match headers.inner().get(name) {
@@ -603,18 +622,7 @@ async fn postgres_a_row_larger_than_the_broker_takes_halts_naming_it() {
     assert!(halt.contains(&format!("row id={}", ids[1])) && halt.contains("message size"), "{halt}");
     assert!(halt.contains("max_message_size"), "the fix: {halt}");
     rabbitmqctl(&["eval", "application:set_env(rabbit, max_message_size, 134217728)."]);
-    let mut firsts = Vec::new();
-    while firsts.len() < 3 {
-        let d = tokio::time::timeout(DEADLINE, consumer.next())
-            .await
-            .expect("all rows once the limit is raised")
-            .unwrap()
-            .unwrap();
-        let name = if d.data.len() > 100 { "big".to_string() } else { String::from_utf8(d.data.clone()).unwrap() };
-        if !firsts.contains(&name) {
-            firsts.push(name);
-        }
-    }
+    let firsts = first_deliveries(&mut consumer, 3, "all rows once the limit is raised").await;
     assert_eq!(firsts, ["r0", "big", "r2"]);
     w.wait_drained(&w.table(1, 0)).await;
     assert!(streamer.stop());
@@ -654,19 +662,7 @@ async fn postgres_a_full_queue_is_retried_with_the_reason_and_loses_nothing() {
         .basic_consume(queue.as_str().into(), "".into(), BasicConsumeOptions::default(), FieldTable::default())
         .await
         .unwrap();
-    let mut firsts: Vec<String> = Vec::new();
-    while firsts.len() < 4 {
-        let d = tokio::time::timeout(DEADLINE, consumer.next())
-            .await
-            .expect("every row once there is room")
-            .unwrap()
-            .unwrap();
-        let payload = String::from_utf8(d.data.clone()).unwrap();
-        if !firsts.contains(&payload) {
-            firsts.push(payload);
-        }
-        d.ack(BasicAckOptions::default()).await.unwrap();
-    }
+    let firsts = first_deliveries(&mut consumer, 4, "every row once there is room").await;
     assert_eq!(firsts, ["r0", "r1", "r2", "r3"]);
     w.wait_drained(&w.table(1, 0)).await;
     assert!(streamer.stop());
@@ -709,18 +705,7 @@ async fn postgres_a_memory_alarm_is_reported_and_loses_nothing() {
     }
     streamer.wait_for_log("blocks publishers", ARRIVAL).await;
     drop(alarm);
-    let mut firsts: Vec<String> = Vec::new();
-    while firsts.len() < 5 {
-        let d = tokio::time::timeout(DEADLINE, consumer.next())
-            .await
-            .expect("every row once the alarm clears")
-            .unwrap()
-            .unwrap();
-        let payload = String::from_utf8(d.data.clone()).unwrap();
-        if !firsts.contains(&payload) {
-            firsts.push(payload);
-        }
-    }
+    let firsts = first_deliveries(&mut consumer, 5, "every row once the alarm clears").await;
     assert_eq!(firsts, ["r0", "r1", "r2", "r3", "r4"]);
     w.wait_drained(&w.table(1, 0)).await;
     assert!(streamer.stop());
