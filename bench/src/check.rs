@@ -1,7 +1,9 @@
 //! The checking consumer and the statistics of one run.
 //!
 //! Latency is measured on one clock (this process's monotonic clock): from the moment the
-//! writer's `COMMIT` returned to the moment the checker's consumer returned the record.
+//! writer's `COMMIT` returned to the moment the checker's consumer returned the record. The
+//! consumer is a Kafka topic's ([`TopicReader`]) or a RabbitMQ queue's
+//! ([`crate::rabbit::QueueReader`]); the checks are the same.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -9,6 +11,26 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use outbox_kafka::reader::TopicReader;
+
+/// One record as the checker needs it: its key (the Kafka key, or the AMQP routing key, both
+/// the row's `msg_key`) and its `outbox-id` header.
+#[derive(Debug)]
+pub(super) struct Record {
+    pub key: Option<Vec<u8>>,
+    pub outbox_id: Option<i64>,
+}
+
+/// Where the checker reads records from.
+pub(super) trait RecordSource: Send + 'static {
+    /// The next record, or `None` when none came within `wait`.
+    fn poll(&mut self, wait: Duration) -> anyhow::Result<Option<Record>>;
+}
+
+impl RecordSource for TopicReader {
+    fn poll(&mut self, wait: Duration) -> anyhow::Result<Option<Record>> {
+        Ok(TopicReader::poll(self, wait)?.map(|rec| Record { key: rec.key, outbox_id: rec.outbox_id }))
+    }
+}
 
 /// What the checker saw, per outbox id: the first arrival and how many copies.
 #[derive(Debug, Default)]
@@ -41,10 +63,10 @@ pub(super) fn out_of_commit_order(arrivals: &[(Vec<u8>, i64)], ledger: &HashMap<
 
 /// Runs the checker on a thread until `stop`; `consumed` counts distinct ids live.
 pub(super) fn spawn_checker(
-    reader: TopicReader,
+    mut reader: impl RecordSource,
     stop: Arc<AtomicBool>,
     consumed: Arc<AtomicUsize>,
-) -> std::thread::JoinHandle<Result<Seen, outbox_kafka::KafkaError>> {
+) -> std::thread::JoinHandle<anyhow::Result<Seen>> {
     std::thread::spawn(move || {
         let started = Instant::now();
         let mut seen = Seen::default();

@@ -11,7 +11,9 @@
 //!
 //! Reads `OUTBOX_PG_URL` or `OUTBOX_MYSQL_URL`, `OUTBOX_KAFKA_BROKERS` and
 //! `OUTBOX_SERVICES_DIR` (for the database server's pid) as `scripts/services env` prints
-//! them, and no configuration file: it writes the streamer's.
+//! them, and no configuration file: it writes the streamer's. With `--sink rabbitmq` the
+//! streamer publishes to RabbitMQ (`OUTBOX_RABBITMQ_URL` or `--rabbitmq-url`) and the checker
+//! consumes a queue bound to the run's exchange ([`rabbit`]).
 //!
 //! # What it knows of the streamer
 //!
@@ -21,10 +23,11 @@
 //! streamer's code, so the production binary carries no load generator and no chart library,
 //! and one bench binary can measure two builds of the streamer side by side.
 //!
-//! A run leaves nothing behind: its database, login and topic are dropped at the end, and its
-//! streamer config and log live in a private temporary directory ([`private_dir`]) that is
-//! removed (a failed run keeps the log there and says where). The config file holds no
-//! password: the streamer reads it from its environment.
+//! A run leaves nothing behind: its database, login and topic (or exchange and queue) are
+//! dropped at the end, and its streamer config and log live in a private temporary directory
+//! ([`private_dir`]) that is removed (a failed run, or one with `--keep-log`, keeps the log
+//! there and says where). The config file holds no password: the streamer reads it (and a
+//! RabbitMQ URL) from its environment.
 
 // Only `outbox-kafka`'s queue_events.rs may use `unsafe` (the workspace denies it; this crate
 // forbids it outright).
@@ -37,6 +40,7 @@ mod load;
 mod neighbours;
 mod private_dir;
 mod procstat;
+mod rabbit;
 mod report;
 mod run;
 mod scenario;
@@ -85,6 +89,18 @@ pub(crate) enum BenchDelivery {
     ExactlyOnce,
 }
 
+/// Where the streamer under test publishes (its `sink` setting).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub(crate) enum BenchSink {
+    /// A 3-partition topic; the checker reads it with a Kafka consumer.
+    #[default]
+    Kafka,
+    /// A durable fanout exchange named like the topic, with a durable queue bound to it that
+    /// the checker consumes (`sink = "rabbitmq"` for every shard-partition).
+    Rabbitmq,
+}
+
 /// The command line of `outbox-bench`.
 #[derive(Debug, Clone, Parser)]
 #[command(
@@ -101,6 +117,18 @@ pub(crate) struct BenchArgs {
     /// The streamer's `delivery`.
     #[arg(long, value_enum, default_value_t = BenchDelivery::AtLeastOnce)]
     pub delivery: BenchDelivery,
+    /// Where the streamer publishes: `kafka`, or `rabbitmq` (every shard-partition with
+    /// `sink = "rabbitmq"`; at-least-once only).
+    #[arg(long, value_enum, default_value_t = BenchSink::Kafka)]
+    pub sink: BenchSink,
+    /// With `--sink rabbitmq`: the broker, `amqp://user:password@host:port/vhost` (default:
+    /// `OUTBOX_RABBITMQ_URL`). The streamer gets it through its environment, never the file.
+    #[arg(long, value_name = "URL")]
+    pub rabbitmq_url: Option<String>,
+    /// With `--sink rabbitmq`: the streamer's `rabbitmq.confirm_window` (default: the config
+    /// default, 1,024).
+    #[arg(long)]
+    pub confirm_window: Option<u32>,
     /// The streamer's `transaction_interval_ms` under exactly-once (default: the config
     /// default, 20 ms).
     #[arg(long)]
@@ -171,6 +199,14 @@ pub(crate) struct BenchArgs {
     /// A short run (3 s at 500 msg/s) to check the harness itself.
     #[arg(long)]
     pub quick: bool,
+    /// Keep the streamer's log (in the run's private directory, without the config) also when
+    /// the run succeeds, and print where it is.
+    #[arg(long)]
+    pub keep_log: bool,
+    /// The loopback port the streamer under test serves its metrics on (another bench on the
+    /// same machine needs another).
+    #[arg(long, default_value_t = run::BENCH_METRICS_PORT)]
+    pub metrics_port: u16,
     /// The `outbox-streamer` binary under test (default: the one beside this binary, where
     /// cargo builds both, e.g. `target/release/`).
     #[arg(long, value_name = "PATH")]
@@ -279,4 +315,19 @@ fn init_logging() {
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::{BenchArgs, BenchSink};
+
+    #[test]
+    fn the_sink_is_kafka_unless_named() {
+        let parse = |args: &[&str]| BenchArgs::try_parse_from([&["outbox-bench"], args].concat()).map(|a| a.sink);
+        assert_eq!(parse(&[]).unwrap(), BenchSink::Kafka);
+        assert_eq!(parse(&["--sink", "rabbitmq"]).unwrap(), BenchSink::Rabbitmq);
+        assert!(parse(&["--sink", "nats"]).is_err());
+    }
 }

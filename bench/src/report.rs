@@ -5,13 +5,16 @@ use std::path::Path;
 
 use serde::Serialize;
 
-use crate::{BenchDelivery, BenchMode, BenchStorage, DbKind, HoldOpen, charts, neighbours};
+use crate::{BenchDelivery, BenchMode, BenchSink, BenchStorage, DbKind, HoldOpen, charts, neighbours};
 
 /// The results of one run.
 #[derive(Debug, Serialize)]
 pub(crate) struct Report {
     pub scenario: String,
     pub mode: BenchMode,
+    /// Where the streamer published (absent in reports before 2026-12-07: `kafka`).
+    #[serde(default)]
+    pub sink: BenchSink,
     /// Where messages lived (absent in reports before 2026-12-05: `table`).
     #[serde(default)]
     pub storage: BenchStorage,
@@ -134,7 +137,7 @@ fn markdown_row(r: &Report) -> String {
     };
     let latency = |ms: f64| if r.backlog.is_some() { "-".into() } else { format!("{ms:.1}") };
     format!(
-        "| {} | {:?} | {:?}{} | {} | {} | {:.0} | {} | {} | {} | {} | {} | {} | {} | {:.0} | {} | {} | {} | {} |\n",
+        "| {} | {:?} | {:?}{}{} | {} | {} | {:.0} | {} | {} | {} | {} | {} | {} | {} | {:.0} | {} | {} | {} | {} |\n",
         r.scenario,
         r.db,
         r.mode,
@@ -142,6 +145,11 @@ fn markdown_row(r: &Report) -> String {
             (BenchStorage::Wal, BenchDelivery::ExactlyOnce) => " (wal, eo)",
             (BenchStorage::Wal, _) => " (wal)",
             (_, BenchDelivery::ExactlyOnce) => " (eo)",
+            _ => "",
+        },
+        // A Kafka run's cell reads as before.
+        match (r.sink, r.mode) {
+            (BenchSink::Rabbitmq, BenchMode::Cdc | BenchMode::Polling) => " → RabbitMQ",
             _ => "",
         },
         target,

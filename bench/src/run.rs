@@ -15,12 +15,18 @@ use outbox_postgres::connect::PgTarget;
 use crate::db::BenchDb;
 use crate::private_dir::PrivateDir;
 use crate::report::{Report, print_markdown};
-use crate::{BenchArgs, BenchDelivery, BenchMode, BenchStorage, DbKind, check, load, neighbours, procstat};
+use crate::{
+    BenchArgs, BenchDelivery, BenchMode, BenchSink, BenchStorage, DbKind, check, load, neighbours, procstat, rabbit,
+};
 
-/// Where the streamer under test serves its metrics; the report quotes its own latency view.
-const BENCH_METRICS_PORT: u16 = 29188;
+/// Where the streamer under test serves its metrics by default (`--metrics-port`); the report
+/// quotes its own latency view.
+pub(crate) const BENCH_METRICS_PORT: u16 = 29188;
 /// The environment variable the streamer under test reads its password from.
 const PASSWORD_VAR: &str = "OUTBOX_BENCH_STREAMER_PASSWORD";
+/// The environment variable the streamer under test reads its RabbitMQ URL (and so the
+/// broker's password) from, with `--sink rabbitmq`.
+const RABBITMQ_URL_VAR: &str = "OUTBOX_BENCH_RABBITMQ_URL";
 /// The streamer's config and log in the run's private directory.
 const CONFIG_FILE: &str = "outbox-streamer.toml";
 const STREAMER_LOG: &str = "streamer.log";
@@ -56,23 +62,57 @@ pub(crate) async fn bench(mut args: BenchArgs, streamer: &Path) -> anyhow::Resul
     };
     let brokers = env("OUTBOX_KAFKA_BROKERS")?;
     let services_dir = PathBuf::from(env("OUTBOX_SERVICES_DIR")?);
+    let rabbitmq_url = match args.sink {
+        BenchSink::Kafka => {
+            if args.rabbitmq_url.is_some() || args.confirm_window.is_some() {
+                bail!("--rabbitmq-url and --confirm-window need --sink rabbitmq");
+            }
+            None
+        }
+        BenchSink::Rabbitmq => {
+            if args.delivery == BenchDelivery::ExactlyOnce {
+                bail!(
+                    "--sink rabbitmq delivers at least once: the streamer refuses delivery = \"exactly-once\" for it"
+                );
+            }
+            Some(match &args.rabbitmq_url {
+                Some(url) => url.clone(),
+                None => env("OUTBOX_RABBITMQ_URL")?,
+            })
+        }
+    };
 
     let run_id = format!("bench{}", std::process::id());
     let mut dir = PrivateDir::create("outbox-bench").context("creating a private temporary directory")?;
     let db = BenchDb::create(args.db, &admin_url, &run_id).await?;
     let topic = format!("{run_id}-{}", std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_secs());
-    let result = match outbox_kafka::admin::create_topic(&brokers, &topic, 3, 1).await {
-        Ok(()) => {
-            let result = run(&args, streamer, &brokers, &services_dir, &dir, &db, &run_id, &topic).await;
-            if let Err(e) = outbox_kafka::admin::delete_topic(&brokers, &topic).await {
-                eprintln!("warning: cannot delete the bench topic {topic}: {e}; delete it by hand");
+    let result = match &rabbitmq_url {
+        None => match outbox_kafka::admin::create_topic(&brokers, &topic, 3, 1).await {
+            Ok(()) => {
+                let result = run(&args, streamer, &brokers, None, &services_dir, &dir, &db, &run_id, &topic).await;
+                if let Err(e) = outbox_kafka::admin::delete_topic(&brokers, &topic).await {
+                    eprintln!("warning: cannot delete the bench topic {topic}: {e}; delete it by hand");
+                }
+                result
             }
-            result
-        }
-        Err(e) => Err(anyhow::Error::new(e).context("creating the bench topic")),
+            Err(e) => Err(anyhow::Error::new(e).context("creating the bench topic")),
+        },
+        // The exchange (and its queue) is named like the topic: the rows' `topic` names it.
+        Some(url) => match rabbit::RunQueue::declare(url, &topic).await {
+            Ok(queue) => {
+                let result = run(&args, streamer, &brokers, Some(url), &services_dir, &dir, &db, &run_id, &topic).await;
+                if let Err(e) = queue.delete().await {
+                    eprintln!(
+                        "warning: cannot delete the bench exchange and queue {topic}: {e:#}; delete them by hand"
+                    );
+                }
+                result
+            }
+            Err(e) => Err(e.context("declaring the bench exchange and queue")),
+        },
     };
     db.drop().await;
-    if result.is_err() && dir.path().join(STREAMER_LOG).exists() {
+    if (result.is_err() || args.keep_log) && dir.path().join(STREAMER_LOG).exists() {
         let kept = dir.keep_without(&[CONFIG_FILE]);
         eprintln!("the streamer's log is kept in {}", kept.join(STREAMER_LOG).display());
     }
@@ -90,6 +130,7 @@ async fn run(
     args: &BenchArgs,
     streamer_bin: &Path,
     brokers: &str,
+    rabbitmq_url: Option<&str>,
     services_dir: &Path,
     dir: &PrivateDir,
     db: &BenchDb,
@@ -101,12 +142,12 @@ async fn run(
     let config_text = format!(
         "[kafka]\nbrokers = \"{brokers}\"\ntransactional_id_prefix = \"{run_id}\"\n\n[metrics]\nlisten = \"127.0.0.1:{metrics_port}\"\n\n[[source]]\nname = \"bench\"\nkind = \"{kind}\"\n\
              url = \"{url}\"\ntable_prefix = \"{run_id}\"\nshards = 1\npartitions = {p}\n\n\
-             [source.defaults]\nlinger_ms = {linger}\nmode = \"{mode}\"\nstorage = \"{storage}\"\n{cleanup}{status}{poll}{delivery}",
+             [source.defaults]\nlinger_ms = {linger}\nmode = \"{mode}\"\nstorage = \"{storage}\"\n{cleanup}{status}{poll}{delivery}{sink}",
         kind = db.kind_str(),
         url = db.streamer_url_with(&format!("${{{PASSWORD_VAR}}}")),
         p = args.partitions,
         linger = args.linger_ms,
-        metrics_port = BENCH_METRICS_PORT,
+        metrics_port = args.metrics_port,
         mode = if args.mode == BenchMode::Polling { "polling" } else { "cdc" },
         storage = if args.storage == BenchStorage::Wal { "wal" } else { "table" },
         cleanup = args.cleanup_interval_ms.map_or_else(String::new, |ms| format!("cleanup_interval_ms = {ms}\n")),
@@ -119,9 +160,17 @@ async fn run(
                 args.transaction_interval_ms.map_or_else(String::new, |ms| format!("transaction_interval_ms = {ms}\n"))
             ),
         },
+        // The URL, password included, comes from the streamer's environment, never the file.
+        sink = match args.sink {
+            BenchSink::Kafka => String::new(),
+            BenchSink::Rabbitmq => format!(
+                "sink = \"rabbitmq\"\n\n[rabbitmq]\nurl = \"${{{RABBITMQ_URL_VAR}}}\"\n{}",
+                args.confirm_window.map_or_else(String::new, |n| format!("confirm_window = {n}\n"))
+            ),
+        },
     );
     let config_path = dir.write(CONFIG_FILE, &config_text).context("writing the streamer's config")?;
-    setup(streamer_bin, &config_path, db).await?;
+    setup(streamer_bin, &config_path, db, rabbitmq_url).await?;
     let tables: Vec<String> = (0..args.partitions).map(|p| format!("{run_id}_0_{p}")).collect();
     db.separate_id_ranges(&tables).await?;
     if args.shared_keys {
@@ -151,21 +200,26 @@ async fn run(
     let consumed = Arc::new(AtomicUsize::new(0));
     if args.mode != BenchMode::Ceiling {
         let log = dir.file(STREAMER_LOG)?;
-        let child = Command::new(streamer_bin)
-            .arg("--config")
-            .arg(&config_path)
-            .arg("run")
-            .env(PASSWORD_VAR, &db.streamer_password)
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .context("starting the streamer")?;
+        let mut command = Command::new(streamer_bin);
+        command.arg("--config").arg(&config_path).arg("run").env(PASSWORD_VAR, &db.streamer_password);
+        if let Some(url) = rabbitmq_url {
+            command.env(RABBITMQ_URL_VAR, url);
+        }
+        let child = command.stdout(Stdio::null()).stderr(log).spawn().context("starting the streamer")?;
         streamer = Some(Streamer(Some(child)));
         if db.kind == DbKind::Postgres && args.mode == BenchMode::Cdc {
             wait_streaming(&db.admin_url, run_id, args.partitions).await?;
         }
-        let reader = TopicReader::new(brokers, &topic, 3, &format!("{run_id}-checker"))?;
-        checker = Some(check::spawn_checker(reader, stop_checker.clone(), consumed.clone()));
+        checker = Some(match rabbitmq_url {
+            None => {
+                let reader = TopicReader::new(brokers, &topic, 3, &format!("{run_id}-checker"))?;
+                check::spawn_checker(reader, stop_checker.clone(), consumed.clone())
+            }
+            Some(url) => {
+                let reader = rabbit::QueueReader::new(url, &topic).await?;
+                check::spawn_checker(reader, stop_checker.clone(), consumed.clone())
+            }
+        });
     }
 
     // Warm-up: rows through the whole path before measuring, so neither the streamer's nor the
@@ -227,11 +281,12 @@ async fn run(
     }
     let write_secs = started.elapsed().as_secs_f64();
     let wal_after = db.log_bytes().await?;
-    let poll_stats = scrape(POLL_QUERY_SECONDS).await;
+    let poll_stats = scrape(args.metrics_port, POLL_QUERY_SECONDS).await;
 
     let mut report = Report {
         scenario: args.scenario.clone(),
         mode: args.mode,
+        sink: args.sink,
         storage: args.storage,
         delivery: args.delivery,
         db: args.db,
@@ -339,7 +394,7 @@ async fn run(
     }
     report.db_cpu_shared_with = neighbours.finish(&db).await;
     if streamer.is_some() {
-        report.streamer_latency_buckets = scrape(END_TO_END_LATENCY)
+        report.streamer_latency_buckets = scrape(args.metrics_port, END_TO_END_LATENCY)
             .await
             .into_iter()
             .filter(|(name, _)| name.contains("_bucket{"))
@@ -366,13 +421,18 @@ async fn run(
 /// `outbox-streamer setup` of the run's config, run as the admin login. The login's URL and the
 /// streamer's password go through the environment, as `setup --help` asks, never on the
 /// command line; its report goes to this process's stdout and stderr.
-async fn setup(streamer_bin: &Path, config: &Path, db: &BenchDb) -> anyhow::Result<()> {
-    let status = tokio::process::Command::new(streamer_bin)
+async fn setup(streamer_bin: &Path, config: &Path, db: &BenchDb, rabbitmq_url: Option<&str>) -> anyhow::Result<()> {
+    let mut command = tokio::process::Command::new(streamer_bin);
+    command
         .arg("--config")
         .arg(config)
         .arg("setup")
         .env("OUTBOX_SETUP_URL", &db.admin_url)
-        .env(PASSWORD_VAR, &db.streamer_password)
+        .env(PASSWORD_VAR, &db.streamer_password);
+    if let Some(url) = rabbitmq_url {
+        command.env(RABBITMQ_URL_VAR, url);
+    }
+    let status = command
         .stdin(Stdio::null())
         .status()
         .await
@@ -430,9 +490,9 @@ async fn warm_up(
 }
 
 /// The lines of one metric from the streamer's metrics endpoint, as (name with labels, value).
-async fn scrape(metric: &str) -> Vec<(String, String)> {
+async fn scrape(port: u16, metric: &str) -> Vec<(String, String)> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let Ok(mut conn) = tokio::net::TcpStream::connect(("127.0.0.1", BENCH_METRICS_PORT)).await else {
+    let Ok(mut conn) = tokio::net::TcpStream::connect(("127.0.0.1", port)).await else {
         return Vec::new();
     };
     let request = "GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n";
