@@ -238,6 +238,12 @@ async fn bench_command(args: BenchArgs) -> anyhow::Result<Vec<Report>> {
     let Some(suite) = args.suite.clone() else {
         let mut args = args;
         if let Some(preset) = scenario::find(&args.scenario) {
+            if preset.backlog.is_none() && args.backlog.is_some() {
+                anyhow::bail!(
+                    "--backlog with --scenario {}, which is not a backlog drain: name a *-backlog scenario, or another name (a name that is no preset keeps every flag)",
+                    preset.name
+                );
+            }
             preset.apply(&mut args);
         }
         return Ok(vec![run::bench(args, &streamer).await?]);

@@ -2,7 +2,8 @@
 //!
 //! A scenario fixes the database, the mode, the rate, the payload size, the number of
 //! shard-partitions and whether it is a backlog drain; the rest of the flags keep their
-//! values. Names read `<db>-<mode>-<load>[-2kb][-4p]`, for example `pg-cdc-1k`,
+//! values, and an explicit `--backlog` sets the rows of a backlog scenario (it was overridden
+//! by the preset's 1,000,000 until 2026-12-07). Names read `<db>-<mode>-<load>[-2kb][-4p]`, for example `pg-cdc-1k`,
 //! `mariadb-polling-max` or `pg-cdc-backlog`.
 
 use super::{BenchArgs, BenchMode, DbKind};
@@ -32,7 +33,10 @@ impl Scenario {
         args.rate = self.rate;
         args.payload_bytes = self.payload_bytes;
         args.partitions = self.partitions;
-        args.backlog = self.backlog;
+        args.backlog = match (self.backlog, args.backlog) {
+            (Some(_), Some(rows)) => Some(rows),
+            (preset, _) => preset,
+        };
     }
 }
 
@@ -98,5 +102,21 @@ mod tests {
         assert_eq!(find("pg-cdc-backlog").expect("named").backlog, Some(BACKLOG_ROWS));
         assert_eq!(suite("pg").expect("suite").len(), 13);
         assert!(suite("nope").is_none());
+    }
+
+    #[test]
+    fn an_explicit_backlog_sets_the_rows_of_a_backlog_scenario() {
+        use clap::Parser;
+        let parse = |args: &[&str]| BenchArgs::try_parse_from([&["outbox-bench"], args].concat()).unwrap();
+        let preset = find("pg-cdc-backlog").expect("named");
+        let mut args = parse(&["--backlog", "300000"]);
+        preset.apply(&mut args);
+        assert_eq!(args.backlog, Some(300_000), "the flag says how many rows");
+        let mut args = parse(&[]);
+        preset.apply(&mut args);
+        assert_eq!(args.backlog, Some(BACKLOG_ROWS), "the preset's size without the flag");
+        let mut args = parse(&["--backlog", "300000"]);
+        find("pg-cdc-1k").expect("named").apply(&mut args);
+        assert_eq!(args.backlog, None, "a fixed-rate scenario drains no backlog");
     }
 }
