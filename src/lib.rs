@@ -36,6 +36,7 @@ pub(crate) mod error;
 pub(crate) mod halt;
 pub(crate) mod health;
 pub(crate) mod job;
+pub(crate) mod layout;
 pub(crate) mod lease;
 pub(crate) mod metrics;
 pub(crate) mod names;

@@ -9,12 +9,16 @@ pub struct OutboxRecord {
     pub key: Option<Vec<u8>>,
     /// `None` publishes a tombstone.
     pub payload: Option<Vec<u8>>,
-    /// The row's own headers, sorted by name.
+    /// The row's own headers: sorted by name from a `headers` column; in stored order (names
+    /// may repeat) from a tw-tkms message.
     pub headers: Vec<(String, Vec<u8>)>,
     /// An explicit Kafka partition; otherwise the key decides (murmur2, like the Java client).
     pub kafka_partition: Option<i32>,
     /// When the row was inserted (the database clock), for the end-to-end latency metric.
     pub created_at_micros: Option<i64>,
+    /// The broker record's timestamp (milliseconds since the epoch) when the row sets one (a
+    /// tw-tkms message may); otherwise the producer's clock.
+    pub timestamp_ms: Option<i64>,
     /// A row of the outbox table, deleted once published; `false` for a WAL-only message
     /// (`storage = "wal"`), which has nothing to delete and whose `id` is its log position.
     pub in_table: bool,
@@ -105,6 +109,7 @@ impl RawRow {
                 headers,
                 kafka_partition,
                 created_at_micros: self.created_at_micros,
+                timestamp_ms: None,
                 in_table: true,
             }),
             Err(mut invalid) => {

@@ -44,4 +44,5 @@ mod status;
 mod sweep;
 mod teardown;
 mod tls;
+mod tw_tkms;
 mod workload;

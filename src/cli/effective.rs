@@ -92,6 +92,7 @@ struct SourceView {
     url: String,
     /// Where the password comes from.
     password: String,
+    layout: &'static str,
     table_prefix: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     slot_prefix: Option<String>,
@@ -217,6 +218,7 @@ fn source_view(s: &SourceConfig) -> SourceView {
         kind: if postgres { "postgres" } else { "mysql" },
         url: s.url.redacted(),
         password,
+        layout: s.layout.as_str(),
         table_prefix: s.table_prefix.clone(),
         slot_prefix: s.slot_prefix.clone(),
         shards: s.shards,

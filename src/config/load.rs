@@ -63,6 +63,11 @@ impl Config {
                 }
             },
         };
+        for source in &mut config.sources {
+            if source.table_prefix.is_empty() {
+                source.table_prefix = source.layout.default_table_prefix().to_string();
+            }
+        }
         if let Some(brokers) = env("OUTBOX_KAFKA_BROKERS") {
             config.kafka.brokers = brokers;
         }

@@ -43,7 +43,9 @@ mod stream;
 mod validate;
 
 pub(crate) use error::ConfigError;
-pub(crate) use sections::{Config, CoordinationConfig, KafkaConfig, RabbitConfig, SourceConfig, SourceKind};
+pub(crate) use sections::{
+    Config, CoordinationConfig, DEFAULT_TABLE_PREFIX, KafkaConfig, RabbitConfig, SourceConfig, SourceKind,
+};
 pub(crate) use stream::{BadRowPolicy, Delivery, Mode, SinkKind, Storage, StreamSettings};
 
 #[cfg(test)]

@@ -255,7 +255,14 @@ pub(crate) struct SourceConfig {
     pub password_env: Option<String>,
     /// Read the password from this file (first line) instead of the URL.
     pub password_file: Option<PathBuf>,
-    #[serde(default = "default_table_prefix")]
+    /// How the tables hold messages: `outbox-streamer` (ours, the default) or `tw-tkms`
+    /// (its `outgoing_message_<shard>_<partition>` tables, read as they are; see
+    /// `docs/drop-in.md`).
+    #[serde(default)]
+    pub layout: crate::layout::Layout,
+    /// Tables are `<table_prefix>_<shard>_<partition>`. Unset: the layout's (`outbox`, or
+    /// `outgoing_message` for tw-tkms), filled in when the file is read.
+    #[serde(default)]
     pub table_prefix: String,
     /// PostgreSQL: name the slots `<slot_prefix>_<shard>_<partition>` instead of after the
     /// tables. Slot names are cluster-wide: a second database of a cluster whose default slot
@@ -280,9 +287,6 @@ pub(crate) struct SourceConfig {
     pub tls: Option<TlsSettings>,
 }
 
-fn default_table_prefix() -> String {
-    DEFAULT_TABLE_PREFIX.into()
-}
 fn default_log_retention_min_hours() -> u64 {
     DEFAULT_LOG_RETENTION_MIN_HOURS
 }

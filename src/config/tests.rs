@@ -304,3 +304,21 @@ fn the_rabbitmq_uri_carries_the_password_from_a_file_and_the_limits() {
     std::fs::remove_file(&path).unwrap();
     assert_eq!(uri, "amqp://outbox:p%40ss%20word@mq:5672/%2f?heartbeat=7&frame_max=131072");
 }
+
+#[test]
+fn a_tw_tkms_layout_names_its_tables_as_tw_tkms_does() {
+    let c = Config::from_toml(&format!("{MINIMAL}\nlayout = \"tw-tkms\"")).unwrap();
+    let s = &c.sources[0];
+    assert_eq!(s.layout, crate::layout::Layout::TwTkms);
+    assert_eq!(s.stream_names(StreamId { shard: 1, partition: 0 }).table, "outgoing_message_1_0");
+    let ours = Config::from_toml(MINIMAL).unwrap();
+    assert_eq!(ours.sources[0].stream_names(StreamId { shard: 0, partition: 0 }).table, "outbox_0_0");
+    let own = Config::from_toml(&format!("{MINIMAL}\nlayout = \"tw-tkms\"\ntable_prefix = \"tkms\"")).unwrap();
+    assert_eq!(own.sources[0].table_prefix, "tkms");
+    let e = Config::from_toml(&format!("{MINIMAL}\nlayout = \"tw-tkms\"\n[source.defaults]\nstorage = \"wal\""))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("storage") && e.contains("tw-tkms"), "{e}");
+    let e = Config::from_toml(&format!("{MINIMAL}\nlayout = \"debezium-ish\"")).unwrap_err().to_string();
+    assert!(e.contains("layout") || e.contains("variant"), "{e}");
+}

@@ -203,6 +203,15 @@ impl Config {
             }
             for id in crate::names::all_streams(s.shards, s.partitions) {
                 let st = s.settings_for(id);
+                if st.storage == Storage::Wal && s.layout != crate::layout::Layout::OutboxStreamer {
+                    return Err(invalid(
+                        f("defaults.storage"),
+                        format!(
+                            "shard-partition {id} uses storage = \"wal\" with layout = \"{}\": that layout's messages are rows of its tables; use storage = \"table\"",
+                            s.layout.as_str()
+                        ),
+                    ));
+                }
                 if st.storage == Storage::Wal && st.mode == Mode::Polling {
                     return Err(invalid(
                         f("defaults.storage"),

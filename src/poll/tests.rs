@@ -50,6 +50,7 @@ fn record(id: i64) -> OutboxRecord {
         headers: Vec::new(),
         kafka_partition: None,
         created_at_micros: None,
+        timestamp_ms: None,
         in_table: true,
     }
 }

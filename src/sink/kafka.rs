@@ -191,6 +191,7 @@ impl Sink for KafkaBroker {
             partition: r.partition,
             headers: r.headers,
             stamp: r.stamp,
+            timestamp_ms: r.timestamp_ms,
         };
         match self.producer.try_send(&out) {
             Ok(delivery) => Ok(delivery.map(settled as fn(Report) -> Result<(), Failure>)),
@@ -285,6 +286,7 @@ impl Sink for KafkaBroker {
             partition: None,
             headers: &[],
             stamp: &[],
+            timestamp_ms: None,
         };
         // The record's own report is not awaited: the commit fails if it failed.
         let mut offered = self.producer.try_send(&record);

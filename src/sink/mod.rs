@@ -187,6 +187,8 @@ pub(crate) struct Outgoing<'a> {
     pub headers: &'a [(String, Vec<u8>)],
     /// The streamer's headers, sent after the row's.
     pub stamp: &'a [(&'a str, &'a [u8])],
+    /// The record's timestamp (milliseconds) when the row set one.
+    pub timestamp_ms: Option<i64>,
 }
 
 /// Why [`Sink::send`] did not hand a record over.

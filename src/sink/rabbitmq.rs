@@ -123,6 +123,7 @@ impl Sink for RabbitBroker {
             payload: r.payload.unwrap_or_default(),
             message_id: &message_id,
             headers: &headers,
+            timestamp_s: r.timestamp_ms.and_then(|ms| u64::try_from(ms / 1000).ok()),
         };
         match self.publisher.send(&m) {
             Ok(confirm) => Ok(confirm.map(settled as fn(Report) -> Result<(), Failure>)),

@@ -111,6 +111,7 @@ impl<P: Clone + std::fmt::Display + Send + Sync + 'static, K: Sink> Session<'_, 
                     partition: r.kafka_partition,
                     headers: &r.headers,
                     stamp: &stamp,
+                    timestamp_ms: r.timestamp_ms,
                 },
                 Body::Copy { topic, key, payload, headers } => Outgoing {
                     topic,
@@ -119,6 +120,7 @@ impl<P: Clone + std::fmt::Display + Send + Sync + 'static, K: Sink> Session<'_, 
                     partition: None,
                     headers,
                     stamp: &stamp,
+                    timestamp_ms: None,
                 },
             };
             self.sink.send(&out)

@@ -369,6 +369,7 @@ fn record(id: i64, topic: &str) -> OutboxRecord {
         headers: vec![("app".into(), b"v".to_vec())],
         kafka_partition: None,
         created_at_micros: None,
+        timestamp_ms: None,
         in_table: true,
     }
 }

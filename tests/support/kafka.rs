@@ -51,6 +51,8 @@ pub(crate) struct Record {
     pub key: Option<Vec<u8>>,
     pub payload: Option<Vec<u8>>,
     pub headers: HashMap<String, String>,
+    /// The record's timestamp, milliseconds.
+    pub timestamp: Option<i64>,
 }
 
 impl Record {
@@ -226,6 +228,7 @@ fn record_of(msg: &rdkafka::message::BorrowedMessage<'_>) -> Record {
         key: msg.key().map(<[u8]>::to_vec),
         payload: msg.payload().map(<[u8]>::to_vec),
         headers,
+        timestamp: msg.timestamp().to_millis(),
     }
 }
 

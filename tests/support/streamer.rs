@@ -288,6 +288,19 @@ pub(crate) fn source_config(
     partitions: u32,
     extra: &str,
 ) -> PathBuf {
+    source_config_with(dir, kind, streamer_url, prefix, (shards, partitions), "", extra)
+}
+
+/// [`source_config`] with `source_keys` added to the `[[source]]` table (e.g. `layout = …`).
+pub(crate) fn source_config_with(
+    dir: &Path,
+    kind: &str,
+    streamer_url: &str,
+    prefix: &str,
+    (shards, partitions): (u32, u32),
+    source_keys: &str,
+    extra: &str,
+) -> PathBuf {
     let path = dir.join("outbox-streamer.toml");
     let text = format!(
         r#"[kafka]
@@ -302,6 +315,7 @@ url = "{streamer_url}"
 table_prefix = "{prefix}"
 shards = {shards}
 partitions = {partitions}
+{source_keys}
 
 [source.defaults]
 linger_ms = 1

@@ -16,11 +16,14 @@ use std::time::Duration;
 use super::database::Database;
 use super::mysql::MyDb;
 use super::pg::PgDb;
-use super::streamer::{Running, run_cli, scratch, source_config};
+use super::streamer::{Running, run_cli, scratch, source_config_with};
 use super::{kafka, unique, wait_until};
 
 /// How long a test waits for rows to arrive or drain.
 pub(crate) const ARRIVAL: Duration = Duration::from_secs(120);
+
+/// A program run before `setup` with the admin URL, the table prefix and the topic.
+type BeforeSetup = Box<dyn FnOnce(String, String, String) + Send>;
 
 /// A test's database, topic and config; see the module docs.
 pub(crate) struct World<D> {
@@ -57,6 +60,11 @@ pub(crate) struct WorldBuilder<D> {
     grants: Option<String>,
     /// Services started once the world holds the services, before its database exists.
     first: Vec<(&'static str, &'static [(&'static str, &'static str)])>,
+    source_keys: String,
+    before_setup: Vec<String>,
+    /// Run (blocking) with the admin URL, the prefix and the topic after `before_setup`,
+    /// before `setup`.
+    program_before_setup: Option<BeforeSetup>,
     database: PhantomData<D>,
 }
 
@@ -91,6 +99,9 @@ impl<D: Database> WorldBuilder<D> {
             exclusive: false,
             grants: None,
             first: Vec::new(),
+            source_keys: String::new(),
+            before_setup: Vec::new(),
+            program_before_setup: None,
             database: PhantomData,
         }
     }
@@ -146,6 +157,29 @@ impl<D: Database> WorldBuilder<D> {
         self
     }
 
+    /// Keys added to the `[[source]]` table (e.g. `layout = "tw-tkms"`).
+    pub(crate) fn source_keys(mut self, keys: &str) -> Self {
+        self.source_keys.push_str(keys);
+        self.source_keys.push('\n');
+        self
+    }
+
+    /// SQL run as the admin before `setup`; `{prefix}` stands for the world's table prefix.
+    pub(crate) fn before_setup(mut self, sql: &str) -> Self {
+        self.before_setup.push(sql.to_string());
+        self
+    }
+
+    /// A program run (blocking) with the admin URL, the table prefix and the topic before
+    /// `setup`, such as another outbox's writer leaving a backlog.
+    pub(crate) fn program_before_setup(
+        mut self,
+        program: impl FnOnce(String, String, String) + Send + 'static,
+    ) -> Self {
+        self.program_before_setup = Some(Box::new(program));
+        self
+    }
+
     /// Creates the database, the topic and the config, and runs `setup`.
     pub(crate) async fn build(self) -> World<D> {
         let services = if self.exclusive {
@@ -160,7 +194,23 @@ impl<D: Database> WorldBuilder<D> {
         let prefix = unique(&self.name);
         let topic = kafka::fresh_topic(&self.name, self.kafka_partitions).await;
         let dir = scratch(&prefix);
-        let config = source_config(&dir, D::KIND, &streamer_url, &prefix, self.shards, self.partitions, &self.config);
+        let mut admin = db.connect().await;
+        for sql in &self.before_setup {
+            D::execute(&mut admin, &sql.replace("{prefix}", &prefix)).await;
+        }
+        if let Some(program) = self.program_before_setup {
+            let (url, p, t) = (db.admin_url().to_string(), prefix.clone(), topic.clone());
+            tokio::task::spawn_blocking(move || program(url, p, t)).await.expect("the program before setup");
+        }
+        let config = source_config_with(
+            &dir,
+            D::KIND,
+            &streamer_url,
+            &prefix,
+            (self.shards, self.partitions),
+            &self.source_keys,
+            &self.config,
+        );
         let (ok, out, err) = run_cli(&config, &["setup", "--admin-url", db.admin_url()]);
         assert!(ok, "setup failed:\n{out}\n{err}");
         World {

@@ -81,6 +81,8 @@ pub struct Outgoing<'a> {
     /// Headers sent after `headers` (the streamer's own), borrowed so that none is copied
     /// before librdkafka copies them all.
     pub stamp: &'a [(&'a str, &'a [u8])],
+    /// The record's timestamp in milliseconds; `None`: the producer's clock.
+    pub timestamp_ms: Option<i64>,
 }
 
 /// The topic of a record whose delivery failed.
@@ -336,6 +338,9 @@ impl Producer {
         if let Some(p) = rec.partition {
             record = record.partition(p);
         }
+        if let Some(t) = rec.timestamp_ms {
+            record = record.timestamp(t);
+        }
         match self.client.producer.send(record) {
             Ok(()) => Ok(delivered),
             Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), _)) => Err(Offer::Full),
@@ -421,7 +426,15 @@ mod tests {
             transactional_id: None,
         };
         let producer = Producer::new(&settings).unwrap();
-        let rec = Outgoing { topic: "t", key: None, payload: Some(b"p"), partition: Some(0), headers: &[], stamp: &[] };
+        let rec = Outgoing {
+            topic: "t",
+            key: None,
+            payload: Some(b"p"),
+            partition: Some(0),
+            headers: &[],
+            stamp: &[],
+            timestamp_ms: None,
+        };
         let first = producer.try_send(&rec).expect("room for one");
         assert!(matches!(producer.try_send(&rec), Err(Offer::Full)));
         // Still full: the refused record was never handed over. (librdkafka's out-queue length
@@ -456,8 +469,15 @@ mod tests {
         }
     }
 
-    const RECORD: Outgoing<'static> =
-        Outgoing { topic: "t", key: None, payload: Some(b"p"), partition: Some(0), headers: &[], stamp: &[] };
+    const RECORD: Outgoing<'static> = Outgoing {
+        topic: "t",
+        key: None,
+        payload: Some(b"p"),
+        partition: Some(0),
+        headers: &[],
+        stamp: &[],
+        timestamp_ms: None,
+    };
 
     /// Dropping the producer purges what it holds: every record's future resolves at once,
     /// none waits for its message timeout (and none is sent later).

@@ -31,6 +31,10 @@ pub struct SetupPlan {
     /// The tables of shard-partitions with `storage = "wal"`: `ENGINE=BLACKHOLE`, so the
     /// server writes their rows to the binlog and stores nothing.
     pub wal_tables: Vec<String>,
+    /// Whether the tables are outbox-streamer's own: created here, with the enqueue procedure
+    /// and the application's grants. `false` for another outbox's tables (a drop-in layout):
+    /// only the checkpoint table and the streamer's grants are made.
+    pub owns_tables: bool,
 }
 
 impl SetupPlan {
@@ -54,7 +58,7 @@ pub fn literal(value: &str) -> String {
 /// in one statement; MySQL has no `CREATE OR REPLACE PROCEDURE`, so it is dropped first.
 pub fn statements(plan: &SetupPlan, mariadb: bool) -> Vec<String> {
     let mut sql = Vec::new();
-    for table in &plan.tables {
+    for table in plan.tables.iter().filter(|_| plan.owns_tables) {
         sql.push(format!(
             "CREATE TABLE IF NOT EXISTS {} (\n\
              \x20   id BIGINT NOT NULL AUTO_INCREMENT PRIMARY KEY,\n\
@@ -84,7 +88,9 @@ pub fn statements(plan: &SetupPlan, mariadb: bool) -> Vec<String> {
          ) ENGINE=InnoDB",
         ident(&plan.checkpoint_table)
     ));
-    sql.extend(enqueue_procedure(plan, mariadb));
+    if plan.owns_tables {
+        sql.extend(enqueue_procedure(plan, mariadb));
+    }
     let db = ident(&plan.database);
     for account in &plan.streamer_accounts {
         for table in &plan.tables {
@@ -92,7 +98,7 @@ pub fn statements(plan: &SetupPlan, mariadb: bool) -> Vec<String> {
         }
         sql.push(format!("GRANT SELECT, INSERT, UPDATE ON {db}.{} TO {account}", ident(&plan.checkpoint_table)));
     }
-    for grantee in &plan.app_grantees {
+    for grantee in plan.app_grantees.iter().filter(|_| plan.owns_tables) {
         for table in &plan.tables {
             sql.push(format!("GRANT INSERT ON {db}.{} TO {grantee}", ident(table)));
         }
@@ -286,6 +292,20 @@ pub async fn apply(
             (table, &position.gtid, &position.file, position.offset),
         )
         .await?;
+        // Rows already in the table (another outbox's backlog) were logged before that
+        // position and never come through the binlog: `run` sends them by a catch-up first.
+        if conn.affected_rows() == 1 {
+            conn.exec_drop(
+                format!(
+                    "UPDATE {} SET catchup_pending = 1, catchup_started_at = NOW(6) \
+                     WHERE stream = ? AND EXISTS (SELECT 1 FROM {})",
+                    ident(&plan.checkpoint_table),
+                    ident(table)
+                ),
+                (table,),
+            )
+            .await?;
+        }
     }
     Ok(())
 }
@@ -377,6 +397,7 @@ mod tests {
             streamer_accounts: vec!["'streamer'@'%'".into()],
             app_grantees: vec!["'orders_app'".into()],
             wal_tables: Vec::new(),
+            owns_tables: true,
         };
         let sql = statements(&plan, true).join(";\n");
         assert!(sql.contains("CREATE TABLE IF NOT EXISTS `outbox_0_0`"));
@@ -384,6 +405,9 @@ mod tests {
         let wal = SetupPlan { wal_tables: vec!["outbox_0_0".into()], ..plan.clone() };
         assert!(statements(&wal, true)[0].ends_with("ENGINE=BLACKHOLE"), "storage = \"wal\"");
         assert!(sql.contains("GRANT SELECT, DELETE ON `app`.`outbox_0_0` TO 'streamer'@'%'"));
+        let theirs = statements(&SetupPlan { owns_tables: false, ..plan.clone() }, true).join(";\n");
+        assert!(!theirs.contains("`outbox_0_0` (") && !theirs.contains("PROCEDURE") && !theirs.contains("orders_app"));
+        assert!(theirs.contains("GRANT SELECT, DELETE ON `app`.`outbox_0_0` TO 'streamer'@'%'"));
         assert!(sql.contains("GRANT INSERT ON `app`.`outbox_0_0` TO 'orders_app'"));
         assert!(sql.contains("GRANT EXECUTE ON PROCEDURE `app`.`outbox_enqueue` TO 'orders_app'"));
         assert!(sql.contains("CREATE OR REPLACE PROCEDURE `outbox_enqueue`"));

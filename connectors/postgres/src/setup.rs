@@ -31,6 +31,11 @@ pub struct SetupPlan {
     /// Roles the application enqueues as (`setup --app-role`, and those an earlier setup
     /// granted): INSERT on every table and EXECUTE on the enqueue function.
     pub app_roles: Vec<String>,
+    /// Whether the tables are outbox-streamer's own: created here, with the enqueue and emit
+    /// functions and the application's grants. `false` for another outbox's tables (a
+    /// drop-in layout), which belong to its application: only the publication, the slot, the
+    /// checkpoint table and the streamer's grants are made for them.
+    pub owns_tables: bool,
 }
 
 impl SetupPlan {
@@ -93,26 +98,9 @@ pub fn schema_statements(plan: &SetupPlan) -> Vec<String> {
     let mut sql = Vec::new();
     for s in &plan.streams {
         let table = ident(&s.table);
-        sql.push(format!(
-            "CREATE TABLE IF NOT EXISTS {table} (\n\
-             \x20   id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,\n\
-             \x20   topic text NOT NULL,\n\
-             \x20   msg_key bytea,\n\
-             \x20   payload bytea,\n\
-             \x20   headers jsonb,\n\
-             \x20   kafka_partition int,\n\
-             \x20   created_at timestamptz NOT NULL DEFAULT clock_timestamp()\n\
-             ) WITH (\n\
-             \x20   -- a queue: rows are inserted once and deleted soon after, so vacuum early and often\n\
-             \x20   autovacuum_vacuum_scale_factor = 0,\n\
-             \x20   autovacuum_vacuum_threshold = 5000,\n\
-             \x20   autovacuum_vacuum_insert_scale_factor = 0,\n\
-             \x20   autovacuum_vacuum_insert_threshold = 50000,\n\
-             \x20   autovacuum_vacuum_cost_delay = 0,\n\
-             \x20   autovacuum_analyze_scale_factor = 0,\n\
-             \x20   autovacuum_analyze_threshold = 50000\n\
-             )"
-        ));
+        if plan.owns_tables {
+            sql.push(table_statement(&table));
+        }
         sql.push(format!(
             "DO $$ BEGIN\n\
              \x20 IF NOT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = {pubname}) THEN\n\
@@ -162,6 +150,9 @@ pub fn schema_statements(plan: &SetupPlan) -> Vec<String> {
     if let Some(role) = &plan.streamer_role {
         sql.push(format!("GRANT SELECT, UPDATE ON {checkpoint} TO {}", ident(role)));
     }
+    if !plan.owns_tables {
+        return sql;
+    }
     sql.push(emit_function(plan));
     sql.push(enqueue_function(plan));
     if let Some(role) = &plan.streamer_role {
@@ -170,6 +161,30 @@ pub fn schema_statements(plan: &SetupPlan) -> Vec<String> {
     }
     sql.extend(crate::privileges::app_role_statements(plan));
     sql
+}
+
+/// The `CREATE TABLE` of one of outbox-streamer's own tables (`table` quoted).
+fn table_statement(table: &str) -> String {
+    format!(
+        "CREATE TABLE IF NOT EXISTS {table} (\n\
+         \x20   id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,\n\
+             \x20   topic text NOT NULL,\n\
+             \x20   msg_key bytea,\n\
+             \x20   payload bytea,\n\
+             \x20   headers jsonb,\n\
+             \x20   kafka_partition int,\n\
+             \x20   created_at timestamptz NOT NULL DEFAULT clock_timestamp()\n\
+             ) WITH (\n\
+             \x20   -- a queue: rows are inserted once and deleted soon after, so vacuum early and often\n\
+             \x20   autovacuum_vacuum_scale_factor = 0,\n\
+             \x20   autovacuum_vacuum_threshold = 5000,\n\
+             \x20   autovacuum_vacuum_insert_scale_factor = 0,\n\
+             \x20   autovacuum_vacuum_insert_threshold = 50000,\n\
+             \x20   autovacuum_vacuum_cost_delay = 0,\n\
+             \x20   autovacuum_analyze_scale_factor = 0,\n\
+             \x20   autovacuum_analyze_threshold = 50000\n\
+             )"
+    )
 }
 
 /// Statements that must run outside a transaction block (slot creation). Only a slot of this
@@ -615,7 +630,19 @@ mod tests {
             }],
             streamer_role: Some("outbox_streamer".into()),
             app_roles: vec!["orders_app".into()],
+            owns_tables: true,
         }
+    }
+
+    #[test]
+    fn another_outboxs_tables_are_left_alone() {
+        let theirs = SetupPlan { owns_tables: false, ..plan() };
+        let sql = schema_statements(&theirs).join(";\n");
+        assert!(!sql.contains("CREATE TABLE IF NOT EXISTS \"outbox_0_0\""), "{sql}");
+        assert!(!sql.contains("FUNCTION") && !sql.contains("orders_app"), "{sql}");
+        assert!(sql.contains("CREATE PUBLICATION \"outbox_0_0\" FOR TABLE \"outbox_0_0\""));
+        assert!(sql.contains("GRANT SELECT, DELETE ON \"outbox_0_0\" TO \"outbox_streamer\""));
+        assert!(sql.contains("CREATE TABLE IF NOT EXISTS \"outbox_checkpoint\""));
     }
 
     #[test]

@@ -77,6 +77,8 @@ pub struct Message<'a> {
     pub message_id: &'a str,
     /// Headers, in order; a later one with the same name wins.
     pub headers: &'a [(&'a str, &'a [u8])],
+    /// The `timestamp` property, seconds since the epoch.
+    pub timestamp_s: Option<u64>,
 }
 
 /// Why [`Publisher::send`] did not take a message.
@@ -168,6 +170,10 @@ impl Publisher {
             .with_delivery_mode(2)
             .with_message_id(ShortString::from(m.message_id))
             .with_headers(headers);
+        let properties = match m.timestamp_s {
+            Some(t) => properties.with_timestamp(t),
+            None => properties,
+        };
         let (reply, confirm) = oneshot::channel();
         let job = Job::Publish(Box::new(Publish {
             exchange,

@@ -53,7 +53,14 @@ async fn publish(
 ) -> Result<(), outbox_rabbitmq::PublishError> {
     let id = format!("id-{payload}");
     let headers: [(&str, &[u8]); 2] = [("outbox-id", payload.as_bytes()), ("app", b"h")];
-    let m = Message { exchange, routing_key, payload: payload.as_bytes(), message_id: &id, headers: &headers };
+    let m = Message {
+        exchange,
+        routing_key,
+        payload: payload.as_bytes(),
+        message_id: &id,
+        headers: &headers,
+        timestamp_s: None,
+    };
     let confirm = loop {
         match p.send(&m) {
             Ok(c) => break c,
@@ -83,6 +90,7 @@ async fn messages_are_confirmed_and_arrive_in_order_with_their_headers() {
             payload: payload.as_bytes(),
             message_id: &id,
             headers: &headers,
+            timestamp_s: None,
         };
         loop {
             match p.send(&m) {
@@ -139,8 +147,14 @@ async fn unroutable_and_missing_exchange_are_definite_and_the_publisher_recovers
     // Now with a message behind the failing one.
     let send = |exchange: &str, payload: &str| {
         let headers: [(&str, &[u8]); 0] = [];
-        let m =
-            Message { exchange, routing_key: "k", payload: payload.as_bytes(), message_id: payload, headers: &headers };
+        let m = Message {
+            exchange,
+            routing_key: "k",
+            payload: payload.as_bytes(),
+            message_id: payload,
+            headers: &headers,
+            timestamp_s: None,
+        };
         p.send(&m).unwrap_or_else(|_| panic!("{payload} taken"))
     };
     let failing = send("outbox-test-no-such-exchange", "y2");

@@ -33,6 +33,7 @@ use super::xa_scan::{self, ScanTarget};
 use crate::catchup::{CatchUp, CatchUpReport, Drain, report};
 use crate::db::fenced;
 use crate::error::Error;
+use crate::layout::Layout;
 use crate::names::StreamNames;
 
 /// A position to resume from and the highest id that could have committed before it.
@@ -141,6 +142,7 @@ pub(super) struct MyCatchUp {
     pub opts: Opts,
     pub names: StreamNames,
     pub checkpoint: String,
+    pub layout: Layout,
 }
 
 impl CatchUp for MyCatchUp {
@@ -150,7 +152,7 @@ impl CatchUp for MyCatchUp {
         reason: &'a str,
     ) -> BoxFuture<'a, Result<Option<CatchUpReport>, Error>> {
         let epoch = drain.labels.lease.db_epoch();
-        Box::pin(run(&self.opts, &self.names, &self.checkpoint, epoch, drain, reason))
+        Box::pin(run(&self.opts, &self.names, &self.checkpoint, self.layout, epoch, drain, reason))
     }
 }
 
@@ -160,14 +162,15 @@ pub(crate) async fn run(
     opts: &Opts,
     names: &StreamNames,
     checkpoint_table: &str,
+    layout: Layout,
     epoch: i64,
     drain: &mut Drain<'_>,
     reason: &str,
 ) -> Result<Option<CatchUpReport>, Error> {
     let started = Instant::now();
     tracing::warn!(reason, table = %names.table, "catching up by polling before streaming resumes");
-    let mut reader = MyPollTable::connect(opts, &names.table).await?;
-    let mut cleaner = MyPollTable::connect(opts, &names.table).await?;
+    let mut reader = MyPollTable::connect(opts, &names.table, layout).await?;
+    let mut cleaner = MyPollTable::connect(opts, &names.table, layout).await?;
     let (snap, in_snapshot) =
         snapshot(reader.conn(), &names.table).await.map_err(|e| Error::from_db("taking the new position", e))?;
     // Not on the reader: its snapshot transaction stays open for the drain.

@@ -37,6 +37,7 @@ use super::xa::XaHolds;
 use crate::config::Storage;
 use crate::db::fenced;
 use crate::error::Error;
+use crate::layout::{Field, Layout};
 use crate::metrics as m;
 use crate::names::StreamNames;
 use crate::poll::PolledRow;
@@ -121,6 +122,7 @@ pub(crate) struct MySource {
     current: Option<TxnId>,
     /// `wal`: the table is BLACKHOLE and its rows are WAL-only messages (see [`super::wal`]).
     storage: Storage,
+    layout: Layout,
     /// The place of the next row in the open transaction (a message's identity).
     place: u64,
     /// The first and the last transaction with a WAL-only message whose position is not
@@ -128,6 +130,14 @@ pub(crate) struct MySource {
     unstored: Option<(TxnId, TxnId)>,
     /// `<source>/<shard>/<partition>`, for the fixes halts name.
     stream: String,
+}
+
+/// How a shard-partition's messages are stored: where (table rows or WAL-only) and in which
+/// table layout.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Stored {
+    pub storage: Storage,
+    pub layout: Layout,
 }
 
 impl MySource {
@@ -139,8 +149,9 @@ impl MySource {
         checkpoint_table: &str,
         epoch: i64,
         heartbeat: Duration,
-        storage: Storage,
+        stored: Stored,
     ) -> Result<Self, Error> {
+        let Stored { storage, layout } = stored;
         let stream = format!("{}/{}", labels.source, labels.id);
         let sql_opts: Opts = OptsBuilder::from_opts(opts.clone()).client_found_rows(true).into();
         let mut sql =
@@ -259,6 +270,7 @@ impl MySource {
             flavor,
             current: None,
             storage,
+            layout,
             place: 0,
             unstored: None,
             stream,
@@ -288,7 +300,7 @@ impl MySource {
                 }
             }
             BinlogChange::Insert { values } => {
-                let mut row = record(&values);
+                let mut row = record(&values, self.layout);
                 if let (Storage::Wal, Some(open)) = (self.storage, self.open.as_ref()) {
                     row = super::wal::message(row, &open.txn, self.place);
                     self.place += 1;
@@ -384,7 +396,7 @@ fn binlog_error(e: BinlogError, storage: Storage, stream: &str) -> Error {
 
 /// Builds the record of one inserted row from its values by name. A missing column makes
 /// the row a bad row naming it (the table, where the operator restores it, decides then).
-pub(crate) fn record(values: &[(String, Cell)]) -> Result<OutboxRecord, InvalidRow> {
+pub(crate) fn record(values: &[(String, Cell)], layout: Layout) -> Result<OutboxRecord, InvalidRow> {
     let cell = |name: &str| values.iter().find(|(n, _)| n == name).map(|(_, c)| c);
     let missing = |id: Option<i64>, column: &'static str| {
         InvalidRow::new(id, column, "is not in the logged row (dropped or renamed, or binlog_row_metadata is not FULL)")
@@ -394,36 +406,36 @@ pub(crate) fn record(values: &[(String, Cell)]) -> Result<OutboxRecord, InvalidR
         Some(other) => return Err(InvalidRow::new(None, "id", format!("is not an integer ({})", kind(other)))),
         None => return Err(missing(None, "id")),
     };
-    let bytes = |column: &'static str| match cell(column) {
-        Some(Cell::Null) => Ok(None),
-        Some(Cell::Bytes(b)) => Ok(Some(b.clone())),
-        Some(other) => Err(InvalidRow::new(Some(id), column, format!("has an unexpected type ({})", kind(other)))),
-        None => Err(missing(Some(id), column)),
-    };
-    let kafka_partition = match cell("kafka_partition") {
-        Some(Cell::Null) => None,
-        Some(Cell::Int(p)) => Some(*p),
-        Some(other) => {
-            return Err(InvalidRow::new(
-                Some(id),
-                "kafka_partition",
-                format!("is not a partition number ({})", kind(other)),
-            ));
+    // The layout's column of `field`, and its cell (`None`: the layout has no such column).
+    let of = |field: Field| layout.column(field).map(|column| (column, cell(column)));
+    let bytes = |field: Field| match of(field) {
+        None | Some((_, Some(Cell::Null))) => Ok(None),
+        Some((_, Some(Cell::Bytes(b)))) => Ok(Some(b.clone())),
+        Some((column, Some(other))) => {
+            Err(InvalidRow::new(Some(id), column, format!("has an unexpected type ({})", kind(other))))
         }
-        None => return Err(missing(Some(id), "kafka_partition")),
+        Some((column, None)) => Err(missing(Some(id), column)),
+    };
+    let kafka_partition = match of(Field::Partition) {
+        None | Some((_, Some(Cell::Null))) => None,
+        Some((_, Some(Cell::Int(p)))) => Some(*p),
+        Some((column, Some(other))) => {
+            return Err(InvalidRow::new(Some(id), column, format!("is not a partition number ({})", kind(other))));
+        }
+        Some((column, None)) => return Err(missing(Some(id), column)),
     };
     let raw = RawRow {
-        topic: bytes("topic")?,
-        key: bytes("msg_key")?,
-        payload: bytes("payload")?,
-        headers: bytes("headers")?,
+        topic: bytes(Field::Topic)?,
+        key: bytes(Field::Key)?,
+        payload: bytes(Field::Payload)?,
+        headers: bytes(Field::Headers)?,
         kafka_partition,
-        created_at_micros: match cell("created_at") {
-            Some(Cell::Micros(m)) => Some(*m),
+        created_at_micros: match of(Field::CreatedAt) {
+            Some((_, Some(Cell::Micros(m)))) => Some(*m),
             _ => None,
         },
     };
-    raw.into_record(id)
+    layout.record(id, raw)
 }
 
 /// A cell's kind for error messages (never its value, which is application data).
@@ -530,7 +542,7 @@ impl Source for MySource {
     async fn current_rows(&mut self, ids: &[i64]) -> Result<Vec<PolledRow>, Error> {
         // A locking read waits for the inserting transaction, which the binlog may show before
         // InnoDB has made it visible.
-        super::poll::rows_by_id(&mut *self.sql.lock().await, &self.table, ids, true).await
+        super::poll::rows_by_id(&mut *self.sql.lock().await, &self.table, ids, true, self.layout).await
     }
 
     async fn existing(&mut self, ids: &[i64]) -> Result<Vec<i64>, Error> {
@@ -627,7 +639,7 @@ mod tests {
 
     #[test]
     fn maps_by_name() {
-        let r = record(&row(Cell::Bytes(b"orders".to_vec()))).unwrap();
+        let r = record(&row(Cell::Bytes(b"orders".to_vec())), Layout::OutboxStreamer).unwrap();
         assert_eq!((r.id, r.topic.as_str(), r.key.as_deref()), (3, "orders", Some(&b"k"[..])));
         assert_eq!(r.payload, None);
         assert_eq!(r.headers, vec![("a".into(), b"b".to_vec())]);
@@ -636,11 +648,11 @@ mod tests {
 
     #[test]
     fn null_topic_and_a_missing_column_are_bad_rows() {
-        let e = record(&row(Cell::Null)).unwrap_err();
+        let e = record(&row(Cell::Null), Layout::OutboxStreamer).unwrap_err();
         assert_eq!((e.id, e.column), (Some(3), "topic"));
         let mut r = row(Cell::Bytes(b"t".to_vec()));
         r.retain(|(n, _)| n != "payload");
-        let e = record(&r).unwrap_err();
+        let e = record(&r, Layout::OutboxStreamer).unwrap_err();
         assert_eq!((e.id, e.column), (Some(3), "payload"));
     }
 

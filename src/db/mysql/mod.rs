@@ -123,18 +123,24 @@ fn jobs(source: &SourceConfig, ctx: &JobContext<'_>) -> anyhow::Result<Vec<Strea
     for (labels, settings, names) in stream_plans(source) {
         let scope = dberror::Scope::of_stream(source, Backend::MySql, &login, &database, &names.table);
         let broker = crate::sink::broker_settings(ctx, &settings, &labels);
-        let catch_up: Arc<dyn CatchUp> =
-            Arc::new(catchup::MyCatchUp { opts: opts.clone(), names: names.clone(), checkpoint: checkpoint.clone() });
+        let catch_up: Arc<dyn CatchUp> = Arc::new(catchup::MyCatchUp {
+            opts: opts.clone(),
+            names: names.clone(),
+            checkpoint: checkpoint.clone(),
+            layout: source.layout,
+        });
         let message_timeout_ms = ctx.kafka.message_timeout_ms;
+        let layout = source.layout;
         if settings.mode == Mode::Polling {
             let (opts, checkpoint, poll) = (opts.clone(), checkpoint.clone(), poll_settings(&settings, &labels));
             let table = names.table.clone();
             let connect = move |lease: OwnerLease| {
                 let (opts, table, checkpoint, poll) = (opts.clone(), table.clone(), checkpoint.clone(), poll.clone());
                 async move {
-                    let mut reader = MyPollTable::connect(&opts, &table).await?;
+                    let mut reader = MyPollTable::connect(&opts, &table, layout).await?;
                     catchup::mark_pending(reader.conn(), &checkpoint, &table, lease.db_epoch()).await?;
-                    let cleaner = MyPollTable::connect(&opts, &table).await?.fenced_by(&checkpoint, lease.db_epoch());
+                    let cleaner =
+                        MyPollTable::connect(&opts, &table, layout).await?.fenced_by(&checkpoint, lease.db_epoch());
                     Ok(PollSource::new(reader, cleaner, poll))
                 }
             };
@@ -143,14 +149,14 @@ fn jobs(source: &SourceConfig, ctx: &JobContext<'_>) -> anyhow::Result<Vec<Strea
             );
         } else {
             let heartbeat = Duration::from_millis(settings.status_interval_ms.max(1000));
-            let storage = settings.storage;
+            let stored = cdc::Stored { storage: settings.storage, layout };
             let (opts, checkpoint, task_labels, stream_names) =
                 (opts.clone(), checkpoint.clone(), labels.clone(), names.clone());
             let connect = move |lease: OwnerLease| {
                 let (opts, names, checkpoint, labels) =
                     (opts.clone(), stream_names.clone(), checkpoint.clone(), task_labels.clone());
                 async move {
-                    MySource::connect(&labels, &opts, &names, &checkpoint, lease.db_epoch(), heartbeat, storage).await
+                    MySource::connect(&labels, &opts, &names, &checkpoint, lease.db_epoch(), heartbeat, stored).await
                 }
             };
             jobs.push(

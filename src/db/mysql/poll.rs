@@ -18,6 +18,7 @@ use outbox_mysql::setup::ident;
 use super::cdc::id_list;
 use super::checkpoint::Checkpoint;
 use crate::error::Error;
+use crate::layout::{Field, Layout};
 use crate::poll::{PollTable, PolledRow, Writers};
 use crate::source::{DELETE_CHUNK, STATEMENT_TIMEOUT, within};
 
@@ -30,23 +31,24 @@ pub(crate) struct MyPollTable {
     conn: Conn,
     table: String,
     select: String,
+    layout: Layout,
     /// The checkpoint table and owner epoch that guard deletes (see [`Self::fenced_by`]).
     fence: Option<(String, i64)>,
 }
 
 impl MyPollTable {
-    pub(crate) async fn connect(opts: &Opts, table: &str) -> Result<Self, Error> {
+    pub(crate) async fn connect(opts: &Opts, table: &str, layout: Layout) -> Result<Self, Error> {
         let mut conn =
             Conn::new(opts.clone()).await.map_err(|e| Error::from_db("connecting to MySQL/MariaDB", e).connecting())?;
         for setting in ["SET SESSION time_zone = '+00:00'", "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED"] {
             conn.query_drop(setting).await.map_err(|e| Error::from_db("setting up the polling session", e))?;
         }
         let select = format!(
-            "SELECT id, topic, msg_key, payload, headers, kafka_partition, created_at
-             FROM {} FORCE INDEX (PRIMARY) WHERE id > ? AND id <= ? ORDER BY id LIMIT ?",
+            "SELECT {} FROM {} FORCE INDEX (PRIMARY) WHERE id > ? AND id <= ? ORDER BY id LIMIT ?",
+            columns(layout),
             ident(table)
         );
-        Ok(Self { conn, table: table.to_string(), select, fence: None })
+        Ok(Self { conn, table: table.to_string(), select, layout, fence: None })
     }
 
     /// Deletes only while `<checkpoint_table>` holds no newer owner epoch than `epoch` for
@@ -62,11 +64,20 @@ impl MyPollTable {
     }
 }
 
-fn polled(row: Row) -> Result<PolledRow, Error> {
+/// The layout's columns, read by name (see [`super::cdc::record`]).
+fn columns(layout: Layout) -> String {
+    [Field::Id, Field::Topic, Field::Key, Field::Payload, Field::Headers, Field::Partition, Field::CreatedAt]
+        .into_iter()
+        .filter_map(|field| layout.column(field).map(ident))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn polled(row: Row, layout: Layout) -> Result<PolledRow, Error> {
     let names: Vec<String> = row.columns_ref().iter().map(|c| c.name_str().into_owned()).collect();
     let values: Vec<(String, Cell)> =
         names.into_iter().zip(row.unwrap()).map(|(name, value)| (name, cell_of(&value))).collect();
-    Ok(super::cdc::record(&values))
+    Ok(super::cdc::record(&values, layout))
 }
 
 /// The rows `ids` of `table` as they are now (ids not in the table are left out). With
@@ -77,12 +88,14 @@ pub(crate) async fn rows_by_id(
     table: &str,
     ids: &[i64],
     locking: bool,
+    layout: Layout,
 ) -> Result<Vec<PolledRow>, Error> {
     if ids.is_empty() {
         return Ok(Vec::new());
     }
     let sql = format!(
-        "SELECT id, topic, msg_key, payload, headers, kafka_partition, created_at FROM {} WHERE id IN ({}) ORDER BY id{}",
+        "SELECT {} FROM {} WHERE id IN ({}) ORDER BY id{}",
+        columns(layout),
         ident(table),
         id_list(ids),
         if locking { " LOCK IN SHARE MODE" } else { "" }
@@ -99,7 +112,7 @@ pub(crate) async fn rows_by_id(
     } else {
         within(&what, conn.exec(sql, ())).await?
     };
-    rows.into_iter().map(polled).collect()
+    rows.into_iter().map(|row| polled(row, layout)).collect()
 }
 
 /// How often a stale `INNODB_TRX` is read again before the probe is left for the next rescan.
@@ -150,7 +163,7 @@ impl PollTable for MyPollTable {
         };
         let rows: Vec<Row> =
             result.map_err(|e| Error::from_db(&format!("reading the oldest rows of {}", self.table), e))?;
-        rows.into_iter().map(polled).collect()
+        rows.into_iter().map(|row| polled(row, self.layout)).collect()
     }
 
     async fn delete(&mut self, ids: &[i64]) -> Result<u64, Error> {
@@ -181,7 +194,7 @@ impl PollTable for MyPollTable {
     }
 
     async fn rows(&mut self, ids: &[i64]) -> Result<Vec<PolledRow>, Error> {
-        rows_by_id(&mut self.conn, &self.table, ids, false).await
+        rows_by_id(&mut self.conn, &self.table, ids, false, self.layout).await
     }
 
     async fn writers(&mut self) -> Result<Writers, Error> {

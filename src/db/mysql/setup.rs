@@ -33,6 +33,7 @@ pub(super) async fn setup(source: &SourceConfig, how: &SetupRequest<'_>) -> anyh
             .filter(|id| source.settings_for(*id).storage == Storage::Wal)
             .map(|id| source.stream_names(id).table)
             .collect(),
+        owns_tables: source.layout.owns_tables(),
     };
     if dry_run {
         println!(
@@ -56,6 +57,18 @@ pub(super) async fn setup(source: &SourceConfig, how: &SetupRequest<'_>) -> anyh
     let mut conn = super::connect::mysql_connect(&admin).await.with_context(|| format!("source {:?}", source.name))?;
     let (settings, mut failures) = my::check_server(&mut conn).await?;
     failures.extend(myprivileges::check_admin(&mut conn, &database).await?);
+    if !source.layout.owns_tables() {
+        let listed: Vec<String> = plan.tables.iter().map(|t| my::literal(t)).collect();
+        let found: Vec<(String, String, String)> = conn
+            .query(format!(
+                "SELECT table_name, column_name, data_type FROM information_schema.columns \
+                 WHERE table_schema = DATABASE() AND table_name IN ({})",
+                listed.join(", ")
+            ))
+            .await?;
+        let problems = source.layout.check_tables(&plan.tables, &found, false);
+        failures.extend(problems.into_iter().map(|(what, fix)| my::CheckFailure { what, fix }));
+    }
     let (changes, storage_failures) = my::storage_changes(&mut conn, &plan).await?;
     failures.extend(storage_failures);
     if failures.is_empty() {
@@ -149,13 +162,14 @@ pub(super) async fn setup(source: &SourceConfig, how: &SetupRequest<'_>) -> anyh
     }
     conn.disconnect().await.ok();
     println!(
-        "source {:?}: {} shard-partition(s) ready in {database} on {} ({}_<shard>_<partition>, {}, {}_enqueue())",
+        "source {:?}: {} shard-partition(s) ready in {database} on {} ({}_<shard>_<partition>{}, {}{})",
         source.name,
         plan.tables.len(),
         settings.version,
         source.table_prefix,
+        if plan.owns_tables { String::new() } else { format!(" of layout {}, checked", source.layout.as_str()) },
         plan.checkpoint_table,
-        source.table_prefix
+        if plan.owns_tables { format!(", {}_enqueue()", source.table_prefix) } else { String::new() }
     );
     Ok(true)
 }

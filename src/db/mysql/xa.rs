@@ -114,6 +114,7 @@ mod tests {
             headers: Vec::new(),
             kafka_partition: None,
             created_at_micros: None,
+            timestamp_ms: None,
             in_table: true,
         })
     }

@@ -29,6 +29,7 @@ use crate::catchup::{CatchUp, CatchUpReport, Drain, report};
 use crate::config::Storage;
 use crate::dberror::{self, Channel};
 use crate::error::Error;
+use crate::layout::Layout;
 use crate::names::StreamNames;
 use crate::poll::{PollTable, Writers};
 
@@ -90,6 +91,7 @@ pub(super) struct PgCatchUp {
     pub names: StreamNames,
     pub checkpoint: String,
     pub storage: Storage,
+    pub layout: Layout,
 }
 
 impl CatchUp for PgCatchUp {
@@ -99,21 +101,20 @@ impl CatchUp for PgCatchUp {
         reason: &'a str,
     ) -> BoxFuture<'a, Result<Option<CatchUpReport>, Error>> {
         let epoch = drain.labels.lease.db_epoch();
-        Box::pin(run(&self.target, &self.names, &self.checkpoint, self.storage, epoch, drain, reason))
+        Box::pin(run(self, epoch, drain, reason))
     }
 }
 
 /// Runs the whole catch-up of one shard-partition. `Ok(None)`: the process is stopping and
 /// the catch-up stays pending.
 pub(crate) async fn run(
-    target: &PgTarget,
-    names: &StreamNames,
-    checkpoint_table: &str,
-    storage: Storage,
+    of: &PgCatchUp,
     epoch: i64,
     drain: &mut Drain<'_>,
     reason: &str,
 ) -> Result<Option<CatchUpReport>, Error> {
+    let PgCatchUp { target, names, checkpoint, storage, layout } = of;
+    let (checkpoint_table, storage, layout) = (checkpoint.as_str(), *storage, *layout);
     let started = Instant::now();
     tracing::warn!(reason, table = %names.table, "catching up by polling before streaming resumes");
     let client = target
@@ -122,8 +123,8 @@ pub(crate) async fn run(
         .map_err(|e| Error::from_db(&format!("connecting to {}", target.display()), e).connecting())?;
     mark_pending(&client, checkpoint_table, &names.table, epoch).await?;
     ensure_slot(&client, &names.slot, storage).await?;
-    let mut reader = PgPollTable::connect(target, &names.table).await?;
-    let cleaner = PgPollTable::connect(target, &names.table).await?;
+    let mut reader = PgPollTable::connect(target, &names.table, layout).await?;
+    let cleaner = PgPollTable::connect(target, &names.table, layout).await?;
     let bound: String = client
         .query_one("SELECT pg_current_wal_insert_lsn()::text", &[])
         .await

@@ -39,6 +39,7 @@ use super::snapshot::Drained;
 use super::{checkpoint, envelope, visibility};
 use crate::config::Storage;
 use crate::error::Error;
+use crate::layout::{Field, Layout};
 use crate::lease::OwnerLease;
 use crate::names::StreamNames;
 use crate::record::{InvalidRow, OutboxRecord, RawRow};
@@ -47,16 +48,16 @@ use crate::skip::SkipList;
 use crate::source::{DELETE_CHUNK, Probe, Source, SourceEvent, within};
 use crate::streamer::kind_labels;
 
-/// The columns a record is built from and the types each may have. `created_at` only feeds
-/// the latency metric: without it (or with another type) a row is still published.
-const COLUMNS: [(&str, &[u32]); 7] = [
-    ("id", &[oid::INT8]),
-    ("topic", &[oid::TEXT, oid::VARCHAR]),
-    ("msg_key", &[oid::BYTEA]),
-    ("payload", &[oid::BYTEA]),
-    ("headers", &[oid::JSONB, oid::JSON]),
-    ("kafka_partition", &[oid::INT4, oid::INT2]),
-    ("created_at", &[oid::TIMESTAMPTZ]),
+/// The fields a record is built from and the types each column may have. `created_at` only
+/// feeds the latency metric: without it (or with another type) a row is still published.
+const COLUMNS: [(Field, &[u32]); 7] = [
+    (Field::Id, &[oid::INT8, oid::INT4]),
+    (Field::Topic, &[oid::TEXT, oid::VARCHAR]),
+    (Field::Key, &[oid::BYTEA]),
+    (Field::Payload, &[oid::BYTEA]),
+    (Field::Headers, &[oid::JSONB, oid::JSON]),
+    (Field::Partition, &[oid::INT4, oid::INT2]),
+    (Field::CreatedAt, &[oid::TIMESTAMPTZ]),
 ];
 const CREATED_AT: usize = 6;
 
@@ -64,24 +65,29 @@ const CREATED_AT: usize = 6;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct ColumnMap {
     relation_id: u32,
-    /// Per column: its position and type, or what is wrong with it.
-    columns: [Result<(usize, u32), String>; 7],
+    /// Per field: its column's position and type (`None`: the layout has no such column), or
+    /// what is wrong with it.
+    columns: [Result<Option<(usize, u32)>, String>; 7],
+    layout: Layout,
 }
 
 impl ColumnMap {
     /// Maps a Relation message. A missing or retyped column does not stop the stream here:
     /// each row of the relation is then a bad row naming the column (see [`Self::record`]), so
     /// the bad-row policy — and the table, where the operator restores the column — decide.
-    pub(crate) fn new(rel: &Relation) -> Self {
-        let columns = COLUMNS.map(|(name, types)| match rel.columns.iter().position(|c| c.name == name) {
-            None => Err(format!("the table {} has no column {name:?} (dropped or renamed?)", rel.name)),
-            Some(pos) if types.contains(&rel.columns[pos].type_oid) => Ok((pos, rel.columns[pos].type_oid)),
-            Some(pos) => Err(format!(
-                "column {}.{name} has type oid {}, which the streamer cannot read",
-                rel.name, rel.columns[pos].type_oid
-            )),
+    pub(crate) fn new(rel: &Relation, layout: Layout) -> Self {
+        let columns = COLUMNS.map(|(field, types)| {
+            let Some(name) = layout.column(field) else { return Ok(None) };
+            match rel.columns.iter().position(|c| c.name == name) {
+                None => Err(format!("the table {} has no column {name:?} (dropped or renamed?)", rel.name)),
+                Some(pos) if types.contains(&rel.columns[pos].type_oid) => Ok(Some((pos, rel.columns[pos].type_oid))),
+                Some(pos) => Err(format!(
+                    "column {}.{name} has type oid {}, which the streamer cannot read",
+                    rel.name, rel.columns[pos].type_oid
+                )),
+            }
         });
-        Self { relation_id: rel.id, columns }
+        Self { relation_id: rel.id, columns, layout }
     }
 
     /// What is wrong with the relation's columns, if anything (for one warning per Relation).
@@ -94,7 +100,8 @@ impl ColumnMap {
     pub(crate) fn record(&self, values: &[Value]) -> Result<OutboxRecord, InvalidRow> {
         let value = |slot: usize| -> Result<Option<(&Value, u32)>, &str> {
             match &self.columns[slot] {
-                Ok((pos, type_oid)) => Ok(values.get(*pos).map(|v| (v, *type_oid))),
+                Ok(Some((pos, type_oid))) => Ok(values.get(*pos).map(|v| (v, *type_oid))),
+                Ok(None) => Ok(None),
                 Err(problem) => Err(problem.as_str()),
             }
         };
@@ -124,20 +131,23 @@ impl ColumnMap {
         let id = int(0)
             .map_err(|e| InvalidRow::new(None, "id", e))?
             .ok_or_else(|| InvalidRow::new(None, "id", "is NULL"))?;
-        let bad = |column: &'static str| move |e: &str| InvalidRow::new(Some(id), column, e);
+        let bad = |slot: usize| {
+            let column = self.layout.column(COLUMNS[slot].0).unwrap_or("?");
+            move |e: &str| InvalidRow::new(Some(id), column, e)
+        };
         let raw = RawRow {
-            topic: text(1).map_err(bad("topic"))?,
-            key: bytea(2).map_err(bad("msg_key"))?,
-            payload: bytea(3).map_err(bad("payload"))?,
-            headers: text(4).map_err(bad("headers"))?,
-            kafka_partition: int(5).map_err(bad("kafka_partition"))?,
+            topic: text(1).map_err(bad(1))?,
+            key: bytea(2).map_err(bad(2))?,
+            payload: bytea(3).map_err(bad(3))?,
+            headers: text(4).map_err(bad(4))?,
+            kafka_partition: int(5).map_err(bad(5))?,
             created_at_micros: match value(CREATED_AT) {
                 Ok(Some((Value::Text(t), _))) => values::timestamptz_micros(t).ok(),
                 Ok(Some((Value::Binary(b), _))) => values::binary_timestamptz_micros(b).ok(),
                 _ => None,
             },
         };
-        raw.into_record(id)
+        self.layout.record(id, raw)
     }
 }
 
@@ -175,6 +185,7 @@ pub(crate) struct PgSource {
     /// Whether a message with this stream's prefix outside a transaction was reported.
     warned_untransactional: bool,
     storage: Storage,
+    layout: Layout,
 }
 
 /// How a shard-partition's CDC session runs, from its settings.
@@ -185,6 +196,7 @@ pub(crate) struct CdcOptions {
     /// See [`PgSource::silence_limit`].
     pub silence_limit: Option<Duration>,
     pub storage: Storage,
+    pub layout: Layout,
 }
 
 impl PgSource {
@@ -197,7 +209,7 @@ impl PgSource {
         lease: &OwnerLease,
         metric_labels: [(&'static str, String); 3],
     ) -> Result<Self, Error> {
-        let CdcOptions { status_interval, silence_limit, storage } = options;
+        let CdcOptions { status_interval, silence_limit, storage, layout } = options;
         let sql = target
             .connect()
             .await
@@ -266,6 +278,7 @@ impl PgSource {
             metric_labels,
             warned_untransactional: false,
             storage,
+            layout,
         })
     }
 
@@ -470,7 +483,7 @@ impl Source for PgSource {
                 }
                 Change::Relation(rel) => {
                     if rel.name == self.names.table {
-                        let map = ColumnMap::new(&rel);
+                        let map = ColumnMap::new(&rel, self.layout);
                         for problem in map.problems() {
                             tracing::warn!(
                                 table = %self.names.table,
@@ -588,7 +601,7 @@ impl Source for PgSource {
         if let Some(&(xid, _)) = self.xids.back() {
             visibility::wait(&self.sql, &[xid]).await?;
         }
-        super::poll::rows_by_id(&self.sql, &self.names.table, ids).await
+        super::poll::rows_by_id(&self.sql, &self.names.table, ids, self.layout).await
     }
 
     async fn existing(&mut self, ids: &[i64]) -> Result<Vec<i64>, Error> {
@@ -670,7 +683,7 @@ mod tests {
 
     #[test]
     fn maps_a_row() {
-        let map = ColumnMap::new(&relation());
+        let map = ColumnMap::new(&relation(), Layout::OutboxStreamer);
         let rec = map
             .record(&[
                 t("7"),
@@ -698,7 +711,7 @@ mod tests {
 
     #[test]
     fn maps_a_binary_row_as_its_text_twin() {
-        let map = ColumnMap::new(&relation());
+        let map = ColumnMap::new(&relation(), Layout::OutboxStreamer);
         let mut jsonb = vec![1u8];
         jsonb.extend_from_slice(br#"{"h": "v"}"#);
         let one_second_after_unix_epoch = 1_000_000i64 - 946_684_800_000_000;
@@ -727,7 +740,7 @@ mod tests {
 
     #[test]
     fn bad_values_name_row_and_column() {
-        let map = ColumnMap::new(&relation());
+        let map = ColumnMap::new(&relation(), Layout::OutboxStreamer);
         let e = map
             .record(&[t("7"), Value::Null, Value::Null, Value::Null, Value::Null, Value::Null, Value::Null])
             .unwrap_err();
@@ -743,7 +756,7 @@ mod tests {
     fn dropped_or_retyped_columns_make_bad_rows_naming_them() {
         let mut rel = relation();
         rel.columns.retain(|c| c.name != "payload");
-        let map = ColumnMap::new(&rel);
+        let map = ColumnMap::new(&rel, Layout::OutboxStreamer);
         assert!(map.problems()[0].contains("\"payload\""));
         let row = [t("7"), t("orders"), Value::Null, Value::Null, Value::Null, Value::Null, Value::Null];
         let e = map.record(&row).unwrap_err();
@@ -751,13 +764,13 @@ mod tests {
         assert!(e.reason.contains("dropped or renamed"));
         let mut rel = relation();
         rel.columns[1].type_oid = oid::INT4;
-        let map = ColumnMap::new(&rel);
+        let map = ColumnMap::new(&rel, Layout::OutboxStreamer);
         assert!(map.problems()[0].contains("topic"));
         assert_eq!(map.record(&row).unwrap_err().column, "topic");
         // Without created_at a row is still a record (it only feeds the latency metric).
         let mut rel = relation();
         rel.columns.retain(|c| c.name != "created_at");
-        let map = ColumnMap::new(&rel);
+        let map = ColumnMap::new(&rel, Layout::OutboxStreamer);
         assert!(map.problems().is_empty());
         let row = [t("7"), t("orders"), Value::Null, Value::Null, Value::Null, Value::Null, Value::Null];
         assert_eq!(map.record(&row).unwrap().created_at_micros, None);

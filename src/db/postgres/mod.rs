@@ -140,8 +140,10 @@ fn jobs(source: &SourceConfig, ctx: &JobContext<'_>) -> anyhow::Result<Vec<Strea
             names: names.clone(),
             checkpoint: checkpoint.clone(),
             storage: settings.storage,
+            layout: source.layout,
         });
         let message_timeout_ms = ctx.kafka.message_timeout_ms;
+        let layout = source.layout;
         if settings.mode == Mode::Polling {
             let (target, checkpoint, poll) = (target.clone(), checkpoint.clone(), poll_settings(&settings, &labels));
             let (table, slot, stream_names) = (names.table.clone(), names.slot.clone(), names.clone());
@@ -163,8 +165,8 @@ fn jobs(source: &SourceConfig, ctx: &JobContext<'_>) -> anyhow::Result<Vec<Strea
                     let epoch = lease.db_epoch();
                     poll::refuse_past_messages(&client, &checkpoint, &names).await?;
                     catchup::mark_pending(&client, &checkpoint, &table, epoch).await?;
-                    let reader = PgPollTable::connect(&target, &table).await?.moving_slot(&slot);
-                    let cleaner = PgPollTable::connect(&target, &table).await?.fenced_by(&checkpoint, epoch);
+                    let reader = PgPollTable::connect(&target, &table, layout).await?.moving_slot(&slot);
+                    let cleaner = PgPollTable::connect(&target, &table, layout).await?.fenced_by(&checkpoint, epoch);
                     Ok(PollSource::new(reader, cleaner, poll))
                 }
             };
@@ -177,7 +179,8 @@ fn jobs(source: &SourceConfig, ctx: &JobContext<'_>) -> anyhow::Result<Vec<Strea
                 source.heartbeat_interval_ms.map(|ms| Duration::from_millis(ms * 3).max(status_interval * 3));
             let (target, checkpoint, stream_names) = (target.clone(), checkpoint.clone(), names.clone());
             let metric_labels = labels.metric_labels();
-            let options = cdc::CdcOptions { status_interval, silence_limit, storage: settings.storage };
+            let options =
+                cdc::CdcOptions { status_interval, silence_limit, storage: settings.storage, layout: source.layout };
             let connect = move |lease: OwnerLease| {
                 let (target, names, checkpoint) = (target.clone(), stream_names.clone(), checkpoint.clone());
                 let metric_labels = metric_labels.clone();

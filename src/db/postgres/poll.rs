@@ -16,6 +16,7 @@ use outbox_postgres::setup::ident;
 use tokio_postgres::{Client, Row, Statement};
 
 use crate::error::Error;
+use crate::layout::{Field, Layout};
 use crate::names::StreamNames;
 use crate::poll::{PollTable, PolledRow, Writers};
 use crate::record::RawRow;
@@ -32,18 +33,40 @@ pub(crate) struct PgPollTable {
     fence: Option<(String, i64)>,
     select: Statement,
     deleter: cleanup::RowDeleter,
+    layout: Layout,
 }
 
 /// The polling session's planner settings: the primary-key index scan is the only plan left.
 pub const PLANNER_SETTINGS: &str = "SET enable_seqscan = off; SET enable_bitmapscan = off; SET enable_sort = off";
 
-/// The oldest-rows query: `$1 < id <= $2`, `$3` rows.
+/// The oldest-rows query of our own layout: `$1 < id <= $2`, `$3` rows.
 pub fn oldest_sql(table: &str) -> String {
-    format!("SELECT {COLUMNS} FROM {} WHERE id > $1 AND id <= $2 ORDER BY id LIMIT $3", ident(table))
+    oldest_sql_of(table, Layout::OutboxStreamer)
+}
+
+fn oldest_sql_of(table: &str, layout: Layout) -> String {
+    format!("SELECT {} FROM {} WHERE id > $1 AND id <= $2 ORDER BY id LIMIT $3", columns(layout), ident(table))
+}
+
+/// The select list [`polled`] reads: the layout's column for each field, or a typed NULL.
+fn columns(layout: Layout) -> String {
+    let col = |field: Field, read: &dyn Fn(&str) -> String, null: &str| {
+        layout.column(field).map_or_else(|| format!("NULL::{null}"), |c| read(&ident(c)))
+    };
+    [
+        col(Field::Id, &|c| format!("{c}::int8"), "int8"),
+        col(Field::Topic, &|c| c.to_string(), "text"),
+        col(Field::Key, &|c| c.to_string(), "bytea"),
+        col(Field::Payload, &|c| c.to_string(), "bytea"),
+        col(Field::Headers, &|c| format!("{c}::text"), "text"),
+        col(Field::Partition, &|c| c.to_string(), "int4"),
+        col(Field::CreatedAt, &|c| format!("(extract(epoch FROM {c}) * 1000000)::int8"), "int8"),
+    ]
+    .join(", ")
 }
 
 impl PgPollTable {
-    pub(crate) async fn connect(target: &PgTarget, table: &str) -> Result<Self, Error> {
+    pub(crate) async fn connect(target: &PgTarget, table: &str, layout: Layout) -> Result<Self, Error> {
         let client = target
             .connect()
             .await
@@ -52,7 +75,7 @@ impl PgPollTable {
             .batch_execute(PLANNER_SETTINGS)
             .await
             .map_err(|e| Error::from_db("setting the polling session's planner options", e))?;
-        let sql = oldest_sql(table);
+        let sql = oldest_sql_of(table, layout);
         let select = client
             .prepare(&sql)
             .await
@@ -64,6 +87,7 @@ impl PgPollTable {
             fence: None,
             select,
             deleter: cleanup::RowDeleter::new(table),
+            layout,
         })
     }
 
@@ -118,8 +142,8 @@ impl PgPollTable {
     }
 }
 
-/// Builds a record from a typed row; a value that cannot be read names its column.
-fn polled(row: &Row) -> Result<PolledRow, Error> {
+/// Builds a record from a typed row of [`columns`]; a value that cannot be read names its column.
+fn polled(row: &Row, layout: Layout) -> Result<PolledRow, Error> {
     let column_error = |column: &str, e: tokio_postgres::Error| {
         Error::definite(
             format!("column {column} cannot be read: {e}"),
@@ -142,19 +166,20 @@ fn polled(row: &Row) -> Result<PolledRow, Error> {
         kafka_partition: partition.map(i64::from),
         created_at_micros,
     };
-    Ok(raw.into_record(id))
+    Ok(layout.record(id, raw))
 }
 
-/// The columns of [`oldest_sql`], for reading rows by id.
-const COLUMNS: &str = "id, topic, msg_key, payload, headers::text, kafka_partition,
-                       (extract(epoch FROM created_at) * 1000000)::int8";
-
 /// The rows `ids` of `table` as they are now (ids not in the table are left out).
-pub(crate) async fn rows_by_id(client: &Client, table: &str, ids: &[i64]) -> Result<Vec<PolledRow>, Error> {
+pub(crate) async fn rows_by_id(
+    client: &Client,
+    table: &str,
+    ids: &[i64],
+    layout: Layout,
+) -> Result<Vec<PolledRow>, Error> {
     if ids.is_empty() {
         return Ok(Vec::new());
     }
-    let sql = format!("SELECT {COLUMNS} FROM {} WHERE id = ANY($1) ORDER BY id", ident(table));
+    let sql = format!("SELECT {} FROM {} WHERE id = ANY($1) ORDER BY id", columns(layout), ident(table));
     let rows = match client.query(&sql, &[&ids]).await {
         Ok(rows) => rows,
         Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::UNDEFINED_COLUMN) => {
@@ -170,14 +195,14 @@ pub(crate) async fn rows_by_id(client: &Client, table: &str, ids: &[i64]) -> Res
         }
         Err(e) => return Err(Error::from_db(&format!("reading rows of {table}"), e)),
     };
-    rows.iter().map(polled).collect()
+    rows.iter().map(|row| polled(row, layout)).collect()
 }
 
 impl PollTable for PgPollTable {
     async fn oldest(&mut self, after: i64, upto: i64, limit: u32) -> Result<Vec<PolledRow>, Error> {
         let what = format!("reading the oldest rows of {}", self.table);
         let rows = within(&what, self.client.query(&self.select, &[&after, &upto, &i64::from(limit)])).await?;
-        rows.iter().map(polled).collect()
+        rows.iter().map(|row| polled(row, self.layout)).collect()
     }
 
     async fn delete(&mut self, ids: &[i64]) -> Result<u64, Error> {
@@ -203,7 +228,7 @@ impl PollTable for PgPollTable {
     }
 
     async fn rows(&mut self, ids: &[i64]) -> Result<Vec<PolledRow>, Error> {
-        rows_by_id(&self.client, &self.table, ids).await
+        rows_by_id(&self.client, &self.table, ids, self.layout).await
     }
 
     async fn writers(&mut self) -> Result<Writers, Error> {

@@ -27,6 +27,7 @@ fn postgres_plan(source: &SourceConfig, streamer: &PgTarget, app_roles: &[String
             .collect(),
         streamer_role: Some(streamer.user().to_string()),
         app_roles: app_roles.to_vec(),
+        owns_tables: source.layout.owns_tables(),
     }
 }
 
@@ -59,6 +60,21 @@ pub(super) async fn setup(source: &SourceConfig, how: &SetupRequest<'_>) -> anyh
         .await
         .with_context(|| format!("source {:?}: connecting to {}", source.name, admin.display()))?;
     let mut failures = pg::check_server(&client, &plan).await?;
+    if !plan.owns_tables {
+        let tables: Vec<String> = plan.streams.iter().map(|s| s.table.clone()).collect();
+        let found: Vec<(String, String, String)> = client
+            .query(
+                "SELECT table_name::text, column_name::text, data_type::text FROM information_schema.columns \
+                 WHERE table_schema = current_schema() AND table_name = ANY($1)",
+                &[&tables],
+            )
+            .await?
+            .iter()
+            .map(|r| (r.get(0), r.get(1), r.get(2)))
+            .collect();
+        let problems = source.layout.check_tables(&tables, &found, true);
+        failures.extend(problems.into_iter().map(|(what, fix)| pg::CheckFailure { what, fix }));
+    }
     failures.extend(
         pg::taken_slots(&client, &plan).await?.iter().map(|t| taken_slot_failure(source, streamer.database(), t)),
     );
@@ -143,16 +159,21 @@ pub(super) async fn setup(source: &SourceConfig, how: &SetupRequest<'_>) -> anyh
         );
     }
     println!(
-        "source {:?}: {} shard-partition(s) ready in {} ({}_<shard>_<partition>: table, publication{}; {p}_enqueue(), {p}_emit())",
+        "source {:?}: {} shard-partition(s) ready in {} ({}_<shard>_<partition>: {}, publication{}{})",
         source.name,
         plan.streams.len(),
         streamer.database(),
         plan.prefix,
+        if plan.owns_tables {
+            "table".to_string()
+        } else {
+            format!("table of layout {} (checked)", source.layout.as_str())
+        },
         match &source.slot_prefix {
             Some(slot_prefix) => format!("; slot {slot_prefix}_<shard>_<partition>"),
             None => ", slot".into(),
         },
-        p = plan.prefix
+        if plan.owns_tables { format!("; {p}_enqueue(), {p}_emit()", p = plan.prefix) } else { String::new() }
     );
     Ok(failures.is_empty())
 }
