@@ -100,8 +100,9 @@ impl Layout {
         }
     }
 
-    /// The table as the layout's own application documents it, for an operator to create.
-    fn create_table(self, table: &str, postgres: bool) -> String {
+    /// The table as the layout's own application documents it, for an operator (or
+    /// `setup --create-tables`) to create.
+    pub(crate) fn create_table(self, table: &str, postgres: bool) -> String {
         match (self, postgres) {
             (Layout::OutboxStreamer, _) => format!("run setup for {table}"),
             (Layout::TwTkms, true) => {
@@ -129,7 +130,7 @@ impl Layout {
                 problems.push((
                     format!("table {table} (layout = \"{}\") does not exist", self.as_str()),
                     format!(
-                        "the application creates its tables; if it has not yet, create it as {} does: {}",
+                        "the application creates its tables; if it has not yet, create it as {} does (or run setup --create-tables): {}",
                         self.as_str(),
                         self.create_table(table, postgres)
                     ),

@@ -12,6 +12,7 @@ use std::time::Duration;
 use crate::polling::POLLING;
 use crate::support::database::Database;
 use crate::support::kafka::{self, Record};
+use crate::support::streamer::run_cli;
 use crate::support::world::{World, WorldBuilder};
 
 const ARRIVAL: Duration = Duration::from_secs(120);
@@ -185,4 +186,113 @@ async fn postgres_a_backlog_left_by_tw_tkms_is_delivered_after_the_switch() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mariadb_a_backlog_left_by_tw_tkms_is_delivered_after_the_switch() {
     backlog_left_by_the_proxy_is_delivered(World::mysql("tkmb"), MY_TABLE).await;
+}
+
+/// With `on_bad_row = "dead-letter"`, a message that cannot be decoded goes to the dead-letter
+/// topic as it is stored (bytes unchanged, the reason naming the row and column) and the
+/// messages around it are published.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_a_corrupt_tw_tkms_message_is_dead_lettered_as_stored() {
+    let dlq = kafka::fresh_topic("tkdlq", 1).await;
+    let w = tw_tkms(World::postgres("tkpd"), PG_TABLE)
+        .config(&format!("on_bad_row = \"dead-letter\"\ndead_letter_topic = \"{dlq}\""))
+        .build()
+        .await;
+    let table = format!("{}_0_0", w.prefix);
+    let streamer = w.start("streamer.log");
+    write(w.db.admin_url(), &table, 1, 12, &w.topic).await;
+    w.db.admin
+        .batch_execute(&format!("INSERT INTO {table} (message) VALUES ('\\x000005deadbeef'::bytea)"))
+        .await
+        .unwrap();
+    write(w.db.admin_url(), &table, 13, 12, &w.topic).await;
+    let want: BTreeSet<u64> = committed(1, 12).into_iter().chain(committed(13, 12)).collect();
+    let records = kafka::read_at_least(&w.topic, 2, want.len(), ARRIVAL).await;
+    check_all(&records, &want, 2);
+    let dead = kafka::read_at_least(&dlq, 1, 1, ARRIVAL).await;
+    assert_eq!(dead.len(), 1, "{dead:?}");
+    assert_eq!(dead[0].payload.as_deref(), Some(&b"\x00\x00\x05\xde\xad\xbe\xef"[..]), "the stored bytes, unchanged");
+    let reason = dead[0].header("outbox-dead-letter-reason");
+    assert!(reason.contains("column message") && reason.contains("gzip"), "{reason}");
+    w.wait_drained(&table).await;
+    assert!(streamer.stop());
+}
+
+/// Writes messages `1..=count` while a first streamer publishes, kills it once some arrived,
+/// starts a second and returns every record once `count`'s committed messages all arrived
+/// (by distinct `outbox-id`).
+async fn kill_while_writing<D: Database>(w: &World<D>, count: u64) -> Vec<Record> {
+    let table = format!("{}_0_0", w.prefix);
+    let first = w.start("first.log");
+    let writer = {
+        let (url, table, topic) = (w.db.admin_url().to_string(), table.clone(), w.topic.clone());
+        tokio::task::spawn_blocking(move || write_blocking(&url, &table, 1, count, &topic))
+    };
+    kafka::read_at_least(&w.topic, 2, 30, ARRIVAL).await;
+    first.kill();
+    writer.await.expect("writer");
+    let second = w.start("second.log");
+    let records = kafka::read_distinct(&w.topic, 2, committed(1, count).len(), ARRIVAL).await;
+    w.wait_drained(&table).await;
+    assert!(second.stop());
+    records
+}
+
+/// SIGKILL while a tw-tkms writer writes: every committed message arrives (duplicates of the
+/// at-least-once window allowed), none rolled back, first deliveries in commit order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mariadb_a_killed_streamer_loses_no_tw_tkms_message() {
+    let w = tw_tkms(World::mysql("tkmk"), MY_TABLE).build().await;
+    let mut records = kill_while_writing(&w, 3000).await;
+    records.sort_by_key(|r| (r.partition, r.offset));
+    let mut ids = BTreeSet::new();
+    records.retain(|r| ids.insert(r.header("outbox-id").to_string()));
+    check_all(&records, &committed(1, 3000), 2);
+}
+
+/// `delivery = "exactly-once"` on a tw-tkms table: a streamer killed while the writer writes
+/// leaves no message twice for a `read_committed` consumer, and none lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_exactly_once_from_a_tw_tkms_table_survives_a_kill() {
+    let w = tw_tkms(World::postgres("tkpe"), PG_TABLE).config(crate::postgres_faults::EXACTLY_ONCE).build().await;
+    let records = kill_while_writing(&w, 600).await;
+    check_all(&records, &committed(1, 600), 2);
+}
+
+/// `setup` never creates a tw-tkms table unless asked: a missing one is named with the
+/// statement tw-tkms documents, nothing is created, and `--create-tables` creates it.
+async fn setup_checks_the_tables<D: Database>(builder: WorldBuilder<D>, create: &str) {
+    let w = tw_tkms(builder, create).build().await;
+    w.edit_config(|c| c.replace("shards = 1", "shards = 2"));
+    let missing = format!("{}_1_0", w.prefix);
+    let (ok, out, err) = run_cli(&w.config, &["setup", "--admin-url", w.db.admin_url()]);
+    assert!(!ok, "setup must refuse a missing table:\n{out}\n{err}");
+    assert!(err.contains(&format!("table {missing} (layout = \"tw-tkms\") does not exist")), "{err}");
+    assert!(err.contains("CREATE TABLE") && err.contains("--create-tables"), "{err}");
+    let mut admin = w.db.connect().await;
+    let exists = format!(
+        "SELECT count(*) FROM information_schema.tables WHERE table_name = '{missing}' AND table_schema = {}",
+        if D::KIND == "postgres" { "current_schema()" } else { "DATABASE()" }
+    );
+    assert_eq!(D::query_number(&mut admin, &exists).await, 0, "nothing was created");
+    let (ok, out, err) = run_cli(&w.config, &["setup", "--create-tables", "--admin-url", w.db.admin_url()]);
+    assert!(ok, "setup --create-tables:\n{out}\n{err}");
+    assert_eq!(D::query_number(&mut admin, &exists).await, 1, "--create-tables created it");
+    let streamer = w.start("streamer.log");
+    write(w.db.admin_url(), &missing, 1, 12, &w.topic).await;
+    let records = kafka::read_at_least(&w.topic, 2, committed(1, 12).len(), ARRIVAL).await;
+    check_all(&records, &committed(1, 12), 2);
+    let (ok, out, _) = run_cli(&w.config, &["teardown", "--admin-url", w.db.admin_url()]);
+    assert!(!ok && out.contains("teardown never drops them"), "teardown refuses a tw-tkms source:\n{out}");
+    assert!(streamer.stop());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_setup_checks_tw_tkms_tables_and_creates_them_only_when_asked() {
+    setup_checks_the_tables(World::postgres("tkps"), PG_TABLE).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mariadb_setup_checks_tw_tkms_tables_and_creates_them_only_when_asked() {
+    setup_checks_the_tables(World::mysql("tkms"), MY_TABLE).await;
 }

@@ -482,7 +482,7 @@ impl BenchDb {
     }
 }
 
-async fn my_connect(url: &str) -> anyhow::Result<Conn> {
+pub(super) async fn my_connect(url: &str) -> anyhow::Result<Conn> {
     let opts = mysql_async::Opts::from_url(url).map_err(|_| anyhow::anyhow!("invalid MySQL URL"))?;
     Ok(Conn::new(opts).await?)
 }

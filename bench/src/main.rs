@@ -44,6 +44,7 @@ mod rabbit;
 mod report;
 mod run;
 mod scenario;
+mod tkms;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -114,6 +115,10 @@ pub(crate) struct BenchArgs {
     /// Where messages live: `table` rows, or `wal` (CDC or ceiling only).
     #[arg(long, value_enum, default_value_t = BenchStorage::Table)]
     pub storage: BenchStorage,
+    /// The tables are tw-tkms's (`layout = "tw-tkms"`) and the writers store every message as
+    /// tw-tkms does, with this compression (at-least-once, table storage, one partition).
+    #[arg(long, value_enum, value_name = "COMPRESSION")]
+    pub tw_tkms: Option<tkms::TkmsCompression>,
     /// The streamer's `delivery`.
     #[arg(long, value_enum, default_value_t = BenchDelivery::AtLeastOnce)]
     pub delivery: BenchDelivery,

@@ -21,6 +21,9 @@ pub(crate) struct Report {
     /// The streamer's delivery (absent in reports before 2026-12-06: at-least-once).
     #[serde(default)]
     pub delivery: BenchDelivery,
+    /// tw-tkms's layout and its compression (absent in reports before 2026-12-07: our own).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tw_tkms: Option<crate::tkms::TkmsCompression>,
     pub db: DbKind,
     pub target_rate: u64,
     pub writers: usize,
@@ -148,7 +151,10 @@ fn markdown_row(r: &Report) -> String {
             _ => "",
         },
         // A Kafka run's cell reads as before.
-        match (r.sink, r.mode) {
+        match r.tw_tkms {
+            Some(c) => format!(" (tw-tkms {})", c.as_str()),
+            None => String::new(),
+        } + match (r.sink, r.mode) {
             (BenchSink::Rabbitmq, BenchMode::Cdc | BenchMode::Polling) => " → RabbitMQ",
             _ => "",
         },

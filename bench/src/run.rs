@@ -15,6 +15,7 @@ use outbox_postgres::connect::PgTarget;
 use crate::db::BenchDb;
 use crate::private_dir::PrivateDir;
 use crate::report::{Report, print_markdown};
+use crate::tkms;
 use crate::{
     BenchArgs, BenchDelivery, BenchMode, BenchSink, BenchStorage, DbKind, check, load, neighbours, procstat, rabbit,
 };
@@ -47,6 +48,17 @@ pub(crate) async fn bench(mut args: BenchArgs, streamer: &Path) -> anyhow::Resul
     }
     if args.storage == BenchStorage::Wal && args.mode == BenchMode::Polling {
         bail!("--storage wal needs --mode cdc or ceiling (a WAL-only message is in no table to poll)");
+    }
+    if args.tw_tkms.is_some()
+        && (args.storage == BenchStorage::Wal
+            || args.delivery == BenchDelivery::ExactlyOnce
+            || args.shared_keys
+            || args.hold_open.is_some()
+            || args.partitions > 1)
+    {
+        bail!(
+            "--tw-tkms measures tw-tkms's layout alone: without --storage wal, --delivery exactly-once, --shared-keys, --hold-open or --partitions above 1"
+        );
     }
     if args.storage == BenchStorage::Wal && args.db == DbKind::Mariadb && args.shared_keys {
         bail!(
@@ -141,9 +153,10 @@ async fn run(
     // The password stays out of the file: `${VAR}` is expanded from the streamer's environment.
     let config_text = format!(
         "[kafka]\nbrokers = \"{brokers}\"\ntransactional_id_prefix = \"{run_id}\"\n\n[metrics]\nlisten = \"127.0.0.1:{metrics_port}\"\n\n[[source]]\nname = \"bench\"\nkind = \"{kind}\"\n\
-             url = \"{url}\"\ntable_prefix = \"{run_id}\"\nshards = 1\npartitions = {p}\n\n\
+             url = \"{url}\"\ntable_prefix = \"{run_id}\"\nshards = 1\npartitions = {p}\n{layout}\n\
              [source.defaults]\nlinger_ms = {linger}\nmode = \"{mode}\"\nstorage = \"{storage}\"\n{cleanup}{status}{poll}{delivery}{sink}",
         kind = db.kind_str(),
+        layout = if args.tw_tkms.is_some() { "layout = \"tw-tkms\"\n" } else { "" },
         url = db.streamer_url_with(&format!("${{{PASSWORD_VAR}}}")),
         p = args.partitions,
         linger = args.linger_ms,
@@ -170,8 +183,11 @@ async fn run(
         },
     );
     let config_path = dir.write(CONFIG_FILE, &config_text).context("writing the streamer's config")?;
-    setup(streamer_bin, &config_path, db, rabbitmq_url).await?;
     let tables: Vec<String> = (0..args.partitions).map(|p| format!("{run_id}_0_{p}")).collect();
+    if args.tw_tkms.is_some() {
+        tkms::create_tables(db, &tables).await?;
+    }
+    setup(streamer_bin, &config_path, db, rabbitmq_url).await?;
     db.separate_id_ranges(&tables).await?;
     if args.shared_keys {
         db.create_ledger(16).await?;
@@ -184,7 +200,12 @@ async fn run(
         Some(rows) => {
             eprintln!("inserting a backlog of {rows} rows with the streamer stopped…");
             let wal = args.storage == BenchStorage::Wal;
-            let inserted = db.insert_backlog(&tables[0], &topic, rows, args.payload_bytes, wal, &progress).await?;
+            let inserted = match args.tw_tkms {
+                Some(c) => {
+                    tkms::insert_backlog(db, c, (&tables[0], &topic), rows, args.payload_bytes, &progress).await?
+                }
+                None => db.insert_backlog(&tables[0], &topic, rows, args.payload_bytes, wal, &progress).await?,
+            };
             if args.catch_up {
                 db.mark_catch_up_pending(&format!("{run_id}_checkpoint"), &tables[0]).await?;
             }
@@ -226,7 +247,7 @@ async fn run(
     // checker's connection set-up counts as latency. They are not part of the results.
     let warmup = match backlog {
         Some(_) => 0,
-        None => warm_up(db, &format!("{run_id}_0_0"), &topic, &consumed, args.mode).await?,
+        None => warm_up(db, args.tw_tkms, &format!("{run_id}_0_0"), &topic, &consumed, args.mode).await?,
     };
 
     let held = match args.hold_open {
@@ -252,8 +273,13 @@ async fn run(
             shared_keys: args.shared_keys,
             wal: args.storage == BenchStorage::Wal,
         };
-        let (db, progress) = (db.clone(), progress.clone());
-        writers.push(tokio::spawn(async move { db.run_writer(plan, progress).await }));
+        let (db, progress, tw_tkms) = (db.clone(), progress.clone(), args.tw_tkms);
+        writers.push(tokio::spawn(async move {
+            match tw_tkms {
+                Some(c) => tkms::run_writer(&db, c, plan, progress).await,
+                None => db.run_writer(plan, progress).await,
+            }
+        }));
     }
     let started = Instant::now();
     let mut tick = tokio::time::interval(Duration::from_secs(1));
@@ -289,6 +315,7 @@ async fn run(
         sink: args.sink,
         storage: args.storage,
         delivery: args.delivery,
+        tw_tkms: args.tw_tkms,
         db: args.db,
         target_rate: args.rate,
         writers: args.writers,
@@ -466,6 +493,7 @@ impl Drop for Streamer {
 /// Returns how many records the checker will have counted for them.
 async fn warm_up(
     db: &BenchDb,
+    tw_tkms: Option<tkms::TkmsCompression>,
     table: &str,
     topic: &str,
     consumed: &AtomicUsize,
@@ -473,7 +501,11 @@ async fn warm_up(
 ) -> anyhow::Result<usize> {
     const WARMUP_ROWS: usize = 20;
     for i in 0..WARMUP_ROWS {
-        db.insert_one(table, topic, &format!("warm-up-{i}")).await?;
+        let key = format!("warm-up-{i}");
+        match tw_tkms {
+            Some(c) => tkms::insert_one(db, c, table, topic, &key).await?,
+            None => db.insert_one(table, topic, &key).await?,
+        }
     }
     if mode == BenchMode::Ceiling {
         return Ok(0);

@@ -67,6 +67,11 @@ pub enum Command {
         /// roles only, so no other login can forge a WAL-only message (needs a superuser).
         #[arg(long)]
         restrict_emit: bool,
+        /// A source whose `layout` is another outbox's (`tw-tkms`): create its tables that do
+        /// not exist yet, as that outbox documents them. Without it, setup only checks them
+        /// and says what is missing; it never alters or drops them.
+        #[arg(long)]
+        create_tables: bool,
     },
     /// Stream every shard-partition until SIGTERM or SIGINT.
     Run,
@@ -189,7 +194,7 @@ pub fn init_logging(format: LogFormat, command: &Command) {
 pub async fn execute(cli: Cli) -> anyhow::Result<ExitCode> {
     let load = || Config::load(&cli.config).with_context(|| "loading the configuration (see docs/configuration.md)");
     match cli.command {
-        Command::Setup { dry_run, admin_url, admin_password_env, app_roles, restrict_emit } => {
+        Command::Setup { dry_run, admin_url, admin_password_env, app_roles, restrict_emit, create_tables } => {
             let password =
                 match &admin_password_env {
                     Some(var) => Some(std::env::var(var).map_err(|_| {
@@ -204,8 +209,8 @@ pub async fn execute(cli: Cli) -> anyhow::Result<ExitCode> {
                 }
                 (None, None) => None,
             };
-            setup::setup(&load()?, &crate::db::SetupRequest { dry_run, admin, app_roles: &app_roles, restrict_emit })
-                .await
+            let how = crate::db::SetupRequest { dry_run, admin, app_roles: &app_roles, restrict_emit, create_tables };
+            setup::setup(&load()?, &how).await
         }
         Command::Run => {
             crate::run::run(load()?).await?;

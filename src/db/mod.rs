@@ -139,6 +139,8 @@ pub(crate) struct SetupRequest<'a> {
     /// `--restrict-emit` (PostgreSQL, `storage = "wal"`): only the streamer and the
     /// application roles may call `pg_logical_emit_message`.
     pub restrict_emit: bool,
+    /// `--create-tables`: create the missing tables of another outbox's layout.
+    pub create_tables: bool,
 }
 
 /// How `teardown` runs.

@@ -128,7 +128,7 @@ pub(crate) async fn read_distinct(topic: &str, partitions: i32, expected: usize,
     tokio::task::spawn_blocking(move || {
         let mut out = Vec::new();
         let mut seen = std::collections::HashSet::with_capacity(expected);
-        scan(&topic, partitions, timeout, Duration::from_millis(500), |msg| {
+        let done = scan_as("read_committed", &topic, partitions, timeout, Duration::from_millis(500), |msg| {
             let record = record_of(msg);
             seen.insert((
                 record.header("outbox-shard").to_string(),
@@ -138,6 +138,7 @@ pub(crate) async fn read_distinct(topic: &str, partitions: i32, expected: usize,
             out.push(record);
             seen.len() >= expected
         });
+        assert!(done, "timed out after {timeout:?} reading {topic}: {} of {expected} distinct rows", seen.len());
         out
     })
     .await

@@ -16,7 +16,7 @@ use crate::names::{all_streams, checkpoint_table};
 /// Checks the server and the accounts, then creates the tables and checkpoint rows (see
 /// [`crate::db::Database::setup`]).
 pub(super) async fn setup(source: &SourceConfig, how: &SetupRequest<'_>) -> anyhow::Result<bool> {
-    let SetupRequest { dry_run, admin, app_roles, .. } = *how;
+    let SetupRequest { dry_run, admin, app_roles, create_tables, .. } = *how;
     let streamer = mysql_opts(source, None)?;
     let database = streamer.db_name().unwrap_or_default().to_string();
     let streamer_user = streamer.user().unwrap_or_default().to_string();
@@ -58,6 +58,14 @@ pub(super) async fn setup(source: &SourceConfig, how: &SetupRequest<'_>) -> anyh
     let (settings, mut failures) = my::check_server(&mut conn).await?;
     failures.extend(myprivileges::check_admin(&mut conn, &database).await?);
     if !source.layout.owns_tables() {
+        // Only on a server ready otherwise: a failed setup creates nothing.
+        if create_tables && failures.is_empty() {
+            for table in &plan.tables {
+                let create = source.layout.create_table(&my::ident(table), false);
+                let create = create.replacen("CREATE TABLE", "CREATE TABLE IF NOT EXISTS", 1);
+                conn.query_drop(&create).await.with_context(|| format!("source {:?}: {create}", source.name))?;
+            }
+        }
         let listed: Vec<String> = plan.tables.iter().map(|t| my::literal(t)).collect();
         let found: Vec<(String, String, String)> = conn
             .query(format!(

@@ -33,7 +33,7 @@ fn postgres_plan(source: &SourceConfig, streamer: &PgTarget, app_roles: &[String
 
 /// Checks the server, then creates the schema and the slots (see [`crate::db::Database::setup`]).
 pub(super) async fn setup(source: &SourceConfig, how: &SetupRequest<'_>) -> anyhow::Result<bool> {
-    let SetupRequest { dry_run, admin, app_roles, restrict_emit } = *how;
+    let SetupRequest { dry_run, admin, app_roles, restrict_emit, create_tables } = *how;
     let streamer = pg_target(source, None)?;
     let mut plan = postgres_plan(source, &streamer, app_roles);
     if dry_run {
@@ -62,6 +62,14 @@ pub(super) async fn setup(source: &SourceConfig, how: &SetupRequest<'_>) -> anyh
     let mut failures = pg::check_server(&client, &plan).await?;
     if !plan.owns_tables {
         let tables: Vec<String> = plan.streams.iter().map(|s| s.table.clone()).collect();
+        // Only on a server ready otherwise: a failed setup creates nothing.
+        if create_tables && failures.is_empty() {
+            for table in &tables {
+                let create = source.layout.create_table(&outbox_postgres::setup::ident(table), true);
+                let create = create.replacen("CREATE TABLE", "CREATE TABLE IF NOT EXISTS", 1);
+                client.batch_execute(&create).await.with_context(|| format!("source {:?}: {create}", source.name))?;
+            }
+        }
         let found: Vec<(String, String, String)> = client
             .query(
                 "SELECT table_name::text, column_name::text, data_type::text FROM information_schema.columns \
