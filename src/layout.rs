@@ -1,17 +1,94 @@
-//! How a shard-partition's table holds its messages: outbox-streamer's own columns, or the
-//! table of another outbox read as it is (`layout = "tw-tkms"`), so a team switching keeps its
-//! application unchanged.
+//! How a shard-partition's table holds its messages: outbox-streamer's own columns, the table
+//! of another outbox read as it is (`layout = "tw-tkms"`, `"debezium"`), or any table whose
+//! columns the config maps (`layout = "columns"`), so a team switching keeps its application
+//! unchanged.
 //!
 //! A layout says which of its columns carry each [`Field`] (readers select and decode by it)
 //! and turns the values read into a record ([`Layout::record`]). Whatever the layout, a row is
-//! identified by its integer `id` and deleted once published.
+//! identified by its increasing integer `id` column and deleted once published.
+
+use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
 use crate::record::{InvalidRow, OutboxRecord, RESERVED_HEADER_PREFIX, RawRow};
 
+/// The `layout` setting of a source.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
 #[serde(rename_all = "kebab-case")]
+pub(crate) enum LayoutKind {
+    #[default]
+    OutboxStreamer,
+    TwTkms,
+    /// Debezium's outbox event router table, mapped by `[source.columns]` defaults.
+    Debezium,
+    /// Any table, mapped by `[source.columns]`.
+    Columns,
+}
+
+impl LayoutKind {
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            LayoutKind::OutboxStreamer => "outbox-streamer",
+            LayoutKind::TwTkms => "tw-tkms",
+            LayoutKind::Debezium => "debezium",
+            LayoutKind::Columns => "columns",
+        }
+    }
+
+    /// The `table_prefix` a source of this layout has unless it sets one.
+    pub(crate) fn default_table_prefix(self) -> &'static str {
+        match self {
+            LayoutKind::TwTkms => "outgoing_message",
+            _ => crate::config::DEFAULT_TABLE_PREFIX,
+        }
+    }
+}
+
+/// `[source.columns]`: which column carries what (`layout = "columns"` or `"debezium"`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct Mapping {
+    /// The column naming each row's topic (or exchange), with `topic_prefix` put before it.
+    pub topic: Option<String>,
+    pub topic_prefix: Option<String>,
+    /// One topic for every row, instead of a `topic` column.
+    pub fixed_topic: Option<String>,
+    /// The record key: a text, `bytea`/blob or uuid column.
+    pub key: Option<String>,
+    /// The record value: a `bytea`/blob, text or JSON column.
+    pub payload: Option<String>,
+    /// A JSON object of string values, sent as headers.
+    pub headers: Option<String>,
+    /// An explicit partition (integer column).
+    pub partition: Option<String>,
+    /// When the row was inserted (`timestamptz`/`TIMESTAMP`), for the latency metric.
+    pub created_at: Option<String>,
+    /// Columns sent as headers: header name = column (the value as text).
+    #[serde(default)]
+    pub header_columns: BTreeMap<String, String>,
+}
+
+impl Mapping {
+    /// Debezium's outbox event router defaults: topic `outbox.event.<aggregatetype>`, key
+    /// `aggregateid`, value `payload`, header `id`. Set values win.
+    pub(crate) fn with_debezium_defaults(mut self) -> Self {
+        if self.fixed_topic.is_none() {
+            self.topic.get_or_insert_with(|| "aggregatetype".into());
+            self.topic_prefix.get_or_insert_with(|| "outbox.event.".into());
+        }
+        self.key.get_or_insert_with(|| "aggregateid".into());
+        self.payload.get_or_insert_with(|| "payload".into());
+        if self.header_columns.is_empty() {
+            self.header_columns.insert("id".into(), "id".into());
+        }
+        self
+    }
+}
+
+/// How a source's tables hold messages; the mapping of a `columns` layout lives as long as
+/// the process (a config is read once, see `Config::load`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub(crate) enum Layout {
     /// `id, topic, msg_key, payload, headers, kafka_partition, created_at` (see `setup`).
     #[default]
@@ -19,6 +96,8 @@ pub(crate) enum Layout {
     /// tw-tkms's `outgoing_message_<shard>_<partition>`: `id` and `message`, a compressed
     /// protobuf holding topic, key, value, headers, partition and timestamps.
     TwTkms,
+    /// A mapped table (`layout = "columns"` or `"debezium"`).
+    Columns(&'static Mapping),
 }
 
 /// What a reader reads from a row, whatever the layout calls the column.
@@ -39,14 +118,7 @@ impl Layout {
         match self {
             Layout::OutboxStreamer => "outbox-streamer",
             Layout::TwTkms => "tw-tkms",
-        }
-    }
-
-    /// The `table_prefix` a source of this layout has unless it sets one.
-    pub(crate) fn default_table_prefix(self) -> &'static str {
-        match self {
-            Layout::OutboxStreamer => crate::config::DEFAULT_TABLE_PREFIX,
-            Layout::TwTkms => "outgoing_message",
+            Layout::Columns(_) => "columns",
         }
     }
 
@@ -56,8 +128,34 @@ impl Layout {
         self == Layout::OutboxStreamer
     }
 
+    /// The mapping of a `columns` layout.
+    pub(crate) fn mapping(self) -> Option<&'static Mapping> {
+        match self {
+            Layout::Columns(m) => Some(m),
+            _ => None,
+        }
+    }
+
+    /// The columns sent as headers (header name, column), in name order.
+    pub(crate) fn header_columns(self) -> Vec<(&'static str, &'static str)> {
+        self.mapping()
+            .map_or_else(Vec::new, |m| m.header_columns.iter().map(|(h, c)| (h.as_str(), c.as_str())).collect())
+    }
+
     /// The column holding `field`, if the layout has one.
     pub(crate) fn column(self, field: Field) -> Option<&'static str> {
+        if let Layout::Columns(m) = self {
+            let column = match field {
+                Field::Id => Some("id"),
+                Field::Topic => m.topic.as_deref(),
+                Field::Key => m.key.as_deref(),
+                Field::Payload => m.payload.as_deref(),
+                Field::Headers => m.headers.as_deref(),
+                Field::Partition => m.partition.as_deref(),
+                Field::CreatedAt => m.created_at.as_deref(),
+            };
+            return column;
+        }
         match (self, field) {
             (_, Field::Id) => Some("id"),
             (Layout::OutboxStreamer, Field::Topic) => Some("topic"),
@@ -68,14 +166,23 @@ impl Layout {
             (Layout::OutboxStreamer, Field::CreatedAt) => Some("created_at"),
             (Layout::TwTkms, Field::Payload) => Some("message"),
             (Layout::TwTkms, _) => None,
+            (Layout::Columns(_), _) => None,
         }
     }
 
     /// The record of row `id` from the values read by [`Self::column`]; a value that cannot
     /// become one names the row and column, and keeps the values for a dead-letter copy.
-    pub(crate) fn record(self, id: i64, raw: RawRow) -> Result<OutboxRecord, InvalidRow> {
+    pub(crate) fn record(self, id: i64, mut raw: RawRow) -> Result<OutboxRecord, InvalidRow> {
         match self {
             Layout::OutboxStreamer => raw.into_record(id),
+            Layout::Columns(m) => {
+                if let Some(fixed) = &m.fixed_topic {
+                    raw.topic = Some(fixed.clone().into_bytes());
+                } else if let (Some(prefix), Some(topic)) = (&m.topic_prefix, raw.topic.as_mut()) {
+                    topic.splice(0..0, prefix.bytes());
+                }
+                raw.into_record(id)
+            }
             Layout::TwTkms => tw_tkms_record(id, &raw).map_err(|mut invalid| {
                 invalid.raw = Some(Box::new(raw));
                 invalid
@@ -85,32 +192,42 @@ impl Layout {
 }
 
 /// A column a table of a layout must have: its name and the `information_schema` data types
-/// it may have on PostgreSQL and on MySQL/MariaDB.
+/// it may have on PostgreSQL and on MySQL/MariaDB (empty: any type).
 type Required = (&'static str, &'static [&'static str], &'static [&'static str]);
+
+const INTEGER: (&[&str], &[&str]) = (&["bigint", "integer"], &["bigint", "int"]);
 
 impl Layout {
     /// The columns `setup` checks in a table it does not own (see [`Self::owns_tables`]).
-    fn required_columns(self) -> &'static [Required] {
+    fn required_columns(self) -> Vec<Required> {
         match self {
-            Layout::OutboxStreamer => &[],
-            Layout::TwTkms => &[
-                ("id", &["bigint", "integer"], &["bigint", "int"]),
+            Layout::OutboxStreamer => Vec::new(),
+            Layout::TwTkms => vec![
+                ("id", INTEGER.0, INTEGER.1),
                 ("message", &["bytea"], &["blob", "mediumblob", "longblob", "tinyblob", "varbinary"]),
             ],
+            Layout::Columns(_) => {
+                let fields =
+                    [Field::Topic, Field::Key, Field::Payload, Field::Headers, Field::Partition, Field::CreatedAt];
+                let mut required: Vec<Required> = vec![("id", INTEGER.0, INTEGER.1)];
+                required.extend(fields.into_iter().filter_map(|f| self.column(f)).map(|c| (c, &[][..], &[][..])));
+                required.extend(self.header_columns().into_iter().map(|(_, c)| (c, &[][..], &[][..])));
+                required
+            }
         }
     }
 
     /// The table as the layout's own application documents it, for an operator (or
-    /// `setup --create-tables`) to create.
-    pub(crate) fn create_table(self, table: &str, postgres: bool) -> String {
+    /// `setup --create-tables`) to create; `None` when there is no such document.
+    pub(crate) fn create_table(self, table: &str, postgres: bool) -> Option<String> {
         match (self, postgres) {
-            (Layout::OutboxStreamer, _) => format!("run setup for {table}"),
+            (Layout::OutboxStreamer | Layout::Columns(_), _) => None,
             (Layout::TwTkms, true) => {
-                format!("CREATE TABLE {table} (id BIGSERIAL PRIMARY KEY, message BYTEA NOT NULL)")
+                Some(format!("CREATE TABLE {table} (id BIGSERIAL PRIMARY KEY, message BYTEA NOT NULL)"))
             }
-            (Layout::TwTkms, false) => format!(
+            (Layout::TwTkms, false) => Some(format!(
                 "CREATE TABLE {table} (id BIGINT AUTO_INCREMENT PRIMARY KEY, message MEDIUMBLOB NOT NULL) ENGINE=InnoDB"
-            ),
+            )),
         }
     }
 
@@ -124,30 +241,44 @@ impl Layout {
         postgres: bool,
     ) -> Vec<(String, String)> {
         let mut problems = Vec::new();
+        let required = self.required_columns();
+        let shape = |table: &str| match self.create_table(table, postgres) {
+            Some(create) => format!("{} tables are: {create}", self.as_str()),
+            None => "correct [source.columns] in the config, or the table".to_string(),
+        };
         for table in tables {
             let columns: Vec<&(String, String, String)> = found.iter().filter(|(t, _, _)| t == table).collect();
-            if columns.is_empty() && !self.required_columns().is_empty() {
-                problems.push((
-                    format!("table {table} (layout = \"{}\") does not exist", self.as_str()),
-                    format!(
-                        "the application creates its tables; if it has not yet, create it as {} does (or run setup --create-tables): {}",
-                        self.as_str(),
-                        self.create_table(table, postgres)
+            if columns.is_empty() && !required.is_empty() {
+                let fix = match self.create_table(table, postgres) {
+                    Some(create) => format!(
+                        "the application creates its tables; if it has not yet, create it as {} does (or run setup --create-tables): {create}",
+                        self.as_str()
                     ),
-                ));
+                    None => "the application creates its table; check the table name and table_prefix".to_string(),
+                };
+                problems.push((format!("table {table} (layout = \"{}\") does not exist", self.as_str()), fix));
                 continue;
             }
-            for (name, pg_types, my_types) in self.required_columns() {
+            for (name, pg_types, my_types) in &required {
                 let types = if postgres { pg_types } else { my_types };
                 match columns.iter().find(|(_, c, _)| c == name) {
                     None => problems.push((
                         format!("table {table} has no column {name} (layout = \"{}\")", self.as_str()),
-                        format!("{} tables are: {}", self.as_str(), self.create_table(table, postgres)),
+                        shape(table),
                     )),
-                    Some((_, _, t)) if !types.contains(&t.to_ascii_lowercase().as_str()) => problems.push((
-                        format!("column {table}.{name} has type {t}, which is not one of {}", types.join(", ")),
-                        format!("{} tables are: {}", self.as_str(), self.create_table(table, postgres)),
-                    )),
+                    Some((_, _, t)) if !types.is_empty() && !types.contains(&t.to_ascii_lowercase().as_str()) => {
+                        let fix = match (self, *name) {
+                            // Debezium's default event id is a uuid.
+                            (Layout::Columns(_), "id") => format!(
+                                "rows are identified by an increasing integer id (a {t} id is not supported yet): rename that column (e.g. to event_id, and send it as a header with header_columns = {{ id = \"event_id\" }}) and add id bigint generated always as identity (MariaDB: BIGINT AUTO_INCREMENT PRIMARY KEY)"
+                            ),
+                            _ => shape(table),
+                        };
+                        problems.push((
+                            format!("column {table}.{name} has type {t}, which is not one of {}", types.join(", ")),
+                            fix,
+                        ));
+                    }
                     Some(_) => {}
                 }
             }

@@ -88,6 +88,9 @@ pub struct RawRow {
     pub headers: Option<Vec<u8>>,
     pub kafka_partition: Option<i64>,
     pub created_at_micros: Option<i64>,
+    /// Headers read from columns of their own (a mapped layout's `header_columns`), sent
+    /// after the `headers` column's.
+    pub extra_headers: Vec<(String, Vec<u8>)>,
 }
 
 impl RawRow {
@@ -101,12 +104,15 @@ impl RawRow {
             ))
         })();
         match checked {
-            Ok((topic, headers, kafka_partition)) => Ok(OutboxRecord {
+            Ok((topic, mut headers, kafka_partition)) => Ok(OutboxRecord {
                 id,
                 topic,
                 key: self.key,
                 payload: self.payload,
-                headers,
+                headers: {
+                    headers.extend(self.extra_headers);
+                    headers
+                },
                 kafka_partition,
                 created_at_micros: self.created_at_micros,
                 timestamp_ms: None,

@@ -18,6 +18,7 @@ mod coordination_ownership;
 mod coordination_workload;
 mod database_crash;
 mod database_failover;
+mod debezium;
 mod exactly_once;
 mod examples;
 mod faults;

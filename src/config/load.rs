@@ -8,6 +8,7 @@ use serde::Deserialize;
 
 use super::error::{ConfigError, invalid};
 use super::sections::Config;
+use crate::layout::LayoutKind;
 
 impl Config {
     /// Reads, expands `${VAR}`, applies environment overrides and validates.
@@ -67,6 +68,13 @@ impl Config {
             if source.table_prefix.is_empty() {
                 source.table_prefix = source.layout.default_table_prefix().to_string();
             }
+            let mapping = match source.layout {
+                LayoutKind::Debezium => Some(source.columns.clone().unwrap_or_default().with_debezium_defaults()),
+                LayoutKind::Columns => source.columns.clone(),
+                _ => None,
+            };
+            // A config is read once per process; its mapping lives as long (Layout is Copy).
+            source.mapping = mapping.map(|m| &*Box::leak(Box::new(m)));
         }
         if let Some(brokers) = env("OUTBOX_KAFKA_BROKERS") {
             config.kafka.brokers = brokers;

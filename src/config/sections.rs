@@ -259,7 +259,13 @@ pub(crate) struct SourceConfig {
     /// (its `outgoing_message_<shard>_<partition>` tables, read as they are; see
     /// `docs/drop-in.md`).
     #[serde(default)]
-    pub layout: crate::layout::Layout,
+    pub layout: crate::layout::LayoutKind,
+    /// `[source.columns]`: the column mapping of `layout = "columns"` or `"debezium"`.
+    pub columns: Option<crate::layout::Mapping>,
+    /// The resolved mapping (with a preset's defaults), made when the file is read; it lives
+    /// as long as the process (see [`crate::layout::Layout`]).
+    #[serde(skip)]
+    pub mapping: Option<&'static crate::layout::Mapping>,
     /// Tables are `<table_prefix>_<shard>_<partition>`. Unset: the layout's (`outbox`, or
     /// `outgoing_message` for tw-tkms), filled in when the file is read.
     #[serde(default)]
@@ -298,6 +304,18 @@ fn default_partitions() -> u32 {
 }
 
 impl SourceConfig {
+    /// How this source's tables hold messages.
+    pub(crate) fn layout(&self) -> crate::layout::Layout {
+        use crate::layout::{Layout, LayoutKind};
+        match (self.layout, self.mapping) {
+            (LayoutKind::OutboxStreamer, _) => Layout::OutboxStreamer,
+            (LayoutKind::TwTkms, _) => Layout::TwTkms,
+            (LayoutKind::Debezium | LayoutKind::Columns, Some(m)) => Layout::Columns(m),
+            // Not reachable for a loaded config: loading resolves the mapping.
+            (LayoutKind::Debezium | LayoutKind::Columns, None) => Layout::OutboxStreamer,
+        }
+    }
+
     /// The names of shard-partition `id`'s table, publication and slot (see `names.rs`).
     pub(crate) fn stream_names(&self, id: StreamId) -> crate::names::StreamNames {
         crate::names::stream_names(&self.table_prefix, self.slot_prefix.as_deref(), id)

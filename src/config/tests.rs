@@ -309,7 +309,7 @@ fn the_rabbitmq_uri_carries_the_password_from_a_file_and_the_limits() {
 fn a_tw_tkms_layout_names_its_tables_as_tw_tkms_does() {
     let c = Config::from_toml(&format!("{MINIMAL}\nlayout = \"tw-tkms\"")).unwrap();
     let s = &c.sources[0];
-    assert_eq!(s.layout, crate::layout::Layout::TwTkms);
+    assert_eq!(s.layout(), crate::layout::Layout::TwTkms);
     assert_eq!(s.stream_names(StreamId { shard: 1, partition: 0 }).table, "outgoing_message_1_0");
     let ours = Config::from_toml(MINIMAL).unwrap();
     assert_eq!(ours.sources[0].stream_names(StreamId { shard: 0, partition: 0 }).table, "outbox_0_0");
@@ -321,4 +321,29 @@ fn a_tw_tkms_layout_names_its_tables_as_tw_tkms_does() {
     assert!(e.contains("storage") && e.contains("tw-tkms"), "{e}");
     let e = Config::from_toml(&format!("{MINIMAL}\nlayout = \"debezium-ish\"")).unwrap_err().to_string();
     assert!(e.contains("layout") || e.contains("variant"), "{e}");
+}
+
+#[test]
+fn a_debezium_layout_maps_the_event_routers_columns_and_checks_the_mapping() {
+    let c = Config::from_toml(&format!(
+        "{MINIMAL}\nlayout = \"debezium\"\n[source.columns]\nheader_columns = {{ id = \"event_id\" }}"
+    ))
+    .unwrap();
+    let layout = c.sources[0].layout();
+    assert_eq!(layout.column(crate::layout::Field::Topic), Some("aggregatetype"));
+    assert_eq!(c.sources[0].table_prefix, "outbox");
+    assert!(Config::from_toml(&format!("{MINIMAL}\nlayout = \"debezium\"")).is_ok(), "the defaults alone");
+    let err = |extra: &str| Config::from_toml(&format!("{MINIMAL}\n{extra}")).unwrap_err().to_string();
+    assert!(err("layout = \"columns\"").contains("source[0].columns"));
+    assert!(err("layout = \"columns\"\n[source.columns]\npayload = \"p\"").contains("columns.topic"));
+    assert!(err("[source.columns]\ntopic = \"t\"").contains("layout"));
+    assert!(
+        err("layout = \"columns\"\n[source.columns]\ntopic = \"t\"\nheader_columns = { outbox-id = \"x\" }")
+            .contains("reserved")
+    );
+    assert!(err("layout = \"columns\"\n[source.columns]\ntopic = \"t\"\nfixed_topic = \"u\"").contains("not both"));
+    assert!(
+        err("layout = \"columns\"\n[source.columns]\nfixed_topic = \"u\"\ntopic_prefix = \"x\"")
+            .contains("topic_prefix")
+    );
 }

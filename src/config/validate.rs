@@ -180,6 +180,7 @@ impl Config {
             if let Some(tls) = &s.tls {
                 tls.validate(&f("tls"))?;
             }
+            check_layout(&f, s)?;
             if s.defaults.shard.is_some() || s.defaults.partition.is_some() {
                 return Err(invalid(f("defaults"), "shard and partition belong in [[source.override]]"));
             }
@@ -203,7 +204,7 @@ impl Config {
             }
             for id in crate::names::all_streams(s.shards, s.partitions) {
                 let st = s.settings_for(id);
-                if st.storage == Storage::Wal && s.layout != crate::layout::Layout::OutboxStreamer {
+                if st.storage == Storage::Wal && s.layout != crate::layout::LayoutKind::OutboxStreamer {
                     return Err(invalid(
                         f("defaults.storage"),
                         format!(
@@ -369,4 +370,53 @@ fn is_kafka_topic_name(name: &str) -> bool {
         && name != "."
         && name != ".."
         && name.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
+}
+
+/// `layout` and `[source.columns]` agree, and a mapping names what a record needs.
+fn check_layout(f: &dyn Fn(&str) -> String, s: &super::SourceConfig) -> Result<(), ConfigError> {
+    use crate::layout::LayoutKind;
+    let mapped = matches!(s.layout, LayoutKind::Columns | LayoutKind::Debezium);
+    if s.columns.is_some() && !mapped {
+        return Err(invalid(f("columns"), "a column mapping needs layout = \"columns\" or \"debezium\""));
+    }
+    let Some(m) = s.mapping else {
+        if mapped {
+            return Err(invalid(
+                f("columns"),
+                "layout = \"columns\" needs [source.columns] naming at least the topic column (topic) or one topic (fixed_topic)",
+            ));
+        }
+        return Ok(());
+    };
+    match (&m.topic, &m.fixed_topic) {
+        (None, None) => {
+            return Err(invalid(
+                f("columns.topic"),
+                "name the topic column (topic) or one topic for every row (fixed_topic)",
+            ));
+        }
+        (Some(_), Some(_)) => {
+            return Err(invalid(f("columns.fixed_topic"), "set topic (a column) or fixed_topic, not both"));
+        }
+        (None, Some(t)) if t.is_empty() || t.len() > 249 => {
+            return Err(invalid(f("columns.fixed_topic"), "must be a topic name of 1 to 249 characters"));
+        }
+        _ => {}
+    }
+    if m.topic_prefix.is_some() && m.topic.is_none() {
+        return Err(invalid(f("columns.topic_prefix"), "prefixes the topic column's value: set topic too"));
+    }
+    let prefix = crate::record::RESERVED_HEADER_PREFIX;
+    for (name, column) in &m.header_columns {
+        if name.is_empty() || column.is_empty() {
+            return Err(invalid(f("columns.header_columns"), "header names and columns must not be empty"));
+        }
+        if name.get(..prefix.len()).is_some_and(|p| p.eq_ignore_ascii_case(prefix)) {
+            return Err(invalid(
+                f("columns.header_columns"),
+                format!("header {name:?} starts with \"{prefix}\", which is reserved for the streamer's own headers"),
+            ));
+        }
+    }
+    Ok(())
 }

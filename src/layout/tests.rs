@@ -74,7 +74,7 @@ fn each_layout_names_its_columns() {
     assert_eq!(Layout::OutboxStreamer.column(Field::Key), Some("msg_key"));
     assert_eq!(Layout::TwTkms.column(Field::Payload), Some("message"));
     assert_eq!(Layout::TwTkms.column(Field::Topic), None);
-    assert_eq!(Layout::TwTkms.default_table_prefix(), "outgoing_message");
+    assert_eq!(LayoutKind::TwTkms.default_table_prefix(), "outgoing_message");
 }
 
 #[test]
@@ -92,4 +92,49 @@ fn setup_names_a_missing_table_or_column_and_how_to_create_it() {
     let good = vec![row("outgoing_message_0_0", "id", "bigint"), row("outgoing_message_0_0", "message", "mediumblob")];
     assert!(Layout::TwTkms.check_tables(&tables[..1], &good, false).is_empty());
     assert!(Layout::OutboxStreamer.check_tables(&tables, &[], true).is_empty());
+}
+
+#[test]
+fn a_debezium_mapping_routes_as_the_event_router_does() {
+    let m: &'static Mapping = Box::leak(Box::new(
+        Mapping { header_columns: [("id".to_string(), "event_id".to_string())].into(), ..Mapping::default() }
+            .with_debezium_defaults(),
+    ));
+    let layout = Layout::Columns(m);
+    assert_eq!(layout.column(Field::Topic), Some("aggregatetype"));
+    assert_eq!(layout.column(Field::Key), Some("aggregateid"));
+    assert_eq!(layout.column(Field::Payload), Some("payload"));
+    assert_eq!(layout.header_columns(), [("id", "event_id")]);
+    let raw = RawRow {
+        topic: Some(b"Order".to_vec()),
+        key: Some(b"o-1".to_vec()),
+        payload: Some(b"{}".to_vec()),
+        extra_headers: vec![("id".into(), b"u-1".to_vec())],
+        ..RawRow::default()
+    };
+    let r = layout.record(5, raw).unwrap();
+    assert_eq!(r.topic, "outbox.event.Order");
+    assert_eq!(r.headers, [("id".to_string(), b"u-1".to_vec())]);
+    let fixed = Box::leak(Box::new(Mapping { fixed_topic: Some("orders".into()), ..Mapping::default() }));
+    let r = Layout::Columns(fixed).record(6, RawRow { topic: Some(b"ignored".to_vec()), ..RawRow::default() });
+    assert_eq!(r.unwrap().topic, "orders");
+}
+
+#[test]
+fn setup_explains_that_a_uuid_id_needs_an_integer_id_beside_it() {
+    let m: &'static Mapping = Box::leak(Box::new(Mapping::default().with_debezium_defaults()));
+    let row = |c: &str, ty: &str| ("outbox_0_0".to_string(), c.to_string(), ty.to_string());
+    let found = vec![
+        row("id", "uuid"),
+        row("aggregatetype", "character varying"),
+        row("aggregateid", "text"),
+        row("payload", "jsonb"),
+    ];
+    let problems = Layout::Columns(m).check_tables(&["outbox_0_0".to_string()], &found, true);
+    assert_eq!(problems.len(), 1, "{problems:?}");
+    assert!(problems[0].0.contains("outbox_0_0.id has type uuid"), "{problems:?}");
+    assert!(
+        problems[0].1.contains("event_id") && problems[0].1.contains("generated always as identity"),
+        "{problems:?}"
+    );
 }

@@ -22,6 +22,8 @@ pub mod oid {
     pub const TIMESTAMP: u32 = 1114;
     pub const TIMESTAMPTZ: u32 = 1184;
     pub const JSONB: u32 = 3802;
+    pub const UUID: u32 = 2950;
+    pub const BPCHAR: u32 = 1042;
 }
 
 /// One column of a relation as announced by a Relation message.

@@ -99,12 +99,12 @@ pub(super) async fn teardown(config: &Config, args: TeardownArgs) -> anyhow::Res
             options,
             members: members.map(|c| c as &dyn db::teardown::Members),
         };
-        if !source.layout.owns_tables() {
+        if !source.layout().owns_tables() {
             // Its tables are the application's; dropping them would lose its messages.
             println!(
                 "source {:?}:\n  error: layout = \"{}\": its tables belong to the application and teardown never drops them; drop the publications, slots and {}_checkpoint by hand (docs/drop-in.md)",
                 source.name,
-                source.layout.as_str(),
+                source.layout().as_str(),
                 source.table_prefix
             );
             failed = true;

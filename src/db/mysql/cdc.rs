@@ -434,7 +434,20 @@ pub(crate) fn record(values: &[(String, Cell)], layout: Layout) -> Result<Outbox
             Some((_, Some(Cell::Micros(m)))) => Some(*m),
             _ => None,
         },
+        extra_headers: Vec::new(),
     };
+    let mut raw = raw;
+    for (name, column) in layout.header_columns() {
+        match cell(column) {
+            None => return Err(missing(Some(id), column)),
+            Some(Cell::Null) => {}
+            Some(Cell::Bytes(b)) => raw.extra_headers.push((name.to_string(), b.clone())),
+            Some(Cell::Int(i)) => raw.extra_headers.push((name.to_string(), i.to_string().into_bytes())),
+            Some(other) => {
+                return Err(InvalidRow::new(Some(id), column, format!("cannot be a header ({})", kind(other))));
+            }
+        }
+    }
     layout.record(id, raw)
 }
 

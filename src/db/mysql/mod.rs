@@ -127,10 +127,10 @@ fn jobs(source: &SourceConfig, ctx: &JobContext<'_>) -> anyhow::Result<Vec<Strea
             opts: opts.clone(),
             names: names.clone(),
             checkpoint: checkpoint.clone(),
-            layout: source.layout,
+            layout: source.layout(),
         });
         let message_timeout_ms = ctx.kafka.message_timeout_ms;
-        let layout = source.layout;
+        let layout = source.layout();
         if settings.mode == Mode::Polling {
             let (opts, checkpoint, poll) = (opts.clone(), checkpoint.clone(), poll_settings(&settings, &labels));
             let table = names.table.clone();

@@ -68,7 +68,9 @@ impl MyPollTable {
 fn columns(layout: Layout) -> String {
     [Field::Id, Field::Topic, Field::Key, Field::Payload, Field::Headers, Field::Partition, Field::CreatedAt]
         .into_iter()
-        .filter_map(|field| layout.column(field).map(ident))
+        .filter_map(|field| layout.column(field))
+        .chain(layout.header_columns().into_iter().map(|(_, column)| column))
+        .map(ident)
         .collect::<Vec<_>>()
         .join(", ")
 }

@@ -33,7 +33,7 @@ pub(super) async fn setup(source: &SourceConfig, how: &SetupRequest<'_>) -> anyh
             .filter(|id| source.settings_for(*id).storage == Storage::Wal)
             .map(|id| source.stream_names(id).table)
             .collect(),
-        owns_tables: source.layout.owns_tables(),
+        owns_tables: source.layout().owns_tables(),
     };
     if dry_run {
         println!(
@@ -57,11 +57,18 @@ pub(super) async fn setup(source: &SourceConfig, how: &SetupRequest<'_>) -> anyh
     let mut conn = super::connect::mysql_connect(&admin).await.with_context(|| format!("source {:?}", source.name))?;
     let (settings, mut failures) = my::check_server(&mut conn).await?;
     failures.extend(myprivileges::check_admin(&mut conn, &database).await?);
-    if !source.layout.owns_tables() {
+    if !source.layout().owns_tables() {
         // Only on a server ready otherwise: a failed setup creates nothing.
         if create_tables && failures.is_empty() {
             for table in &plan.tables {
-                let create = source.layout.create_table(&my::ident(table), false);
+                let create = source.layout().create_table(&my::ident(table), false);
+                let Some(create) = create else {
+                    anyhow::bail!(
+                        "source {:?}: --create-tables: layout = \"{}\" has no documented table to create; the application creates it",
+                        source.name,
+                        source.layout.as_str()
+                    )
+                };
                 let create = create.replacen("CREATE TABLE", "CREATE TABLE IF NOT EXISTS", 1);
                 conn.query_drop(&create).await.with_context(|| format!("source {:?}: {create}", source.name))?;
             }
@@ -74,7 +81,7 @@ pub(super) async fn setup(source: &SourceConfig, how: &SetupRequest<'_>) -> anyh
                 listed.join(", ")
             ))
             .await?;
-        let problems = source.layout.check_tables(&plan.tables, &found, false);
+        let problems = source.layout().check_tables(&plan.tables, &found, false);
         failures.extend(problems.into_iter().map(|(what, fix)| my::CheckFailure { what, fix }));
     }
     let (changes, storage_failures) = my::storage_changes(&mut conn, &plan).await?;
@@ -175,7 +182,7 @@ pub(super) async fn setup(source: &SourceConfig, how: &SetupRequest<'_>) -> anyh
         plan.tables.len(),
         settings.version,
         source.table_prefix,
-        if plan.owns_tables { String::new() } else { format!(" of layout {}, checked", source.layout.as_str()) },
+        if plan.owns_tables { String::new() } else { format!(" of layout {}, checked", source.layout().as_str()) },
         plan.checkpoint_table,
         if plan.owns_tables { format!(", {}_enqueue()", source.table_prefix) } else { String::new() }
     );

@@ -61,6 +61,17 @@ const COLUMNS: [(Field, &[u32]); 7] = [
 ];
 const CREATED_AT: usize = 6;
 
+/// The types a mapped layout's column of `field` may have (read in text format, see
+/// [`PgSource::connect`]): keys and payloads also from text, JSON or uuid columns.
+fn accepted(layout: Layout, slot: usize) -> &'static [u32] {
+    match (layout, COLUMNS[slot].0) {
+        (Layout::Columns(_), Field::Key) => &[oid::BYTEA, oid::TEXT, oid::VARCHAR, oid::UUID],
+        (Layout::Columns(_), Field::Payload) => &[oid::BYTEA, oid::TEXT, oid::VARCHAR, oid::JSON, oid::JSONB],
+        (Layout::Columns(_), Field::Topic) => &[oid::TEXT, oid::VARCHAR, oid::BPCHAR],
+        _ => COLUMNS[slot].1,
+    }
+}
+
 /// Where each column sits in the relation's tuples, or why it cannot be read.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct ColumnMap {
@@ -68,6 +79,9 @@ pub(crate) struct ColumnMap {
     /// Per field: its column's position and type (`None`: the layout has no such column), or
     /// what is wrong with it.
     columns: [Result<Option<(usize, u32)>, String>; 7],
+    /// A mapped layout's header columns: header name and the column's position, or what is
+    /// wrong with it. Read as text, whatever their type.
+    headers: Vec<(&'static str, Result<usize, String>)>,
     layout: Layout,
 }
 
@@ -76,7 +90,10 @@ impl ColumnMap {
     /// each row of the relation is then a bad row naming the column (see [`Self::record`]), so
     /// the bad-row policy — and the table, where the operator restores the column — decide.
     pub(crate) fn new(rel: &Relation, layout: Layout) -> Self {
-        let columns = COLUMNS.map(|(field, types)| {
+        let mut slot = 0;
+        let columns = COLUMNS.map(|(field, _)| {
+            let types = accepted(layout, slot);
+            slot += 1;
             let Some(name) = layout.column(field) else { return Ok(None) };
             match rel.columns.iter().position(|c| c.name == name) {
                 None => Err(format!("the table {} has no column {name:?} (dropped or renamed?)", rel.name)),
@@ -87,12 +104,24 @@ impl ColumnMap {
                 )),
             }
         });
-        Self { relation_id: rel.id, columns, layout }
+        let headers = layout
+            .header_columns()
+            .into_iter()
+            .map(|(header, name)| {
+                let pos = rel.columns.iter().position(|c| c.name == name);
+                (
+                    header,
+                    pos.ok_or_else(|| format!("the table {} has no column {name:?} (dropped or renamed?)", rel.name)),
+                )
+            })
+            .collect();
+        Self { relation_id: rel.id, columns, headers, layout }
     }
 
     /// What is wrong with the relation's columns, if anything (for one warning per Relation).
     pub(crate) fn problems(&self) -> Vec<&str> {
-        self.columns[..CREATED_AT].iter().filter_map(|c| c.as_ref().err().map(String::as_str)).collect()
+        let fields = self.columns[..CREATED_AT].iter().filter_map(|c| c.as_ref().err());
+        fields.chain(self.headers.iter().filter_map(|(_, c)| c.as_ref().err())).map(String::as_str).collect()
     }
 
     /// Builds the record of one inserted tuple; a bad value or column names the row and column.
@@ -112,9 +141,12 @@ impl ColumnMap {
                 _ => Ok(None),
             }
         };
+        // bytea in text format is hex; a mapped text, JSON or uuid column is its text.
         let bytea = |slot: usize| -> Result<Option<Vec<u8>>, &str> {
             match value(slot)? {
-                Some((Value::Text(t), _)) => values::bytea(t).map(Some),
+                Some((Value::Text(t), oid::BYTEA)) => values::bytea(t).map(Some),
+                Some((Value::Text(t), _)) => Ok(Some(t.to_vec())),
+                Some((Value::Binary(b), oid::JSONB)) => values::binary_jsonb(b).map(|j| Some(j.to_vec())),
                 Some((Value::Binary(b), _)) => Ok(Some(b.to_vec())),
                 _ => Ok(None),
             }
@@ -146,7 +178,20 @@ impl ColumnMap {
                 Ok(Some((Value::Binary(b), _))) => values::binary_timestamptz_micros(b).ok(),
                 _ => None,
             },
+            extra_headers: Vec::new(),
         };
+        let mut raw = raw;
+        for (header, column) in &self.headers {
+            let name = self.layout.header_columns().into_iter().find(|(h, _)| h == header).map_or("?", |(_, c)| c);
+            match column {
+                Err(problem) => return Err(InvalidRow::new(Some(id), name, problem.clone())),
+                Ok(pos) => match values.get(*pos) {
+                    Some(Value::Text(t)) => raw.extra_headers.push((header.to_string(), t.to_vec())),
+                    Some(Value::Binary(b)) => raw.extra_headers.push((header.to_string(), b.to_vec())),
+                    _ => {}
+                },
+            }
+        }
         self.layout.record(id, raw)
     }
 }
@@ -256,6 +301,8 @@ impl PgSource {
             .await
             .map_err(|e| Error::from_db("reading the server version", e))?
             .get::<_, bool>(0);
+        // A mapped table's columns may be of any type: text format reads each as its text.
+        let binary = binary && layout.mapping().is_none();
         let cfg = target.replication(&names.slot, &names.publication, status_interval, binary);
         let stream = ReplicationStream::start(cfg).await.map_err(|e| stream_error(&names.slot, storage, e))?;
         Ok(Self {

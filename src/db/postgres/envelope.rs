@@ -21,6 +21,7 @@ pub(crate) fn decode(id: i64, lsn: &str, content: &[u8]) -> Result<OutboxRecord,
         headers: envelope.headers.map(<[u8]>::to_vec),
         kafka_partition: envelope.kafka_partition.map(i64::from),
         created_at_micros: Some(envelope.created_at_micros),
+        extra_headers: Vec::new(),
     };
     let mut record = raw.into_record(id).map_err(|e| e.at_message(format!("LSN {lsn}")))?;
     record.in_table = false;

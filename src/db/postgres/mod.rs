@@ -140,10 +140,10 @@ fn jobs(source: &SourceConfig, ctx: &JobContext<'_>) -> anyhow::Result<Vec<Strea
             names: names.clone(),
             checkpoint: checkpoint.clone(),
             storage: settings.storage,
-            layout: source.layout,
+            layout: source.layout(),
         });
         let message_timeout_ms = ctx.kafka.message_timeout_ms;
-        let layout = source.layout;
+        let layout = source.layout();
         if settings.mode == Mode::Polling {
             let (target, checkpoint, poll) = (target.clone(), checkpoint.clone(), poll_settings(&settings, &labels));
             let (table, slot, stream_names) = (names.table.clone(), names.slot.clone(), names.clone());
@@ -180,7 +180,7 @@ fn jobs(source: &SourceConfig, ctx: &JobContext<'_>) -> anyhow::Result<Vec<Strea
             let (target, checkpoint, stream_names) = (target.clone(), checkpoint.clone(), names.clone());
             let metric_labels = labels.metric_labels();
             let options =
-                cdc::CdcOptions { status_interval, silence_limit, storage: settings.storage, layout: source.layout };
+                cdc::CdcOptions { status_interval, silence_limit, storage: settings.storage, layout: source.layout() };
             let connect = move |lease: OwnerLease| {
                 let (target, names, checkpoint) = (target.clone(), stream_names.clone(), checkpoint.clone());
                 let metric_labels = metric_labels.clone();

@@ -41,28 +41,51 @@ pub const PLANNER_SETTINGS: &str = "SET enable_seqscan = off; SET enable_bitmaps
 
 /// The oldest-rows query of our own layout: `$1 < id <= $2`, `$3` rows.
 pub fn oldest_sql(table: &str) -> String {
-    oldest_sql_of(table, Layout::OutboxStreamer)
+    oldest_sql_of(table, &columns(Layout::OutboxStreamer, &|_| true))
 }
 
-fn oldest_sql_of(table: &str, layout: Layout) -> String {
-    format!("SELECT {} FROM {} WHERE id > $1 AND id <= $2 ORDER BY id LIMIT $3", columns(layout), ident(table))
+fn oldest_sql_of(table: &str, select: &str) -> String {
+    format!("SELECT {select} FROM {} WHERE id > $1 AND id <= $2 ORDER BY id LIMIT $3", ident(table))
 }
 
-/// The select list [`polled`] reads: the layout's column for each field, or a typed NULL.
-fn columns(layout: Layout) -> String {
+/// The select list of `layout` on `table` (a mapped layout's depends on its columns' types).
+async fn select_list(client: &Client, table: &str, layout: Layout) -> Result<String, Error> {
+    if layout.mapping().is_none() {
+        // Our own and tw-tkms's key and payload columns are bytea.
+        return Ok(columns(layout, &|_| true));
+    }
+    let rows = client
+        .query(
+            "SELECT column_name::text FROM information_schema.columns \
+             WHERE table_schema = current_schema() AND table_name = $1 AND data_type = 'bytea'",
+            &[&table],
+        )
+        .await
+        .map_err(|e| Error::from_db(&format!("reading the columns of {table}"), e))?;
+    let binary: Vec<String> = rows.iter().map(|r| r.get(0)).collect();
+    Ok(columns(layout, &|c| binary.iter().any(|b| b == c)))
+}
+
+/// The select list [`polled`] reads: the layout's column for each field, or a typed NULL, then
+/// a mapped layout's header columns as text. `is_bytea` tells a mapped key or payload column
+/// that is read as it is from one read as its text.
+fn columns(layout: Layout, is_bytea: &dyn Fn(&str) -> bool) -> String {
     let col = |field: Field, read: &dyn Fn(&str) -> String, null: &str| {
-        layout.column(field).map_or_else(|| format!("NULL::{null}"), |c| read(&ident(c)))
+        layout.column(field).map_or_else(|| format!("NULL::{null}"), read)
     };
-    [
-        col(Field::Id, &|c| format!("{c}::int8"), "int8"),
-        col(Field::Topic, &|c| c.to_string(), "text"),
-        col(Field::Key, &|c| c.to_string(), "bytea"),
-        col(Field::Payload, &|c| c.to_string(), "bytea"),
-        col(Field::Headers, &|c| format!("{c}::text"), "text"),
-        col(Field::Partition, &|c| c.to_string(), "int4"),
-        col(Field::CreatedAt, &|c| format!("(extract(epoch FROM {c}) * 1000000)::int8"), "int8"),
-    ]
-    .join(", ")
+    let bytes = |c: &str| if is_bytea(c) { ident(c) } else { format!("convert_to({}::text, 'UTF8')", ident(c)) };
+    let text = |c: &str| format!("{}::text", ident(c));
+    let mut list = vec![
+        col(Field::Id, &|c| format!("{}::int8", ident(c)), "int8"),
+        col(Field::Topic, &text, "text"),
+        col(Field::Key, &bytes, "bytea"),
+        col(Field::Payload, &bytes, "bytea"),
+        col(Field::Headers, &text, "text"),
+        col(Field::Partition, &|c| format!("{}::int4", ident(c)), "int4"),
+        col(Field::CreatedAt, &|c| format!("(extract(epoch FROM {}) * 1000000)::int8", ident(c)), "int8"),
+    ];
+    list.extend(layout.header_columns().into_iter().map(|(_, c)| text(c)));
+    list.join(", ")
 }
 
 impl PgPollTable {
@@ -75,7 +98,8 @@ impl PgPollTable {
             .batch_execute(PLANNER_SETTINGS)
             .await
             .map_err(|e| Error::from_db("setting the polling session's planner options", e))?;
-        let sql = oldest_sql_of(table, layout);
+        let select = select_list(&client, table, layout).await?;
+        let sql = oldest_sql_of(table, &select);
         let select = client
             .prepare(&sql)
             .await
@@ -165,7 +189,15 @@ fn polled(row: &Row, layout: Layout) -> Result<PolledRow, Error> {
         headers: headers.map(String::into_bytes),
         kafka_partition: partition.map(i64::from),
         created_at_micros,
+        extra_headers: Vec::new(),
     };
+    let mut raw = raw;
+    for (i, (header, column)) in layout.header_columns().into_iter().enumerate() {
+        let value: Option<String> = row.try_get(7 + i).map_err(|e| column_error(column, e))?;
+        if let Some(v) = value {
+            raw.extra_headers.push((header.to_string(), v.into_bytes()));
+        }
+    }
     Ok(layout.record(id, raw))
 }
 
@@ -179,7 +211,8 @@ pub(crate) async fn rows_by_id(
     if ids.is_empty() {
         return Ok(Vec::new());
     }
-    let sql = format!("SELECT {} FROM {} WHERE id = ANY($1) ORDER BY id", columns(layout), ident(table));
+    let select = select_list(client, table, layout).await?;
+    let sql = format!("SELECT {select} FROM {} WHERE id = ANY($1) ORDER BY id", ident(table));
     let rows = match client.query(&sql, &[&ids]).await {
         Ok(rows) => rows,
         Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::UNDEFINED_COLUMN) => {

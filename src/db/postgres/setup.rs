@@ -27,7 +27,7 @@ fn postgres_plan(source: &SourceConfig, streamer: &PgTarget, app_roles: &[String
             .collect(),
         streamer_role: Some(streamer.user().to_string()),
         app_roles: app_roles.to_vec(),
-        owns_tables: source.layout.owns_tables(),
+        owns_tables: source.layout().owns_tables(),
     }
 }
 
@@ -65,7 +65,14 @@ pub(super) async fn setup(source: &SourceConfig, how: &SetupRequest<'_>) -> anyh
         // Only on a server ready otherwise: a failed setup creates nothing.
         if create_tables && failures.is_empty() {
             for table in &tables {
-                let create = source.layout.create_table(&outbox_postgres::setup::ident(table), true);
+                let create = source.layout().create_table(&outbox_postgres::setup::ident(table), true);
+                let Some(create) = create else {
+                    anyhow::bail!(
+                        "source {:?}: --create-tables: layout = \"{}\" has no documented table to create; the application creates it",
+                        source.name,
+                        source.layout.as_str()
+                    )
+                };
                 let create = create.replacen("CREATE TABLE", "CREATE TABLE IF NOT EXISTS", 1);
                 client.batch_execute(&create).await.with_context(|| format!("source {:?}: {create}", source.name))?;
             }
@@ -80,7 +87,7 @@ pub(super) async fn setup(source: &SourceConfig, how: &SetupRequest<'_>) -> anyh
             .iter()
             .map(|r| (r.get(0), r.get(1), r.get(2)))
             .collect();
-        let problems = source.layout.check_tables(&tables, &found, true);
+        let problems = source.layout().check_tables(&tables, &found, true);
         failures.extend(problems.into_iter().map(|(what, fix)| pg::CheckFailure { what, fix }));
     }
     failures.extend(
@@ -175,7 +182,7 @@ pub(super) async fn setup(source: &SourceConfig, how: &SetupRequest<'_>) -> anyh
         if plan.owns_tables {
             "table".to_string()
         } else {
-            format!("table of layout {} (checked)", source.layout.as_str())
+            format!("table of layout {} (checked)", source.layout().as_str())
         },
         match &source.slot_prefix {
             Some(slot_prefix) => format!("; slot {slot_prefix}_<shard>_<partition>"),
