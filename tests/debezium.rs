@@ -36,7 +36,8 @@ const MY_TABLE: &str = "CREATE TABLE {prefix}_0_0 (
 
 async fn debezium_rows_arrive<D: Database>(builder: WorldBuilder<D>, create: &str) {
     let w = builder.source_keys(MAPPING).before_setup(create).build().await;
-    let table = format!("{}_0_0", w.prefix);
+    let named = create.split_whitespace().nth(2).expect("CREATE TABLE <name>").to_string();
+    let table = named.replace("{prefix}", &w.prefix);
     let topic = format!("outbox.event.{}", w.topic);
     kafka::create_topic(&topic, 1).await;
     let streamer = w.start("streamer.log");
@@ -99,6 +100,14 @@ async fn debezium_rows_arrive<D: Database>(builder: WorldBuilder<D>, create: &st
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_cdc_reads_a_debezium_outbox_table() {
     debezium_rows_arrive(World::postgres("dzp"), PG_TABLE).await;
+}
+
+/// `table` names the application's own table (here `<prefix>_outbox`) instead of
+/// `<prefix>_0_0`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mariadb_cdc_reads_a_debezium_table_by_its_own_name() {
+    let builder = World::mysql("dzmt").source_keys("table = \"{prefix}_outbox\"");
+    debezium_rows_arrive(builder, &MY_TABLE.replace("{prefix}_0_0", "{prefix}_outbox")).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -270,6 +270,10 @@ pub(crate) struct SourceConfig {
     /// `outgoing_message` for tw-tkms), filled in when the file is read.
     #[serde(default)]
     pub table_prefix: String,
+    /// Another outbox's one table, by its own name (e.g. Debezium's `outbox`), instead of
+    /// `<table_prefix>_0_0`: only for a source of one shard and one partition whose `layout`
+    /// is not ours. Publication and slot keep `<table_prefix>_0_0`.
+    pub table: Option<String>,
     /// PostgreSQL: name the slots `<slot_prefix>_<shard>_<partition>` instead of after the
     /// tables. Slot names are cluster-wide: a second database of a cluster whose default slot
     /// names are taken by another database sets one (`setup` says so and suggests a value).
@@ -318,6 +322,10 @@ impl SourceConfig {
 
     /// The names of shard-partition `id`'s table, publication and slot (see `names.rs`).
     pub(crate) fn stream_names(&self, id: StreamId) -> crate::names::StreamNames {
-        crate::names::stream_names(&self.table_prefix, self.slot_prefix.as_deref(), id)
+        let mut names = crate::names::stream_names(&self.table_prefix, self.slot_prefix.as_deref(), id);
+        if let Some(table) = &self.table {
+            names.table = table.clone();
+        }
+        names
     }
 }

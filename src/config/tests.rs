@@ -347,3 +347,15 @@ fn a_debezium_layout_maps_the_event_routers_columns_and_checks_the_mapping() {
             .contains("topic_prefix")
     );
 }
+
+#[test]
+fn a_table_setting_names_another_outboxs_one_table() {
+    let one = "shards = 1\npartitions = 1";
+    let c = Config::from_toml(&format!("{MINIMAL}\n{one}\nlayout = \"debezium\"\ntable = \"outbox\"")).unwrap();
+    let names = c.sources[0].stream_names(StreamId { shard: 0, partition: 0 });
+    assert_eq!((names.table.as_str(), names.slot.as_str()), ("outbox", "outbox_0_0"));
+    let err = |extra: &str| Config::from_toml(&format!("{MINIMAL}\n{extra}")).unwrap_err().to_string();
+    assert!(err(&format!("{one}\ntable = \"outbox\"")).contains("source[0].table"), "not for our own layout");
+    assert!(err("layout = \"debezium\"\ntable = \"outbox\"\nshards = 2\npartitions = 1").contains("shards"));
+    assert!(err(&format!("{one}\nlayout = \"debezium\"\ntable = \"Out-box\"")).contains("lowercase"));
+}

@@ -376,6 +376,20 @@ fn is_kafka_topic_name(name: &str) -> bool {
 fn check_layout(f: &dyn Fn(&str) -> String, s: &super::SourceConfig) -> Result<(), ConfigError> {
     use crate::layout::LayoutKind;
     let mapped = matches!(s.layout, LayoutKind::Columns | LayoutKind::Debezium);
+    if let Some(table) = &s.table {
+        if s.layout == LayoutKind::OutboxStreamer || s.shards != 1 || s.partitions != 1 {
+            return Err(invalid(
+                f("table"),
+                "names another outbox's one table: only with a layout other than ours and shards = partitions = 1",
+            ));
+        }
+        let ok = table.chars().next().is_some_and(|c| c.is_ascii_lowercase() || c == '_')
+            && table.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+            && table.len() <= 63;
+        if !ok {
+            return Err(invalid(f("table"), "must be lowercase letters, digits and '_', at most 63"));
+        }
+    }
     if s.columns.is_some() && !mapped {
         return Err(invalid(f("columns"), "a column mapping needs layout = \"columns\" or \"debezium\""));
     }

@@ -208,7 +208,7 @@ impl<D: Database> WorldBuilder<D> {
             &streamer_url,
             &prefix,
             (self.shards, self.partitions),
-            &self.source_keys,
+            &self.source_keys.replace("{prefix}", &prefix),
             &self.config,
         );
         let (ok, out, err) = run_cli(&config, &["setup", "--admin-url", db.admin_url()]);
