@@ -27,10 +27,20 @@ pub(crate) async fn create_topic(name: &str, partitions: i32) {
 }
 
 /// Creates a topic with topic-level settings (for example `max.message.bytes`).
+///
+/// Test topics keep their records however old their timestamps: some tests publish records
+/// with fixed timestamps from 2020 (`tests/tw_tkms.rs`), and under the broker's default
+/// `retention.ms` (7 days) Kafka rolls the segment such a record starts at once and its
+/// retention check (every 5 minutes) deletes it — a record gone from the topic that the
+/// streamer delivered, which a test reading from the beginning would miss. `retention.ms`
+/// in `config` overrides this.
 pub(crate) async fn create_topic_with(name: &str, partitions: i32, config: &[(&str, &str)]) {
     let admin: AdminClient<DefaultClientContext> =
         ClientConfig::new().set("bootstrap.servers", brokers()).create().expect("kafka admin client");
     let mut topic = NewTopic::new(name, partitions, TopicReplication::Fixed(1));
+    if !config.iter().any(|(k, _)| *k == "retention.ms") {
+        topic = topic.set("retention.ms", "-1");
+    }
     for (k, v) in config {
         topic = topic.set(k, v);
     }
