@@ -182,9 +182,12 @@ impl ColumnMap {
         };
         let mut raw = raw;
         for (header, column) in &self.headers {
-            let name = self.layout.header_columns().into_iter().find(|(h, _)| h == header).map_or("?", |(_, c)| c);
             match column {
-                Err(problem) => return Err(InvalidRow::new(Some(id), name, problem.clone())),
+                Err(problem) => {
+                    let columns = self.layout.header_columns();
+                    let name = columns.into_iter().find(|(h, _)| h == header).map_or("?", |(_, c)| c);
+                    return Err(InvalidRow::new(Some(id), name, problem.clone()));
+                }
                 Ok(pos) => match values.get(*pos) {
                     Some(Value::Text(t)) => raw.extra_headers.push((header.to_string(), t.to_vec())),
                     Some(Value::Binary(b)) => raw.extra_headers.push((header.to_string(), b.to_vec())),
