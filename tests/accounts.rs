@@ -9,7 +9,7 @@ use std::time::Duration;
 use mysql_async::prelude::Queryable;
 
 use crate::support::streamer::{Running, run_cli, scratch, source_config};
-use crate::support::{exclusive_services, kafka, mysql, pg, shared_services, unique};
+use crate::support::{exclusive_services, kafka, mysql, pg, shared_services, unique, wait_until};
 
 const ARRIVAL: Duration = Duration::from_secs(60);
 
@@ -174,13 +174,11 @@ async fn postgres_accounts_as_documented_with_app_role() {
     delivered_once(&config, &dir, &topic).await;
 }
 
-/// A leftover prepared transaction makes a new slot wait for ever: setup refuses, names it,
-/// and the printed ROLLBACK PREPARED, run as printed, lets setup complete.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn postgres_setup_names_an_undecided_prepared_transaction() {
-    let _services = shared_services().await;
+/// A fresh database with a source config of one shard-partition, and a transaction prepared in
+/// it and left undecided: (database, its gid, config).
+async fn prepared_on_a_fresh_db(name: &str) -> (pg::PgDb, String, std::path::PathBuf) {
     let db = pg::fresh_db().await;
-    let prefix = unique("prp");
+    let prefix = unique(name);
     let dir = scratch(&prefix);
     db.admin.batch_execute("CREATE TABLE business (n int)").await.unwrap();
     let gid = unique("gid");
@@ -189,7 +187,17 @@ async fn postgres_setup_names_an_undecided_prepared_transaction() {
         .await
         .expect("a prepared transaction (the services allow them)");
     let config = source_config(&dir, "postgres", &db.streamer_url, &prefix, 1, 1, "");
-    let (ok, out, err) = run_cli(&config, &["setup", "--admin-url", &db.admin_url]);
+    (db, gid, config)
+}
+
+/// A leftover prepared transaction makes a new slot wait for ever: setup refuses, names it,
+/// and the printed ROLLBACK PREPARED, run as printed, lets setup complete. Exclusive: the
+/// leftover is cluster-wide and would hold up every other test's setup meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_setup_names_an_undecided_prepared_transaction() {
+    let _services = exclusive_services().await;
+    let (db, gid, config) = prepared_on_a_fresh_db("prp").await;
+    let (ok, out, err) = run_cli(&config, &["setup", "--admin-url", &db.admin_url, "--prepared-wait", "1"]);
     if ok {
         pg::roll_back_prepared(&db.admin_url, std::slice::from_ref(&gid)).await;
     }
@@ -205,6 +213,38 @@ async fn postgres_setup_names_an_undecided_prepared_transaction() {
     db.admin.batch_execute(&fix).await.unwrap_or_else(|e| panic!("the printed fix {fix:?} runs: {e}"));
     let (ok, out, err) = run_cli(&config, &["setup", "--admin-url", &db.admin_url]);
     assert!(ok, "setup after the fix:\n{out}\n{err}");
+}
+
+/// A prepared transaction that its transaction manager decides while setup looks (XA on a busy
+/// cluster) is waited for, not refused: setup completes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_setup_waits_for_a_prepared_transaction_decided_meanwhile() {
+    let _services = shared_services().await;
+    let (db, gid, config) = prepared_on_a_fresh_db("prw").await;
+    let admin_url = db.admin_url.clone();
+    let setup = {
+        let config = config.clone();
+        tokio::task::spawn_blocking(move || run_cli(&config, &["setup", "--admin-url", &admin_url]))
+    };
+    // Setup has seen the prepared transaction once its session has asked for them.
+    wait_until("setup to look at the prepared transactions", Duration::from_secs(60), || async {
+        let n: i64 = db
+            .admin
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()
+                   AND pid <> pg_backend_pid() AND query LIKE '%FROM pg_prepared_xacts%'",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        (n > 0).then_some(())
+    })
+    .await;
+    db.admin.batch_execute(&format!("COMMIT PREPARED '{gid}'")).await.expect("deciding it");
+    let (ok, out, err) = setup.await.unwrap();
+    assert!(ok, "setup waits for a prepared transaction decided meanwhile:\n{out}\n{err}");
+    assert!(!err.contains(&gid), "{err}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

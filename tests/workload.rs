@@ -131,8 +131,13 @@ async fn postgres_polling_randomised_workload() {
     postgres_workload("wp", true).await;
 }
 
-/// A two-phase transaction prepared and not yet decided: its GID and (key, payload)s.
-type PgPrepared = (String, Vec<String>);
+/// A two-phase transaction prepared and not yet decided: its GID, (key, payload)s and when.
+type PgPrepared = (String, Vec<String>, std::time::Instant);
+
+/// The longest a two-phase transaction stays undecided (then it is committed), as a transaction
+/// manager would: an older one holds up every other test's `setup` on this server (a new slot
+/// waits for it) past `setup --prepared-wait`.
+const PG_PREPARED_AT_MOST: Duration = Duration::from_secs(10);
 
 /// The two-phase transactions a failing run leaves undecided are rolled back: one would make
 /// every later logical slot of the server wait for it.
@@ -176,6 +181,12 @@ async fn postgres_workload(name: &str, polling: bool) {
     let mut prepared: Vec<PgPrepared> = Vec::new();
     let mut undecided = Undecided { url: w.db.admin_url.clone(), gids: Vec::new() };
     for i in 0..ops {
+        while let Some(at) = prepared.iter().position(|(_, _, when)| when.elapsed() > PG_PREPARED_AT_MOST) {
+            let (gid, rows, _) = prepared.swap_remove(at);
+            undecided.gids.retain(|g| *g != gid);
+            db.batch_execute(&format!("COMMIT PREPARED '{gid}'")).await.unwrap();
+            expect.committed.extend(rows);
+        }
         let key = format!("k{}", rng.below(KEYS));
         match rng.below(100) {
             0..=39 => {
@@ -260,11 +271,11 @@ async fn postgres_workload(name: &str, polling: bool) {
                 }
                 undecided.gids.push(gid.clone());
                 db.batch_execute(&format!("PREPARE TRANSACTION '{gid}'")).await.unwrap();
-                prepared.push((gid, rows));
+                prepared.push((gid, rows, std::time::Instant::now()));
             }
             68..=72 if !prepared.is_empty() => {
                 let at = rng.below(prepared.len() as u64) as usize;
-                let (gid, rows) = prepared.swap_remove(at);
+                let (gid, rows, _) = prepared.swap_remove(at);
                 undecided.gids.retain(|g| *g != gid);
                 let commit = rng.below(2) == 0;
                 db.batch_execute(&format!("{} PREPARED '{gid}'", if commit { "COMMIT" } else { "ROLLBACK" }))
@@ -324,7 +335,7 @@ async fn postgres_workload(name: &str, polling: bool) {
             _ => churn(&mut streamer, &start, &mut runs, true).await,
         }
     }
-    for (gid, rows) in prepared {
+    for (gid, rows, _) in prepared {
         db.batch_execute(&format!("COMMIT PREPARED '{gid}'")).await.unwrap();
         expect.committed.extend(rows);
     }

@@ -72,6 +72,11 @@ pub enum Command {
         /// and says what is missing; it never alters or drops them.
         #[arg(long)]
         create_tables: bool,
+        /// PostgreSQL, when a replication slot is to be created: how long to wait for the
+        /// prepared (two-phase) transactions found on the server to be decided before naming
+        /// them and creating nothing (a new slot waits until every one has ended).
+        #[arg(long, value_name = "SECONDS", default_value_t = 30, value_parser = clap::value_parser!(u64).range(0..=3600))]
+        prepared_wait: u64,
     },
     /// Stream every shard-partition until SIGTERM or SIGINT.
     Run,
@@ -194,7 +199,15 @@ pub fn init_logging(format: LogFormat, command: &Command) {
 pub async fn execute(cli: Cli) -> anyhow::Result<ExitCode> {
     let load = || Config::load(&cli.config).with_context(|| "loading the configuration (see docs/configuration.md)");
     match cli.command {
-        Command::Setup { dry_run, admin_url, admin_password_env, app_roles, restrict_emit, create_tables } => {
+        Command::Setup {
+            dry_run,
+            admin_url,
+            admin_password_env,
+            app_roles,
+            restrict_emit,
+            create_tables,
+            prepared_wait,
+        } => {
             let password =
                 match &admin_password_env {
                     Some(var) => Some(std::env::var(var).map_err(|_| {
@@ -209,7 +222,14 @@ pub async fn execute(cli: Cli) -> anyhow::Result<ExitCode> {
                 }
                 (None, None) => None,
             };
-            let how = crate::db::SetupRequest { dry_run, admin, app_roles: &app_roles, restrict_emit, create_tables };
+            let how = crate::db::SetupRequest {
+                dry_run,
+                admin,
+                app_roles: &app_roles,
+                restrict_emit,
+                create_tables,
+                prepared_wait: std::time::Duration::from_secs(prepared_wait),
+            };
             setup::setup(&load()?, &how).await
         }
         Command::Run => {

@@ -141,6 +141,8 @@ pub(crate) struct SetupRequest<'a> {
     pub restrict_emit: bool,
     /// `--create-tables`: create the missing tables of another outbox's layout.
     pub create_tables: bool,
+    /// `--prepared-wait` (PostgreSQL): how long to wait for prepared transactions to be decided.
+    pub prepared_wait: Duration,
 }
 
 /// How `teardown` runs.

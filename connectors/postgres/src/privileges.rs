@@ -14,7 +14,14 @@ use crate::setup::{CheckFailure, SetupPlan, ident, literal};
 /// tables and the function, ownership of existing ones. A superuser passes. Slots need no
 /// privilege of setup's login: when it lacks REPLICATION, setup creates them as the streamer.
 /// Also checks that the streamer and application roles can reach the database and schema.
-pub async fn check_admin(client: &Client, plan: &SetupPlan) -> Result<Vec<CheckFailure>, tokio_postgres::Error> {
+///
+/// A prepared transaction found while a slot is still to be created is waited for up to
+/// `prepared_wait` (see [`prepared_transactions`]).
+pub async fn check_admin(
+    client: &Client,
+    plan: &SetupPlan,
+    prepared_wait: std::time::Duration,
+) -> Result<Vec<CheckFailure>, tokio_postgres::Error> {
     let mut failures = Vec::new();
     let row = client
         .query_one(
@@ -93,7 +100,7 @@ pub async fn check_admin(client: &Client, plan: &SetupPlan) -> Result<Vec<CheckF
         });
     }
     if (slots_present as usize) < slots.len() {
-        failures.extend(prepared_transactions(client).await?);
+        failures.extend(prepared_transactions(client, prepared_wait).await?);
     }
     let roles =
         plan.streamer_role.iter().map(|r| (r, "streamer")).chain(plan.app_roles.iter().map(|r| (r, "application")));
@@ -139,12 +146,26 @@ pub async fn check_admin(client: &Client, plan: &SetupPlan) -> Result<Vec<CheckF
 
 /// Creating a logical slot waits until every transaction that had an xid when it started has
 /// ended, in every database of the cluster. A prepared (two-phase) transaction never ends by
-/// itself, so setup would wait for ever: refuse, naming each one and its two outcomes. Only
-/// asked when a slot is still to be created.
-pub async fn prepared_transactions(client: &Client) -> Result<Vec<CheckFailure>, tokio_postgres::Error> {
-    let rows = client
-        .query("SELECT gid, database::text, owner::text, prepared::text FROM pg_prepared_xacts ORDER BY prepared", &[])
-        .await?;
+/// itself, so setup would wait for ever: the ones still undecided after `wait` (an XA transaction
+/// manager decides its branches within moments, a leftover never) are refused, each named with its two outcomes (ones prepared meanwhile are left to the slot's
+/// own wait, which the next check reports). Only asked when a slot is still to be created.
+pub async fn prepared_transactions(
+    client: &Client,
+    wait: std::time::Duration,
+) -> Result<Vec<CheckFailure>, tokio_postgres::Error> {
+    const SQL: &str =
+        "SELECT gid, database::text, owner::text, prepared::text FROM pg_prepared_xacts ORDER BY prepared";
+    let first: Vec<String> = client.query(SQL, &[]).await?.iter().map(|r| r.get(0)).collect();
+    let deadline = tokio::time::Instant::now() + wait;
+    let mut rows = Vec::new();
+    while !first.is_empty() {
+        rows = client.query(SQL, &[]).await?;
+        rows.retain(|r| first.contains(&r.get::<_, String>(0)));
+        if rows.is_empty() || tokio::time::Instant::now() >= deadline {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
     Ok(rows
         .iter()
         .map(|r| {
@@ -152,12 +173,13 @@ pub async fn prepared_transactions(client: &Client) -> Result<Vec<CheckFailure>,
                 (r.get(0), r.get(1), r.get(2), r.get(3));
             CheckFailure {
                 what: format!(
-                    "prepared transaction {gid:?} (database {database:?}, owner {owner:?}, since {prepared}) is undecided; \
-                     creating a replication slot waits until it ends"
+                    "prepared transaction {gid:?} (database {database:?}, owner {owner:?}, since {prepared}) is still undecided \
+                     after {} s; creating a replication slot waits until it ends",
+                    wait.as_secs()
                 ),
                 fix: format!(
-                    "have its transaction manager decide it, or, in database {database:?} as {owner:?} or a superuser: \
-                     COMMIT PREPARED {lit}; or ROLLBACK PREPARED {lit};",
+                    "have its transaction manager decide it (or give it longer with setup --prepared-wait), or, in \
+                     database {database:?} as {owner:?} or a superuser: COMMIT PREPARED {lit}; or ROLLBACK PREPARED {lit};",
                     lit = literal(&gid)
                 ),
             }

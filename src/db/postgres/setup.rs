@@ -33,7 +33,7 @@ fn postgres_plan(source: &SourceConfig, streamer: &PgTarget, app_roles: &[String
 
 /// Checks the server, then creates the schema and the slots (see [`crate::db::Database::setup`]).
 pub(super) async fn setup(source: &SourceConfig, how: &SetupRequest<'_>) -> anyhow::Result<bool> {
-    let SetupRequest { dry_run, admin, app_roles, restrict_emit, create_tables } = *how;
+    let SetupRequest { dry_run, admin, app_roles, restrict_emit, create_tables, prepared_wait } = *how;
     let streamer = pg_target(source, None)?;
     let mut plan = postgres_plan(source, &streamer, app_roles);
     if dry_run {
@@ -93,7 +93,7 @@ pub(super) async fn setup(source: &SourceConfig, how: &SetupRequest<'_>) -> anyh
     failures.extend(
         pg::taken_slots(&client, &plan).await?.iter().map(|t| taken_slot_failure(source, streamer.database(), t)),
     );
-    failures.extend(privileges::check_admin(&client, &plan).await?);
+    failures.extend(privileges::check_admin(&client, &plan, prepared_wait).await?);
     if !failures.is_empty() {
         eprintln!(
             "source {:?}: the server is not ready for outbox-streamer (nothing was created; setup runs as {}):",
