@@ -131,6 +131,7 @@ pub(crate) fn stream_plans(source: &SourceConfig) -> Vec<(StreamLabels, StreamSe
                 source: source.name.clone(),
                 id,
                 table: names.table.clone(),
+                id_column: source.layout().id_column(),
                 lease: OwnerLease::embedded(),
             };
             (labels, settings, names)

@@ -68,6 +68,8 @@ pub(crate) struct StreamLabels {
     pub source: String,
     pub id: StreamId,
     pub table: String,
+    /// The table's row identity column (see [`crate::layout::Layout::id_column`]).
+    pub id_column: &'static str,
     /// Checked before every record and position write; its epoch is stamped on records.
     pub lease: OwnerLease,
 }

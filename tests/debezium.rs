@@ -1,8 +1,9 @@
 //! `layout = "debezium"`: a Debezium outbox event router table read as it is — topic
 //! `outbox.event.<aggregatetype>`, key `aggregateid`, value `payload`, the event id and type as
 //! headers — with rows inserted the way Debezium's documentation shows, in
-//! transactions of which some roll back, in CDC and polling mode. Rows are identified by an
-//! integer `id` here; the event id (a uuid, Debezium's `id`) travels in its own column.
+//! transactions of which some roll back, in CDC and polling mode. The table is the one
+//! Debezium documents (a uuid `id` primary key) plus the increasing integer column `seq` that
+//! `setup` asks for (`id = "seq"` in the mapping); the inserts do not name it.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -10,6 +11,7 @@ use std::time::Duration;
 use crate::polling::POLLING;
 use crate::support::database::Database;
 use crate::support::kafka;
+use crate::support::streamer::run_cli;
 use crate::support::world::{World, WorldBuilder};
 
 const ARRIVAL: Duration = Duration::from_secs(120);
@@ -17,36 +19,41 @@ const ROWS: i64 = 60;
 
 const MAPPING: &str = r#"layout = "debezium"
 [source.columns]
-header_columns = { id = "event_id", type = "type" }"#;
+id = "seq"
+header_columns = { id = "id", type = "type" }"#;
 
+/// Debezium's documented table, then the column `setup` asks for.
 const PG_TABLE: &str = "CREATE TABLE {prefix}_0_0 (
-    id bigserial PRIMARY KEY,
-    event_id uuid NOT NULL DEFAULT gen_random_uuid(),
+    id uuid NOT NULL PRIMARY KEY,
     aggregatetype varchar(255) NOT NULL,
     aggregateid varchar(255) NOT NULL,
     type varchar(255) NOT NULL,
-    payload jsonb)";
+    payload jsonb);
+    ALTER TABLE {prefix}_0_0 ADD COLUMN seq bigint GENERATED ALWAYS AS IDENTITY UNIQUE";
 const MY_TABLE: &str = "CREATE TABLE {prefix}_0_0 (
-    id BIGINT AUTO_INCREMENT PRIMARY KEY,
-    event_id CHAR(36) NOT NULL,
+    id CHAR(36) NOT NULL PRIMARY KEY,
     aggregatetype VARCHAR(255) NOT NULL,
     aggregateid VARCHAR(255) NOT NULL,
     type VARCHAR(255) NOT NULL,
-    payload JSON)";
+    payload JSON);
+    ALTER TABLE {prefix}_0_0 ADD COLUMN seq BIGINT NOT NULL AUTO_INCREMENT UNIQUE";
 
 /// The INSERT of the Debezium documentation (uuid event id, JSON payload `{"n": n}`).
 fn insert<D: Database>(table: &str, aggregatetype: &str, aggregateid: &str, n: i64) -> String {
-    if D::KIND == "postgres" {
-        format!(
-            "INSERT INTO {table} (aggregatetype, aggregateid, type, payload) \
-             VALUES ('{aggregatetype}', '{aggregateid}', 'OrderCreated', jsonb_build_object('n', {n}))"
-        )
+    let (uuid, payload) = if D::KIND == "postgres" {
+        ("gen_random_uuid()", format!("jsonb_build_object('n', {n})"))
     } else {
-        format!(
-            "INSERT INTO {table} (event_id, aggregatetype, aggregateid, type, payload) \
-             VALUES (UUID(), '{aggregatetype}', '{aggregateid}', 'OrderCreated', JSON_OBJECT('n', {n}))"
-        )
-    }
+        ("UUID()", format!("JSON_OBJECT('n', {n})"))
+    };
+    format!(
+        "INSERT INTO {table} (id, aggregatetype, aggregateid, type, payload) \
+         VALUES ({uuid}, '{aggregatetype}', '{aggregateid}', 'OrderCreated', {payload})"
+    )
+}
+
+/// `builder` creating `create`'s statements (`;`-separated) before setup.
+fn with_table<D: Database>(builder: WorldBuilder<D>, create: &str) -> WorldBuilder<D> {
+    create.split(';').map(str::trim).filter(|s| !s.is_empty()).fold(builder, |b, sql| b.before_setup(sql))
 }
 
 /// The `n` of a record's JSON payload `{"n": n}`.
@@ -60,7 +67,7 @@ fn n_of(r: &kafka::Record) -> i64 {
 }
 
 async fn debezium_rows_arrive<D: Database>(builder: WorldBuilder<D>, create: &str) {
-    let w = builder.source_keys(MAPPING).before_setup(create).build().await;
+    let w = with_table(builder.source_keys(MAPPING), create).build().await;
     let named = create.split_whitespace().nth(2).expect("CREATE TABLE <name>").to_string();
     let table = named.replace("{prefix}", &w.prefix);
     let topic = format!("outbox.event.{}", w.topic);
@@ -133,7 +140,7 @@ async fn mariadb_polling_reads_a_debezium_outbox_table() {
 /// is SIGKILLed and started again: every committed row arrives (copies of the at-least-once
 /// window allowed), none rolled back, and per key the first deliveries keep commit order.
 async fn concurrent_writers_and_a_kill<D: Database>(builder: WorldBuilder<D>, create: &str) {
-    let w = builder.source_keys(MAPPING).before_setup(create).build().await;
+    let w = with_table(builder.source_keys(MAPPING), create).build().await;
     let table = format!("{}_0_0", w.prefix);
     let topic = format!("outbox.event.{}", w.topic);
     kafka::create_topic(&topic, 1).await;
@@ -191,4 +198,146 @@ async fn postgres_concurrent_writers_and_a_kill_lose_no_debezium_row() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mariadb_concurrent_writers_and_a_kill_lose_no_debezium_row() {
     concurrent_writers_and_a_kill(World::mysql("dzmk"), MY_TABLE).await;
+}
+
+/// `setup` checks a table it does not own: one as Debezium documents it (uuid `id`, no `seq`),
+/// one whose `seq` has no unique index and one whose `seq` the application picks are each
+/// named with the statements that fix it, and nothing is created; run as printed, those
+/// statements let setup complete, and every table's rows arrive.
+async fn setup_names_what_a_debezium_table_lacks<D: Database>(builder: WorldBuilder<D>, create: &str) {
+    let w = with_table(builder.source_keys(MAPPING), create).build().await;
+    let tables = [1, 2, 3].map(|shard| format!("{}_{shard}_0", w.prefix));
+    let [bare, loose, chosen] = &tables;
+    let mut admin = w.db.connect().await;
+    let documented = create.split(';').next().expect("the CREATE TABLE");
+    for table in &tables {
+        D::execute(&mut admin, &documented.replace("{prefix}_0_0", table)).await;
+    }
+    let (no_unique, not_numbered) = if D::KIND == "postgres" {
+        ("ADD COLUMN seq bigint GENERATED ALWAYS AS IDENTITY", "ADD COLUMN seq bigint UNIQUE")
+    } else {
+        ("ADD COLUMN seq BIGINT NOT NULL AUTO_INCREMENT, ADD KEY (seq)", "ADD COLUMN seq BIGINT UNIQUE")
+    };
+    D::execute(&mut admin, &format!("ALTER TABLE {loose} {no_unique}")).await;
+    D::execute(&mut admin, &format!("ALTER TABLE {chosen} {not_numbered}")).await;
+    w.edit_config(|c| c.replace("shards = 1", "shards = 4"));
+    let (ok, out, err) = run_cli(&w.config, &["setup", "--admin-url", w.db.admin_url()]);
+    assert!(!ok, "setup must refuse:\n{out}\n{err}");
+    assert!(err.contains(&format!("table {bare} has no column seq")), "{err}");
+    assert!(err.contains(&format!("column {loose}.seq, which identifies rows, has no unique index")), "{err}");
+    assert!(err.contains(&format!("column {chosen}.seq, which orders rows, is not numbered by the database")), "{err}");
+    // Each fix runs from its first statement to the end of its line.
+    let fix = |start: &str, table: &String| {
+        let line = err.lines().find(|l| l.contains(table) && l.contains(start)).unwrap_or_else(|| panic!("{err}"));
+        line[line.find(start).unwrap()..].to_string()
+    };
+    let fixes = [fix("ALTER TABLE", bare), fix("CREATE UNIQUE INDEX", loose), fix("ALTER TABLE", chosen)];
+    for statements in &fixes {
+        D::execute(&mut admin, statements).await;
+    }
+    let (ok, out, err) = run_cli(&w.config, &["setup", "--admin-url", w.db.admin_url()]);
+    assert!(ok, "setup after {fixes:?}:\n{out}\n{err}");
+    let topic = format!("outbox.event.{}", w.topic);
+    kafka::create_topic(&topic, 1).await;
+    let streamer = w.start("streamer.log");
+    for (n, table) in tables.iter().enumerate() {
+        D::execute(&mut admin, &insert::<D>(table, &w.topic, "order-1", n as i64)).await;
+    }
+    let records = kafka::read_at_least(&topic, 1, 3, ARRIVAL).await;
+    let ns: BTreeSet<i64> = records.iter().map(n_of).collect();
+    assert_eq!(ns, BTreeSet::from([0, 1, 2]), "a row of each fixed table");
+    for table in &tables {
+        w.wait_drained(table).await;
+    }
+    assert!(streamer.stop());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_setup_names_what_a_debezium_table_lacks_and_the_fix_works() {
+    setup_names_what_a_debezium_table_lacks(World::postgres("dzps"), PG_TABLE).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mariadb_setup_names_what_a_debezium_table_lacks_and_the_fix_works() {
+    setup_names_what_a_debezium_table_lacks(World::mysql("dzms"), MY_TABLE).await;
+}
+
+/// Rows left in the table before `setup` (a switch from Debezium) are caught up in `seq` order;
+/// a row that cannot be sent (its topic would pass Kafka's 249 characters) halts naming its
+/// `seq` and `outbox-streamer skip --id`, which, run as printed, discards it: the row after it
+/// follows.
+async fn a_backlog_then_a_bad_row_skipped_as_printed<D: Database>(builder: WorldBuilder<D>, create: &str) {
+    let backlog = (0..10).map(|n| insert::<D>("{prefix}_0_0", "{prefix}", &format!("order-{}", n % 3), n));
+    let w = backlog.fold(with_table(builder.source_keys(MAPPING), create), |b, sql| b.before_setup(&sql)).build().await;
+    let table = format!("{}_0_0", w.prefix);
+    let topic = format!("outbox.event.{}", w.prefix);
+    kafka::create_topic(&topic, 1).await;
+    let first = w.start("first.log");
+    let records = kafka::read_at_least(&topic, 1, 10, ARRIVAL).await;
+    assert_eq!(records.iter().map(n_of).collect::<Vec<_>>(), (0..10).collect::<Vec<_>>(), "the backlog in seq order");
+    let mut conn = w.db.connect().await;
+    D::execute(&mut conn, &insert::<D>(&table, &"x".repeat(240), "order-0", 100)).await;
+    D::execute(&mut conn, &insert::<D>(&table, &w.prefix, "order-0", 10)).await;
+    let log = first.wait_for_halt(ARRIVAL).await;
+    assert!(log.contains(&format!("UPDATE {table} SET … WHERE seq = ")), "the halt names the row by seq: {log}");
+    let command = log.split("`outbox-streamer ").nth(1).and_then(|c| c.split('`').next()).expect("a skip command");
+    let args: Vec<&str> = command.split_whitespace().collect();
+    assert_eq!(args[..2], ["skip", "--stream"], "{log}");
+    let (ok, out, err) = run_cli(&w.config, &args);
+    assert!(ok && out.contains("deleted from the table"), "{command}:\n{out}\n{err}");
+    assert!(first.stop());
+    let second = w.start("second.log");
+    let records = kafka::read_at_least(&topic, 1, 11, ARRIVAL).await;
+    assert_eq!(n_of(&records[10]), 10, "the row after the skipped one");
+    w.wait_drained(&table).await;
+    assert!(second.stop());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_a_debezium_backlog_then_a_bad_row_skipped_as_printed() {
+    a_backlog_then_a_bad_row_skipped_as_printed(World::postgres("dzpb"), PG_TABLE).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mariadb_a_debezium_backlog_then_a_bad_row_skipped_as_printed() {
+    a_backlog_then_a_bad_row_skipped_as_printed(World::mysql("dzmb"), MY_TABLE).await;
+}
+
+/// The sweep finds rows the log never carried by `seq` (PostgreSQL: written while the table was
+/// out of the publication; MariaDB: a session with `sql_log_bin = 0`) and sends them.
+async fn rows_outside_the_log_are_swept<D: Database>(builder: WorldBuilder<D>, create: &str) {
+    let w = with_table(builder.source_keys(MAPPING).config("sweep_interval_ms = 300"), create).build().await;
+    let table = format!("{}_0_0", w.prefix);
+    let topic = format!("outbox.event.{}", w.topic);
+    kafka::create_topic(&topic, 1).await;
+    let streamer = w.start("streamer.log");
+    let mut conn = w.db.connect().await;
+    D::execute(&mut conn, &insert::<D>(&table, &w.topic, "order-1", 0)).await;
+    kafka::read_at_least(&topic, 1, 1, ARRIVAL).await;
+    if D::KIND == "postgres" {
+        D::execute(&mut conn, &format!("ALTER PUBLICATION {table} DROP TABLE {table}")).await;
+        D::execute(&mut conn, &insert::<D>(&table, &w.topic, "order-1", 1)).await;
+        D::execute(&mut conn, &format!("ALTER PUBLICATION {table} ADD TABLE {table}")).await;
+    } else {
+        let mut unlogged = w.db.connect().await;
+        D::execute(&mut unlogged, "SET SESSION sql_log_bin = 0").await;
+        D::execute(&mut unlogged, &insert::<D>(&table, &w.topic, "order-1", 1)).await;
+    }
+    D::execute(&mut conn, &insert::<D>(&table, &w.topic, "order-1", 2)).await;
+    let records = kafka::read_distinct(&topic, 1, 3, ARRIVAL).await;
+    assert_eq!(records.iter().map(n_of).collect::<BTreeSet<_>>(), BTreeSet::from([0, 1, 2]));
+    w.wait_drained(&table).await;
+    let log = streamer.log_text();
+    assert!(log.contains("rows stayed in the table"), "{log}");
+    assert!(streamer.stop());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_debezium_rows_the_slot_never_carried_are_swept() {
+    rows_outside_the_log_are_swept(World::postgres("dzpw"), PG_TABLE).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mariadb_debezium_rows_the_binlog_never_carried_are_swept() {
+    rows_outside_the_log_are_swept(World::mysql("dzmw"), MY_TABLE).await;
 }

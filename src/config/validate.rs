@@ -417,6 +417,12 @@ fn check_layout(f: &dyn Fn(&str) -> String, s: &super::SourceConfig) -> Result<(
         }
         _ => {}
     }
+    if m.id.as_deref().is_some_and(|c| c.is_empty() || c.len() > 64) {
+        return Err(invalid(
+            f("columns.id"),
+            "must name the table's increasing integer column (1 to 64 characters), or be left out for `id`",
+        ));
+    }
     if m.topic_prefix.is_some() && m.topic.is_none() {
         return Err(invalid(f("columns.topic_prefix"), "prefixes the topic column's value: set topic too"));
     }

@@ -130,11 +130,31 @@ fn setup_explains_that_a_uuid_id_needs_an_integer_id_beside_it() {
         row("aggregateid", "text"),
         row("payload", "jsonb"),
     ];
-    let problems = Layout::Columns(m).check_tables(&["outbox_0_0".to_string()], &found, true);
+    let tables = ["outbox_0_0".to_string()];
+    let problems = Layout::Columns(m).check_tables(&tables, &found, true);
     assert_eq!(problems.len(), 1, "{problems:?}");
     assert!(problems[0].0.contains("outbox_0_0.id has type uuid"), "{problems:?}");
     assert!(
-        problems[0].1.contains("event_id") && problems[0].1.contains("generated always as identity"),
+        problems[0].1.contains(
+            "ALTER TABLE \"outbox_0_0\" ADD COLUMN \"seq\" bigint GENERATED ALWAYS AS IDENTITY UNIQUE; then set id = \"seq\""
+        ),
         "{problems:?}"
     );
+    // Named as the mapping's `id`, the added column identifies rows; the uuid is a header.
+    let with_seq: &'static Mapping =
+        Box::leak(Box::new(Mapping { id: Some("seq".into()), ..Mapping::default() }.with_debezium_defaults()));
+    let layout = Layout::Columns(with_seq);
+    assert_eq!((layout.id_column(), layout.header_columns()), ("seq", vec![("id", "id")]));
+    let problems = layout.check_tables(&tables, &found, false);
+    assert!(problems.len() == 1 && problems[0].0.contains("has no column seq"), "{problems:?}");
+    assert!(problems[0].1.contains("ALTER TABLE `outbox_0_0` ADD COLUMN `seq` BIGINT NOT NULL AUTO_INCREMENT UNIQUE"));
+    let mut found = found;
+    found.push(row("seq", "bigint"));
+    assert!(layout.check_tables(&tables, &found, true).is_empty());
+    let missing = layout.id_column_problems(&tables, &found, &[], &tables, true);
+    assert!(missing.len() == 1 && missing[0].1.contains("CREATE UNIQUE INDEX \"outbox_0_0_seq_key\""), "{missing:?}");
+    let chosen = layout.id_column_problems(&tables, &found, &tables, &[], false);
+    assert!(chosen.len() == 1 && chosen[0].0.contains("not numbered by the database"), "{chosen:?}");
+    assert!(chosen[0].1.contains("ALTER TABLE `outbox_0_0` MODIFY `seq` BIGINT NOT NULL AUTO_INCREMENT;"));
+    assert!(layout.id_column_problems(&tables, &found, &tables, &tables, true).is_empty());
 }

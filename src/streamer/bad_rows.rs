@@ -107,10 +107,11 @@ impl<P: Clone + std::fmt::Display + Send + Sync + 'static, K: Sink> Session<'_, 
                     Some(id),
                     &still.to_string(),
                     &format!(
-                        "fix the row (UPDATE {table} SET … WHERE id = {id}) or delete it, then restart; or discard it with `outbox-streamer skip --stream {}/{} --id {id}`; or set on_bad_row = \"dead-letter\"",
+                        "fix the row (UPDATE {table} SET … WHERE {column} = {id}) or delete it, then restart; or discard it with `outbox-streamer skip --stream {}/{} --id {id}`; or set on_bad_row = \"dead-letter\"",
                         self.labels.source,
                         self.labels.id,
-                        table = self.labels.table
+                        table = self.labels.table,
+                        column = self.labels.id_column
                     ),
                 )),
             },

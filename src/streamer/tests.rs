@@ -351,6 +351,7 @@ fn start_with(
             source: "fake".into(),
             id: StreamId { shard: 0, partition: 0 },
             table: "outbox".into(),
+            id_column: "id",
             lease: OwnerLease::embedded(),
         };
         let result =

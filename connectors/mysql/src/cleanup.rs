@@ -9,13 +9,15 @@
 
 use crate::setup::ident;
 
-/// The statement deleting exactly `ids` from `table`; `ids` must not be empty.
-pub fn delete_by_ids(table: &str, ids: &[i64]) -> String {
+/// The statement deleting exactly the rows whose `id_column` is one of `ids` from `table`;
+/// `ids` must not be empty, and `id_column` should have a unique index.
+pub fn delete_by_ids(table: &str, id_column: &str, ids: &[i64]) -> String {
     let list = ids.iter().map(i64::to_string).collect::<Vec<_>>().join(",");
     format!(
         "DELETE t FROM JSON_TABLE('[{list}]', '$[*]' COLUMNS (id BIGINT PATH '$')) AS d \
-         STRAIGHT_JOIN {} AS t ON t.id = d.id",
-        ident(table)
+         STRAIGHT_JOIN {} AS t ON t.{} = d.id",
+        ident(table),
+        ident(id_column)
     )
 }
 
@@ -23,8 +25,8 @@ pub fn delete_by_ids(table: &str, ids: &[i64]) -> String {
 mod tests {
     #[test]
     fn lists_the_ids_as_json() {
-        let sql = super::delete_by_ids("outbox_0_0", &[3, 5]);
+        let sql = super::delete_by_ids("outbox_0_0", "id", &[3, 5]);
         assert!(sql.contains("JSON_TABLE('[3,5]'"), "{sql}");
-        assert!(sql.contains("STRAIGHT_JOIN `outbox_0_0` AS t ON t.id = d.id"), "{sql}");
+        assert!(sql.contains("STRAIGHT_JOIN `outbox_0_0` AS t ON t.`id` = d.id"), "{sql}");
     }
 }

@@ -10,6 +10,8 @@ use crate::setup::ident;
 pub struct RowDeleter {
     /// The quoted table name.
     table: String,
+    /// The quoted name of the table's row identity column (an increasing integer).
+    id: String,
     sql: String,
     /// Prepared on the session it was used with; a new session needs a new deleter.
     prepared: Option<Statement>,
@@ -18,22 +20,24 @@ pub struct RowDeleter {
 }
 
 impl RowDeleter {
-    pub fn new(table: &str) -> Self {
-        let table = ident(table);
-        Self { sql: format!("DELETE FROM {table} WHERE id = ANY($1)"), table, prepared: None, recording: None }
+    /// Deletes rows of `table` by their `id_column`.
+    pub fn new(table: &str, id_column: &str) -> Self {
+        let (table, id) = (ident(table), ident(id_column));
+        Self { sql: format!("DELETE FROM {table} WHERE {id} = ANY($1)"), table, id, prepared: None, recording: None }
     }
 
     /// Also offers [`Self::delete_and_record`], which stores the published-up-to mark of
     /// `stream` in `checkpoint_table` in the same statement (one transaction) as the delete.
     pub fn recording_in(mut self, checkpoint_table: &str, stream: &str) -> Self {
         let sql = format!(
-            "WITH d AS (DELETE FROM {table} WHERE id = ANY($1) RETURNING 1),
+            "WITH d AS (DELETE FROM {table} WHERE {id} = ANY($1) RETURNING 1),
                   n AS (SELECT count(*) AS n FROM d),
                   u AS (UPDATE {cp} SET published_lsn = $2::text::pg_lsn, updated_at = now()
                         WHERE stream = {stream} AND $3 AND (NOT $4 OR (SELECT n FROM n) = cardinality($1))
                         RETURNING 1)
              SELECT (SELECT n FROM n), (SELECT count(*) FROM u)",
             table = self.table,
+            id = self.id,
             cp = ident(checkpoint_table),
             stream = crate::setup::literal(stream),
         );
@@ -85,10 +89,15 @@ impl RowDeleter {
     }
 }
 
-/// Which of `ids` are still in `table`: used after a reconnect to skip replayed rows that were
-/// already published and deleted.
-pub async fn existing_ids(client: &Client, table: &str, ids: &[i64]) -> Result<Vec<i64>, tokio_postgres::Error> {
-    let sql = format!("SELECT id FROM {} WHERE id = ANY($1) ORDER BY id", ident(table));
+/// Which of `ids` (values of `id_column`) are still in `table`, ascending.
+pub async fn existing_ids(
+    client: &Client,
+    table: &str,
+    id_column: &str,
+    ids: &[i64],
+) -> Result<Vec<i64>, tokio_postgres::Error> {
+    let id = ident(id_column);
+    let sql = format!("SELECT {id}::int8 FROM {} WHERE {id} = ANY($1) ORDER BY 1", ident(table));
     let rows = client.query(&sql, &[&ids]).await?;
     Ok(rows.iter().map(|r| r.get(0)).collect())
 }

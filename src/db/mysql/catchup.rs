@@ -48,9 +48,9 @@ struct Snapshot {
 
 /// Takes the new position on `conn`. MariaDB: `conn` stays inside the consistent snapshot
 /// the position belongs to (`in_snapshot` is true), for the drain to read in.
-async fn snapshot(conn: &mut Conn, table: &str) -> Result<(Snapshot, bool), MyError> {
+async fn snapshot(conn: &mut Conn, table: &str, id_column: &str) -> Result<(Snapshot, bool), MyError> {
     let version: Option<String> = conn.query_first("SELECT @@version").await?;
-    let max_sql = format!("SELECT MAX(id) FROM {}", ident(table));
+    let max_sql = format!("SELECT MAX({}) FROM {}", ident(id_column), ident(table));
     match Flavor::from_version(&version.unwrap_or_default()) {
         Flavor::MariaDb => {
             let mut prepared = xa_scan::prepared(conn).await;
@@ -171,8 +171,9 @@ pub(crate) async fn run(
     tracing::warn!(reason, table = %names.table, "catching up by polling before streaming resumes");
     let mut reader = MyPollTable::connect(opts, &names.table, layout).await?;
     let mut cleaner = MyPollTable::connect(opts, &names.table, layout).await?;
-    let (snap, in_snapshot) =
-        snapshot(reader.conn(), &names.table).await.map_err(|e| Error::from_db("taking the new position", e))?;
+    let (snap, in_snapshot) = snapshot(reader.conn(), &names.table, layout.id_column())
+        .await
+        .map_err(|e| Error::from_db("taking the new position", e))?;
     // Not on the reader: its snapshot transaction stays open for the drain.
     let conn = cleaner.conn();
     let resume = behind_prepares(conn, opts, names, &snap).await;

@@ -401,10 +401,11 @@ pub(crate) fn record(values: &[(String, Cell)], layout: Layout) -> Result<Outbox
     let missing = |id: Option<i64>, column: &'static str| {
         InvalidRow::new(id, column, "is not in the logged row (dropped or renamed, or binlog_row_metadata is not FULL)")
     };
-    let id = match cell("id") {
+    let id_column = layout.id_column();
+    let id = match cell(id_column) {
         Some(Cell::Int(i)) => *i,
-        Some(other) => return Err(InvalidRow::new(None, "id", format!("is not an integer ({})", kind(other)))),
-        None => return Err(missing(None, "id")),
+        Some(other) => return Err(InvalidRow::new(None, id_column, format!("is not an integer ({})", kind(other)))),
+        None => return Err(missing(None, id_column)),
     };
     // The layout's column of `field`, and its cell (`None`: the layout has no such column).
     let of = |field: Field| layout.column(field).map(|column| (column, cell(column)));
@@ -500,6 +501,7 @@ impl Source for MySource {
         }
         let sql = self.sql.clone();
         let (table, statement, epoch) = (self.table.clone(), self.checkpoint.store(), self.epoch);
+        let id_column = self.layout.id_column();
         async move {
             if !store {
                 return Ok(0);
@@ -514,8 +516,8 @@ impl Source for MySource {
             let mut tx = within("starting the cleanup transaction", conn.start_transaction(opts)).await?;
             let mut deleted = 0;
             for chunk in ids.chunks(DELETE_CHUNK) {
-                within("deleting published rows", tx.query_drop(outbox_mysql::cleanup::delete_by_ids(&table, chunk)))
-                    .await?;
+                let delete = outbox_mysql::cleanup::delete_by_ids(&table, id_column, chunk);
+                within("deleting published rows", tx.query_drop(delete)).await?;
                 deleted += tx.affected_rows();
             }
             let resume = &upto.resume;
@@ -562,24 +564,26 @@ impl Source for MySource {
         if ids.is_empty() {
             return Ok(Vec::new());
         }
-        let sql = format!("SELECT id FROM {} WHERE id IN ({}) ORDER BY id", ident(&self.table), id_list(ids));
+        let sql = super::poll::existing_sql(&self.table, self.layout, ids);
         within("checking rows", self.sql.lock().await.query(sql)).await
     }
 
     async fn probe(&mut self, below: Option<i64>, limit: usize) -> Result<Probe<MyPosition>, Error> {
         let mut conn = self.sql.lock().await;
+        let id = ident(self.layout.id_column());
         let candidates: Vec<i64> = match below {
             Some(below) => {
                 let sql = format!(
-                    "SELECT id FROM {} FORCE INDEX (PRIMARY) WHERE id <= ? ORDER BY id LIMIT ?",
-                    ident(&self.table)
+                    "SELECT {id} FROM {}{} WHERE {id} <= ? ORDER BY {id} LIMIT ?",
+                    ident(&self.table),
+                    super::poll::id_index(self.layout)
                 );
                 within("sweeping the table", conn.exec(sql, (below, limit as u64))).await?
             }
             None => Vec::new(),
         };
         let max: Option<Option<i64>> =
-            within("sweeping the table", conn.query_first(format!("SELECT MAX(id) FROM {}", ident(&self.table))))
+            within("sweeping the table", conn.query_first(format!("SELECT MAX({id}) FROM {}", ident(&self.table))))
                 .await?;
         // Read after the rows: a transaction is written to the binlog before InnoDB makes it
         // visible, so every commit the reads saw ends at or before this offset.

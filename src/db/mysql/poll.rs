@@ -43,10 +43,12 @@ impl MyPollTable {
         for setting in ["SET SESSION time_zone = '+00:00'", "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED"] {
             conn.query_drop(setting).await.map_err(|e| Error::from_db("setting up the polling session", e))?;
         }
+        let id = ident(layout.id_column());
         let select = format!(
-            "SELECT {} FROM {} FORCE INDEX (PRIMARY) WHERE id > ? AND id <= ? ORDER BY id LIMIT ?",
+            "SELECT {} FROM {}{} WHERE {id} > ? AND {id} <= ? ORDER BY {id} LIMIT ?",
             columns(layout),
-            ident(table)
+            ident(table),
+            id_index(layout)
         );
         Ok(Self { conn, table: table.to_string(), select, layout, fence: None })
     }
@@ -62,6 +64,13 @@ impl MyPollTable {
     pub(crate) fn conn(&mut self) -> &mut Conn {
         &mut self.conn
     }
+}
+
+/// The index hint of range reads by id: the primary key when `id` is the identity column (the
+/// optimizer otherwise may scan, and lock, more of a small table); a mapped identity column's
+/// unique index is left to the optimizer.
+pub(super) fn id_index(layout: Layout) -> &'static str {
+    if layout.id_column() == "id" { " FORCE INDEX (PRIMARY)" } else { "" }
 }
 
 /// The layout's columns, read by name (see [`super::cdc::record`]).
@@ -95,8 +104,9 @@ pub(crate) async fn rows_by_id(
     if ids.is_empty() {
         return Ok(Vec::new());
     }
+    let id = ident(layout.id_column());
     let sql = format!(
-        "SELECT {} FROM {} WHERE id IN ({}) ORDER BY id{}",
+        "SELECT {} FROM {} WHERE {id} IN ({}) ORDER BY {id}{}",
         columns(layout),
         ident(table),
         id_list(ids),
@@ -183,7 +193,8 @@ impl PollTable for MyPollTable {
         }
         let mut deleted = 0;
         for chunk in ids.chunks(DELETE_CHUNK) {
-            within(&what, tx.query_drop(outbox_mysql::cleanup::delete_by_ids(&self.table, chunk))).await?;
+            let delete = outbox_mysql::cleanup::delete_by_ids(&self.table, self.layout.id_column(), chunk);
+            within(&what, tx.query_drop(delete)).await?;
             deleted += tx.affected_rows();
         }
         within(&what, tx.commit()).await?;
@@ -191,8 +202,7 @@ impl PollTable for MyPollTable {
     }
 
     async fn existing(&mut self, ids: &[i64]) -> Result<Vec<i64>, Error> {
-        let sql = format!("SELECT id FROM {} WHERE id IN ({}) ORDER BY id", ident(&self.table), id_list(ids));
-        within("checking rows", self.conn.query(sql)).await
+        within("checking rows", self.conn.query(existing_sql(&self.table, self.layout, ids))).await
     }
 
     async fn rows(&mut self, ids: &[i64]) -> Result<Vec<PolledRow>, Error> {
@@ -231,4 +241,10 @@ impl PollTable for MyPollTable {
     async fn history(&mut self) -> Result<String, Error> {
         super::connect::history(&mut self.conn).await
     }
+}
+
+/// Which of `ids` are still in `table`, ascending.
+pub(super) fn existing_sql(table: &str, layout: Layout, ids: &[i64]) -> String {
+    let id = ident(layout.id_column());
+    format!("SELECT {id} FROM {} WHERE {id} IN ({}) ORDER BY {id}", ident(table), id_list(ids))
 }

@@ -81,7 +81,30 @@ pub(super) async fn setup(source: &SourceConfig, how: &SetupRequest<'_>) -> anyh
                 listed.join(", ")
             ))
             .await?;
-        let problems = source.layout().check_tables(&plan.tables, &found, false);
+        let mut problems = source.layout().check_tables(&plan.tables, &found, false);
+        let unique: Vec<String> = conn
+            .exec(
+                format!(
+                    "SELECT table_name FROM information_schema.statistics \
+                     WHERE table_schema = DATABASE() AND table_name IN ({}) AND non_unique = 0 \
+                     GROUP BY table_name, index_name HAVING COUNT(*) = 1 AND MAX(column_name) = ?",
+                    listed.join(", ")
+                ),
+                (source.layout().id_column(),),
+            )
+            .await?;
+        let generated: Vec<String> = conn
+            .exec(
+                format!(
+                    "SELECT table_name FROM information_schema.columns \
+                     WHERE table_schema = DATABASE() AND table_name IN ({}) AND column_name = ? \
+                       AND extra LIKE '%auto_increment%'",
+                    listed.join(", ")
+                ),
+                (source.layout().id_column(),),
+            )
+            .await?;
+        problems.extend(source.layout().id_column_problems(&plan.tables, &found, &unique, &generated, false));
         failures.extend(problems.into_iter().map(|(what, fix)| my::CheckFailure { what, fix }));
     }
     let (changes, storage_failures) = my::storage_changes(&mut conn, &plan).await?;

@@ -53,10 +53,12 @@ pub(super) async fn skip(source: &SourceConfig, id: StreamId, what: &What) -> an
             let value = |name: &str| status.iter().find(|(n, _)| n.eq_ignore_ascii_case(name)).map(|(_, v)| v.clone());
             let file = value("Binlog_snapshot_file").context("the server reports no binlog snapshot position")?;
             let offset: u64 = value("Binlog_snapshot_position").and_then(|v| v.parse().ok()).unwrap_or(4);
-            let ids: Vec<i64> = tx.query(format!("SELECT id FROM {table}")).await?;
+            let id = outbox_mysql::setup::ident(source.layout().id_column());
+            let ids: Vec<i64> = tx.query(format!("SELECT {id} FROM {table}")).await?;
             let mut deleted = 0;
             for chunk in ids.chunks(crate::source::DELETE_CHUNK) {
-                tx.query_drop(outbox_mysql::cleanup::delete_by_ids(&names.table, chunk)).await?;
+                tx.query_drop(outbox_mysql::cleanup::delete_by_ids(&names.table, source.layout().id_column(), chunk))
+                    .await?;
                 deleted += tx.affected_rows();
             }
             let gtid: Option<Option<String>> = tx.exec_first("SELECT BINLOG_GTID_POS(?, ?)", (&file, offset)).await?;
@@ -65,7 +67,8 @@ pub(super) async fn skip(source: &SourceConfig, id: StreamId, what: &What) -> an
             return Ok(done_message(what, deleted));
         }
         What::Id(row_id) => {
-            tx.exec_drop(format!("DELETE FROM {table} WHERE id = ?"), (row_id,)).await?;
+            let id = outbox_mysql::setup::ident(source.layout().id_column());
+            tx.exec_drop(format!("DELETE FROM {table} WHERE {id} = ?"), (row_id,)).await?;
             tx.affected_rows()
         }
         What::Transaction(_) => 0,

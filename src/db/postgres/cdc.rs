@@ -319,7 +319,7 @@ impl PgSource {
             xids: std::collections::VecDeque::new(),
             begun: Lsn(0),
             deleter: Arc::new(Mutex::new(
-                cleanup::RowDeleter::new(&names.table).recording_in(checkpoint_table, &names.table),
+                cleanup::RowDeleter::new(&names.table, layout.id_column()).recording_in(checkpoint_table, &names.table),
             )),
             replay: ReplayFilter::new(stored.published),
             drained: stored.drained,
@@ -655,16 +655,17 @@ impl Source for PgSource {
     }
 
     async fn existing(&mut self, ids: &[i64]) -> Result<Vec<i64>, Error> {
-        within("checking rows", cleanup::existing_ids(&self.sql, &self.names.table, ids)).await
+        within("checking rows", cleanup::existing_ids(&self.sql, &self.names.table, self.layout.id_column(), ids)).await
     }
 
     async fn probe(&mut self, below: Option<i64>, limit: usize) -> Result<Probe<Lsn>, Error> {
         // One statement, one snapshot: the WAL insert position is read after the snapshot was
         // taken, so every commit the reads saw is before it.
         let sql = format!(
-            "SELECT ARRAY(SELECT id FROM {t} WHERE id <= $1 ORDER BY id LIMIT $2), (SELECT max(id) FROM {t}),
-                    pg_current_wal_insert_lsn()::text",
-            t = outbox_postgres::setup::ident(&self.names.table)
+            "SELECT ARRAY(SELECT {id}::int8 FROM {t} WHERE {id} <= $1 ORDER BY {id} LIMIT $2),
+                    (SELECT max({id})::int8 FROM {t}), pg_current_wal_insert_lsn()::text",
+            t = outbox_postgres::setup::ident(&self.names.table),
+            id = outbox_postgres::setup::ident(self.layout.id_column())
         );
         let below = below.unwrap_or(i64::MIN);
         let row = within("sweeping the table", self.sql.query_one(&sql, &[&below, &(limit as i64)])).await?;

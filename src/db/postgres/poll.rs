@@ -41,11 +41,12 @@ pub const PLANNER_SETTINGS: &str = "SET enable_seqscan = off; SET enable_bitmaps
 
 /// The oldest-rows query of our own layout: `$1 < id <= $2`, `$3` rows.
 pub fn oldest_sql(table: &str) -> String {
-    oldest_sql_of(table, &columns(Layout::OutboxStreamer, &|_| true))
+    oldest_sql_of(table, &columns(Layout::OutboxStreamer, &|_| true), "id")
 }
 
-fn oldest_sql_of(table: &str, select: &str) -> String {
-    format!("SELECT {select} FROM {} WHERE id > $1 AND id <= $2 ORDER BY id LIMIT $3", ident(table))
+fn oldest_sql_of(table: &str, select: &str, id_column: &str) -> String {
+    let id = ident(id_column);
+    format!("SELECT {select} FROM {} WHERE {id} > $1 AND {id} <= $2 ORDER BY {id} LIMIT $3", ident(table))
 }
 
 /// The select list of `layout` on `table` (a mapped layout's depends on its columns' types).
@@ -99,7 +100,7 @@ impl PgPollTable {
             .await
             .map_err(|e| Error::from_db("setting the polling session's planner options", e))?;
         let select = select_list(&client, table, layout).await?;
-        let sql = oldest_sql_of(table, &select);
+        let sql = oldest_sql_of(table, &select, layout.id_column());
         let select = client
             .prepare(&sql)
             .await
@@ -110,7 +111,7 @@ impl PgPollTable {
             slot: None,
             fence: None,
             select,
-            deleter: cleanup::RowDeleter::new(table),
+            deleter: cleanup::RowDeleter::new(table, layout.id_column()),
             layout,
         })
     }
@@ -121,10 +122,11 @@ impl PgPollTable {
     pub(crate) fn fenced_by(mut self, checkpoint_table: &str, epoch: i64) -> Self {
         let sql = format!(
             "WITH f AS (SELECT owner_epoch <= $3 AS ok FROM {cp} WHERE stream = $2 FOR SHARE),
-                  d AS (DELETE FROM {t} WHERE id = ANY($1) AND coalesce((SELECT ok FROM f), false) RETURNING 1)
+                  d AS (DELETE FROM {t} WHERE {id} = ANY($1) AND coalesce((SELECT ok FROM f), false) RETURNING 1)
              SELECT coalesce((SELECT ok FROM f), false), (SELECT count(*) FROM d)",
             cp = ident(checkpoint_table),
-            t = ident(&self.table)
+            t = ident(&self.table),
+            id = ident(self.layout.id_column())
         );
         self.fence = Some((sql, epoch));
         self
@@ -159,7 +161,10 @@ impl PgPollTable {
     pub(crate) async fn max_id(&self) -> Result<Option<i64>, Error> {
         let row = self
             .client
-            .query_one(&format!("SELECT max(id) FROM {}", ident(&self.table)), &[])
+            .query_one(
+                &format!("SELECT max({})::int8 FROM {}", ident(self.layout.id_column()), ident(&self.table)),
+                &[],
+            )
             .await
             .map_err(|e| Error::from_db("reading the highest id", e))?;
         Ok(row.get(0))
@@ -175,7 +180,7 @@ fn polled(row: &Row, layout: Layout) -> Result<PolledRow, Error> {
         )
         .with_source(e)
     };
-    let id: i64 = row.try_get(0).map_err(|e| column_error("id", e))?;
+    let id: i64 = row.try_get(0).map_err(|e| column_error(layout.id_column(), e))?;
     let topic: Option<String> = row.try_get(1).map_err(|e| column_error("topic", e))?;
     let key: Option<Vec<u8>> = row.try_get(2).map_err(|e| column_error("msg_key", e))?;
     let payload: Option<Vec<u8>> = row.try_get(3).map_err(|e| column_error("payload", e))?;
@@ -212,7 +217,8 @@ pub(crate) async fn rows_by_id(
         return Ok(Vec::new());
     }
     let select = select_list(client, table, layout).await?;
-    let sql = format!("SELECT {select} FROM {} WHERE id = ANY($1) ORDER BY id", ident(table));
+    let id = ident(layout.id_column());
+    let sql = format!("SELECT {select} FROM {} WHERE {id} = ANY($1) ORDER BY {id}", ident(table));
     let rows = match client.query(&sql, &[&ids]).await {
         Ok(rows) => rows,
         Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::UNDEFINED_COLUMN) => {
@@ -257,7 +263,7 @@ impl PollTable for PgPollTable {
     }
 
     async fn existing(&mut self, ids: &[i64]) -> Result<Vec<i64>, Error> {
-        within("checking rows", cleanup::existing_ids(&self.client, &self.table, ids)).await
+        within("checking rows", cleanup::existing_ids(&self.client, &self.table, self.layout.id_column(), ids)).await
     }
 
     async fn rows(&mut self, ids: &[i64]) -> Result<Vec<PolledRow>, Error> {

@@ -87,7 +87,33 @@ pub(super) async fn setup(source: &SourceConfig, how: &SetupRequest<'_>) -> anyh
             .iter()
             .map(|r| (r.get(0), r.get(1), r.get(2)))
             .collect();
-        let problems = source.layout().check_tables(&tables, &found, true);
+        let mut problems = source.layout().check_tables(&tables, &found, true);
+        let unique: Vec<String> = client
+            .query(
+                "SELECT c.relname::text FROM pg_class c
+                 WHERE c.relnamespace = current_schema()::regnamespace AND c.relname = ANY($1)
+                   AND EXISTS (SELECT 1 FROM pg_index i
+                               JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = i.indkey[0]
+                               WHERE i.indrelid = c.oid AND i.indisunique AND i.indnatts = 1
+                                 AND i.indpred IS NULL AND a.attname = $2)",
+                &[&tables, &source.layout().id_column()],
+            )
+            .await?
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
+        let generated: Vec<String> = client
+            .query(
+                "SELECT table_name::text FROM information_schema.columns
+                 WHERE table_schema = current_schema() AND table_name = ANY($1) AND column_name = $2
+                   AND (is_identity = 'YES' OR column_default LIKE 'nextval(%')",
+                &[&tables, &source.layout().id_column()],
+            )
+            .await?
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
+        problems.extend(source.layout().id_column_problems(&tables, &found, &unique, &generated, true));
         failures.extend(problems.into_iter().map(|(what, fix)| pg::CheckFailure { what, fix }));
     }
     failures.extend(

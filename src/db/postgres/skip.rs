@@ -56,7 +56,10 @@ pub(super) async fn skip(source: &SourceConfig, id: StreamId, what: &What) -> an
                 .with_context(|| format!("moving slot {} to {end}", names.slot))?;
             return Ok(done_message(what, deleted));
         }
-        What::Id(row_id) => tx.execute(&format!("DELETE FROM {table} WHERE id = $1"), &[row_id]).await?,
+        What::Id(row_id) => {
+            let id = outbox_postgres::setup::ident(source.layout().id_column());
+            tx.execute(&format!("DELETE FROM {table} WHERE {id} = $1"), &[row_id]).await?
+        }
         What::Transaction(_) | What::Message { .. } => 0,
     };
     let end: String = tx.query_one("SELECT pg_current_wal_insert_lsn()::text", &[]).await?.get(0);
