@@ -146,10 +146,10 @@ impl Layout {
         self.column(Field::Id).unwrap_or("id")
     }
 
-    /// The columns sent as headers (header name, column), in name order.
-    pub(crate) fn header_columns(self) -> Vec<(&'static str, &'static str)> {
-        self.mapping()
-            .map_or_else(Vec::new, |m| m.header_columns.iter().map(|(h, c)| (h.as_str(), c.as_str())).collect())
+    /// The columns sent as headers (header name, column), in name order. Allocates nothing:
+    /// readers walk it once per row.
+    pub(crate) fn header_columns(self) -> impl Iterator<Item = (&'static str, &'static str)> {
+        self.mapping().into_iter().flat_map(|m| m.header_columns.iter().map(|(h, c)| (h.as_str(), c.as_str())))
     }
 
     /// The column holding `field`, if the layout has one.
@@ -221,7 +221,7 @@ impl Layout {
                     [Field::Topic, Field::Key, Field::Payload, Field::Headers, Field::Partition, Field::CreatedAt];
                 let mut required: Vec<Required> = vec![(self.id_column(), INTEGER.0, INTEGER.1)];
                 required.extend(fields.into_iter().filter_map(|f| self.column(f)).map(|c| (c, &[][..], &[][..])));
-                required.extend(self.header_columns().into_iter().map(|(_, c)| (c, &[][..], &[][..])));
+                required.extend(self.header_columns().map(|(_, c)| (c, &[][..], &[][..])));
                 required
             }
         }
@@ -242,7 +242,7 @@ impl Layout {
         postgres: bool,
     ) -> Vec<(String, String)> {
         let id = self.id_column();
-        let q = |name: &str| if postgres { format!("\"{name}\"") } else { format!("`{name}`") };
+        let q = |name: &str| quote(name, postgres);
         let mut problems = Vec::new();
         for table in tables.iter().filter(|t| found.iter().any(|(ft, c, _)| ft == *t && c == id)) {
             if !unique.contains(table) {
@@ -366,11 +366,18 @@ fn id_column_fix(table: &str, found: &str, postgres: bool) -> String {
 /// The statement adding the increasing integer identity column `column` to `table`; existing
 /// rows are numbered, and the application's inserts need not name it.
 fn add_id_column(table: &str, column: &str, postgres: bool) -> String {
+    let (t, c) = (quote(table, postgres), quote(column, postgres));
     if postgres {
-        format!("ALTER TABLE \"{table}\" ADD COLUMN \"{column}\" bigint GENERATED ALWAYS AS IDENTITY UNIQUE;")
+        format!("ALTER TABLE {t} ADD COLUMN {c} bigint GENERATED ALWAYS AS IDENTITY UNIQUE;")
     } else {
-        format!("ALTER TABLE `{table}` ADD COLUMN `{column}` BIGINT NOT NULL AUTO_INCREMENT UNIQUE;")
+        format!("ALTER TABLE {t} ADD COLUMN {c} BIGINT NOT NULL AUTO_INCREMENT UNIQUE;")
     }
+}
+
+/// `name` quoted as an identifier of PostgreSQL (`"…"`) or MySQL/MariaDB (`` `…` ``), for the
+/// statements a message prints.
+fn quote(name: &str, postgres: bool) -> String {
+    if postgres { format!("\"{}\"", name.replace('"', "\"\"")) } else { format!("`{}`", name.replace('`', "``")) }
 }
 
 /// Decodes row `id`'s tw-tkms `message` (carried in [`RawRow::payload`]) as tw-tkms's proxy

@@ -341,3 +341,37 @@ async fn postgres_debezium_rows_the_slot_never_carried_are_swept() {
 async fn mariadb_debezium_rows_the_binlog_never_carried_are_swept() {
     rows_outside_the_log_are_swept(World::mysql("dzmw"), MY_TABLE).await;
 }
+
+/// Applications written for Debezium may delete their outbox row in the transaction that
+/// inserted it (the log carries it anyway): CDC still sends each such row, once, in commit order
+/// with the rows kept.
+async fn rows_deleted_in_their_own_transaction_are_sent<D: Database>(builder: WorldBuilder<D>, create: &str) {
+    let w = with_table(builder.source_keys(MAPPING), create).build().await;
+    let table = format!("{}_0_0", w.prefix);
+    let topic = format!("outbox.event.{}", w.topic);
+    kafka::create_topic(&topic, 1).await;
+    let streamer = w.start("streamer.log");
+    let mut conn = w.db.connect().await;
+    for n in 0..6 {
+        D::execute(&mut conn, "BEGIN").await;
+        D::execute(&mut conn, &insert::<D>(&table, &w.topic, "order-1", n)).await;
+        if n % 2 == 0 {
+            D::execute(&mut conn, &format!("DELETE FROM {table} WHERE aggregateid = 'order-1'")).await;
+        }
+        D::execute(&mut conn, "COMMIT").await;
+    }
+    let records = kafka::read_at_least(&topic, 1, 6, ARRIVAL).await;
+    assert_eq!(records.iter().map(n_of).collect::<Vec<_>>(), (0..6).collect::<Vec<_>>(), "each once, in order");
+    w.wait_drained(&table).await;
+    assert!(streamer.stop());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_debezium_rows_deleted_in_their_own_transaction_are_sent() {
+    rows_deleted_in_their_own_transaction_are_sent(World::postgres("dzpd"), PG_TABLE).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mariadb_debezium_rows_deleted_in_their_own_transaction_are_sent() {
+    rows_deleted_in_their_own_transaction_are_sent(World::mysql("dzmd"), MY_TABLE).await;
+}

@@ -239,3 +239,24 @@ pub(crate) fn fenced(table: &str, epoch: i64) -> Error {
         "the checkpoint of {table} carries a newer owner epoch than this instance's ({epoch}): another instance owns it"
     ))
 }
+
+/// `setup --create-tables`: the statements creating each of `tables` (quoted for the database)
+/// that does not exist yet, as the layout's own application documents it; an error when the
+/// layout documents none (the application creates its table).
+pub(crate) fn create_missing_tables(
+    source: &SourceConfig,
+    tables: &[String],
+    postgres: bool,
+) -> anyhow::Result<Vec<String>> {
+    tables
+        .iter()
+        .map(|table| match source.layout().create_table(table, postgres) {
+            Some(create) => Ok(create.replacen("CREATE TABLE", "CREATE TABLE IF NOT EXISTS", 1)),
+            None => Err(anyhow::anyhow!(
+                "source {:?}: --create-tables: layout = \"{}\" has no documented table to create; the application creates it",
+                source.name,
+                source.layout.as_str()
+            )),
+        })
+        .collect()
+}

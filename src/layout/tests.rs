@@ -104,7 +104,7 @@ fn a_debezium_mapping_routes_as_the_event_router_does() {
     assert_eq!(layout.column(Field::Topic), Some("aggregatetype"));
     assert_eq!(layout.column(Field::Key), Some("aggregateid"));
     assert_eq!(layout.column(Field::Payload), Some("payload"));
-    assert_eq!(layout.header_columns(), [("id", "event_id")]);
+    assert_eq!(layout.header_columns().collect::<Vec<_>>(), [("id", "event_id")]);
     let raw = RawRow {
         topic: Some(b"Order".to_vec()),
         key: Some(b"o-1".to_vec()),
@@ -144,7 +144,7 @@ fn setup_explains_that_a_uuid_id_needs_an_integer_id_beside_it() {
     let with_seq: &'static Mapping =
         Box::leak(Box::new(Mapping { id: Some("seq".into()), ..Mapping::default() }.with_debezium_defaults()));
     let layout = Layout::Columns(with_seq);
-    assert_eq!((layout.id_column(), layout.header_columns()), ("seq", vec![("id", "id")]));
+    assert_eq!((layout.id_column(), layout.header_columns().collect()), ("seq", vec![("id", "id")]));
     let problems = layout.check_tables(&tables, &found, false);
     assert!(problems.len() == 1 && problems[0].0.contains("has no column seq"), "{problems:?}");
     assert!(problems[0].1.contains("ALTER TABLE `outbox_0_0` ADD COLUMN `seq` BIGINT NOT NULL AUTO_INCREMENT UNIQUE"));

@@ -78,7 +78,7 @@ fn columns(layout: Layout) -> String {
     [Field::Id, Field::Topic, Field::Key, Field::Payload, Field::Headers, Field::Partition, Field::CreatedAt]
         .into_iter()
         .filter_map(|field| layout.column(field))
-        .chain(layout.header_columns().into_iter().map(|(_, column)| column))
+        .chain(layout.header_columns().map(|(_, column)| column))
         .map(ident)
         .collect::<Vec<_>>()
         .join(", ")

@@ -60,16 +60,8 @@ pub(super) async fn setup(source: &SourceConfig, how: &SetupRequest<'_>) -> anyh
     if !source.layout().owns_tables() {
         // Only on a server ready otherwise: a failed setup creates nothing.
         if create_tables && failures.is_empty() {
-            for table in &plan.tables {
-                let create = source.layout().create_table(&my::ident(table), false);
-                let Some(create) = create else {
-                    anyhow::bail!(
-                        "source {:?}: --create-tables: layout = \"{}\" has no documented table to create; the application creates it",
-                        source.name,
-                        source.layout.as_str()
-                    )
-                };
-                let create = create.replacen("CREATE TABLE", "CREATE TABLE IF NOT EXISTS", 1);
+            let quoted: Vec<String> = plan.tables.iter().map(|t| my::ident(t)).collect();
+            for create in crate::db::create_missing_tables(source, &quoted, false)? {
                 conn.query_drop(&create).await.with_context(|| format!("source {:?}: {create}", source.name))?;
             }
         }

@@ -106,7 +106,6 @@ impl ColumnMap {
         });
         let headers = layout
             .header_columns()
-            .into_iter()
             .map(|(header, name)| {
                 let pos = rel.columns.iter().position(|c| c.name == name);
                 (

@@ -85,7 +85,7 @@ fn columns(layout: Layout, is_bytea: &dyn Fn(&str) -> bool) -> String {
         col(Field::Partition, &|c| format!("{}::int4", ident(c)), "int4"),
         col(Field::CreatedAt, &|c| format!("(extract(epoch FROM {}) * 1000000)::int8", ident(c)), "int8"),
     ];
-    list.extend(layout.header_columns().into_iter().map(|(_, c)| text(c)));
+    list.extend(layout.header_columns().map(|(_, c)| text(c)));
     list.join(", ")
 }
 
@@ -197,7 +197,7 @@ fn polled(row: &Row, layout: Layout) -> Result<PolledRow, Error> {
         extra_headers: Vec::new(),
     };
     let mut raw = raw;
-    for (i, (header, column)) in layout.header_columns().into_iter().enumerate() {
+    for (i, (header, column)) in layout.header_columns().enumerate() {
         let value: Option<String> = row.try_get(7 + i).map_err(|e| column_error(column, e))?;
         if let Some(v) = value {
             raw.extra_headers.push((header.to_string(), v.into_bytes()));

@@ -64,16 +64,8 @@ pub(super) async fn setup(source: &SourceConfig, how: &SetupRequest<'_>) -> anyh
         let tables: Vec<String> = plan.streams.iter().map(|s| s.table.clone()).collect();
         // Only on a server ready otherwise: a failed setup creates nothing.
         if create_tables && failures.is_empty() {
-            for table in &tables {
-                let create = source.layout().create_table(&outbox_postgres::setup::ident(table), true);
-                let Some(create) = create else {
-                    anyhow::bail!(
-                        "source {:?}: --create-tables: layout = \"{}\" has no documented table to create; the application creates it",
-                        source.name,
-                        source.layout.as_str()
-                    )
-                };
-                let create = create.replacen("CREATE TABLE", "CREATE TABLE IF NOT EXISTS", 1);
+            let quoted: Vec<String> = tables.iter().map(|t| outbox_postgres::setup::ident(t)).collect();
+            for create in crate::db::create_missing_tables(source, &quoted, true)? {
                 client.batch_execute(&create).await.with_context(|| format!("source {:?}: {create}", source.name))?;
             }
         }
