@@ -244,7 +244,7 @@ impl BenchDb {
         table: &str,
         topic: &str,
         rows: usize,
-        payload_bytes: usize,
+        payload: &[u8],
         wal: bool,
         progress: &AtomicUsize,
     ) -> anyhow::Result<Committed> {
@@ -254,11 +254,10 @@ impl BenchDb {
             DbKind::Postgres if wal => {
                 let c = PgTarget::from_url(&self.admin_url, None)?.connect().await?;
                 let sql = "SELECT (pg_logical_emit_message(true, $1, e) - '0/0'::pg_lsn)::bigint FROM unnest($2::bytea[]) AS u(e)";
-                let payload = vec![b'x'; payload_bytes];
                 while left > 0 {
                     let n = left.min(BACKLOG_TXN_ROWS);
                     let keys: Vec<Vec<u8>> = (0..n).map(|g| format!("b{}", g % 16).into_bytes()).collect();
-                    let payloads: Vec<&[u8]> = (0..n).map(|_| payload.as_slice()).collect();
+                    let payloads: Vec<&[u8]> = (0..n).map(|_| payload).collect();
                     let envelopes = super::load::envelopes(topic, &keys, &payloads);
                     let rows = c.query(sql, &[&table, &envelopes]).await?;
                     ids.extend(rows.iter().map(|r| r.get::<_, i64>(0)));
@@ -270,13 +269,13 @@ impl BenchDb {
                 let c = PgTarget::from_url(&self.admin_url, None)?.connect().await?;
                 let sql = format!(
                     "INSERT INTO {} (topic, msg_key, payload)
-                     SELECT $1, convert_to('b' || (g % 16), 'UTF8'), convert_to(repeat('x', $2), 'UTF8')
+                     SELECT $1, convert_to('b' || (g % 16), 'UTF8'), $2::bytea
                      FROM generate_series(1, $3) g RETURNING id",
                     outbox_postgres::setup::ident(table)
                 );
                 while left > 0 {
                     let n = left.min(BACKLOG_TXN_ROWS);
-                    let rows = c.query(&sql, &[&topic, &(payload_bytes as i32), &(n as i32)]).await?;
+                    let rows = c.query(&sql, &[&topic, &payload, &(n as i32)]).await?;
                     ids.extend(rows.iter().map(|r| r.get::<_, i64>(0)));
                     left -= n;
                     progress.fetch_add(n, Ordering::Relaxed);
@@ -292,9 +291,9 @@ impl BenchDb {
                     tx.exec_drop(
                         format!(
                             "INSERT INTO {t} (topic, msg_key, payload)
-                             SELECT ?, CONCAT('b', seq % 16), REPEAT('x', ?) FROM seq_1_to_{n}"
+                             SELECT ?, CONCAT('b', seq % 16), ? FROM seq_1_to_{n}"
                         ),
-                        (topic, payload_bytes as u64),
+                        (topic, payload),
                     )
                     .await?;
                     let first = tx.last_insert_id();
@@ -511,7 +510,7 @@ async fn run_mariadb_writer(
     let values = vec!["(?, ?, ?)"; plan.rows_per_txn].join(",");
     let insert =
         format!("INSERT INTO {} (topic, msg_key, payload) VALUES {values}", outbox_mysql::setup::ident(&plan.table));
-    let payload = vec![b'x'; plan.payload_bytes];
+    let payload = plan.payload.clone();
     let mut committed = Vec::new();
     let mut ticker = super::load::ticker(&plan);
     let end = Instant::now() + plan.duration;

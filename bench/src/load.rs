@@ -13,7 +13,8 @@ pub(super) struct WriterPlan {
     pub table: String,
     pub topic: String,
     pub rows_per_txn: usize,
-    pub payload_bytes: usize,
+    /// Every message's payload (see `payload.rs`).
+    pub payload: Arc<[u8]>,
     /// Transactions per second for this writer; `None` for as fast as possible.
     pub txn_rate: Option<f64>,
     pub duration: Duration,
@@ -108,7 +109,7 @@ pub(super) async fn run_writer(
     } else {
         None
     };
-    let payload = vec![b'x'; plan.payload_bytes];
+    let payload = plan.payload.clone();
     let mut committed = Vec::new();
     let mut ticker = ticker(&plan);
     let end = Instant::now() + plan.duration;
@@ -118,7 +119,7 @@ pub(super) async fn run_writer(
             t.tick().await;
         }
         let keys: Vec<Vec<u8>> = (0..plan.rows_per_txn).map(|i| plan.key(n, i)).collect();
-        let payloads: Vec<&[u8]> = (0..plan.rows_per_txn).map(|_| payload.as_slice()).collect();
+        let payloads: Vec<&[u8]> = (0..plan.rows_per_txn).map(|_| &payload[..]).collect();
         n += plan.rows_per_txn;
         client.batch_execute("BEGIN").await?;
         let rows = if plan.wal {

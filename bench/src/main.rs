@@ -38,6 +38,7 @@ mod check;
 mod db;
 mod load;
 mod neighbours;
+mod payload;
 mod private_dir;
 mod procstat;
 mod rabbit;
@@ -153,6 +154,10 @@ pub(crate) struct BenchArgs {
     pub rows_per_txn: usize,
     #[arg(long, default_value_t = 200)]
     pub payload_bytes: usize,
+    /// What the payload looks like: `repeated` (one byte, compresses to nothing) or `json`
+    /// (an order event with the entropy of real JSON; see `payload.rs`).
+    #[arg(long, value_enum, default_value_t = payload::PayloadShape::Repeated)]
+    pub payload_shape: payload::PayloadShape,
     /// Shard-partitions (tables, slots) the writers spread over.
     #[arg(long, default_value_t = 1)]
     pub partitions: u32,

@@ -29,6 +29,9 @@ pub(crate) struct Report {
     pub writers: usize,
     pub rows_per_txn: usize,
     pub payload_bytes: usize,
+    /// The payload's shape (absent in reports before 2026-12-07: `repeated`).
+    #[serde(default, skip_serializing_if = "crate::payload::PayloadShape::is_repeated")]
+    pub payload_shape: crate::payload::PayloadShape,
     pub partitions: u32,
     pub hold_open: Option<HoldOpen>,
     pub shared_keys: bool,
@@ -154,10 +157,11 @@ fn markdown_row(r: &Report) -> String {
         match r.tw_tkms {
             Some(c) => format!(" (tw-tkms {})", c.as_str()),
             None => String::new(),
-        } + match (r.sink, r.mode) {
-            (BenchSink::Rabbitmq, BenchMode::Cdc | BenchMode::Polling) => " → RabbitMQ",
-            _ => "",
-        },
+        } + if r.payload_shape.is_repeated() { "" } else { " (json)" }
+            + match (r.sink, r.mode) {
+                (BenchSink::Rabbitmq, BenchMode::Cdc | BenchMode::Polling) => " → RabbitMQ",
+                _ => "",
+            },
         target,
         r.messages,
         r.throughput_msgs_per_s,

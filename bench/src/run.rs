@@ -200,11 +200,10 @@ async fn run(
         Some(rows) => {
             eprintln!("inserting a backlog of {rows} rows with the streamer stopped…");
             let wal = args.storage == BenchStorage::Wal;
+            let payload = crate::payload::payload(args.payload_bytes, args.payload_shape);
             let inserted = match args.tw_tkms {
-                Some(c) => {
-                    tkms::insert_backlog(db, c, (&tables[0], &topic), rows, args.payload_bytes, &progress).await?
-                }
-                None => db.insert_backlog(&tables[0], &topic, rows, args.payload_bytes, wal, &progress).await?,
+                Some(c) => tkms::insert_backlog(db, c, (&tables[0], &topic), rows, &payload, &progress).await?,
+                None => db.insert_backlog(&tables[0], &topic, rows, &payload, wal, &progress).await?,
             };
             if args.catch_up {
                 db.mark_catch_up_pending(&format!("{run_id}_checkpoint"), &tables[0]).await?;
@@ -266,7 +265,7 @@ async fn run(
             table: format!("{run_id}_0_{}", writer as u32 % args.partitions),
             topic: topic.clone(),
             rows_per_txn: args.rows_per_txn,
-            payload_bytes: args.payload_bytes,
+            payload: crate::payload::payload(args.payload_bytes, args.payload_shape).into(),
             txn_rate,
             duration: Duration::from_secs(args.duration_s),
             keys: 16,
@@ -321,6 +320,7 @@ async fn run(
         writers: args.writers,
         rows_per_txn: args.rows_per_txn,
         payload_bytes: args.payload_bytes,
+        payload_shape: args.payload_shape,
         partitions: args.partitions,
         hold_open: args.hold_open,
         shared_keys: args.shared_keys,

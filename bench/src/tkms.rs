@@ -143,17 +143,16 @@ pub(super) async fn insert_backlog(
     c: TkmsCompression,
     (table, topic): (&str, &str),
     rows: usize,
-    payload_bytes: usize,
+    payload: &[u8],
     progress: &AtomicUsize,
 ) -> anyhow::Result<Committed> {
     let mut inserter = Inserter::open(db, table).await?;
-    let payload = vec![b'x'; payload_bytes];
     let mut committed = Vec::with_capacity(rows);
     let mut done = 0;
     while done < rows {
         let n = (rows - done).min(1000);
         let messages =
-            (done..done + n).map(|g| message(c, topic, format!("b{}", g % 16).as_bytes(), &payload)).collect();
+            (done..done + n).map(|g| message(c, topic, format!("b{}", g % 16).as_bytes(), payload)).collect();
         let ids = inserter.insert(messages).await?;
         let at = Instant::now();
         committed.extend(ids.into_iter().map(|id| (id, at)));
@@ -183,7 +182,7 @@ pub(super) async fn run_writer(
     progress: Arc<AtomicUsize>,
 ) -> anyhow::Result<Committed> {
     let mut inserter = Inserter::open(db, &plan.table).await?;
-    let payload = vec![b'x'; plan.payload_bytes];
+    let payload = plan.payload.clone();
     let mut committed = Vec::new();
     let mut ticker = ticker(&plan);
     let end = Instant::now() + plan.duration;
