@@ -710,3 +710,50 @@ async fn postgres_a_memory_alarm_is_reported_and_loses_nothing() {
     w.wait_drained(&w.table(1, 0)).await;
     assert!(streamer.stop());
 }
+
+/// tw-tkms's table (`layout = "tw-tkms"`) to RabbitMQ: each stored message's topic names the
+/// exchange and its key the routing key; its value, its headers in stored order and its
+/// explicit timestamp (the AMQP `timestamp`, in seconds) arrive as the application stored
+/// them, in commit order, and the rows are deleted.
+#[tokio::test]
+async fn postgres_tw_tkms_messages_reach_rabbitmq_as_stored() {
+    use outbox_tw_tkms::{Compression, StoredMessage, encode};
+    let w = World::postgres("rtk")
+        .source_keys("layout = \"tw-tkms\"")
+        .before_setup("CREATE TABLE {prefix}_0_0 (id BIGSERIAL PRIMARY KEY, message BYTEA NOT NULL)")
+        .config(&config_all())
+        .build()
+        .await;
+    let (_conn, ch) = channel().await;
+    declare_exchange(&ch, &w.topic).await;
+    let mut consumer = bound_queue(&ch, &w.topic, "k").await;
+    let streamer = w.start("streamer.log");
+    let table = format!("{}_0_0", w.prefix);
+    const N: u64 = 30;
+    let db = w.db.connect().await;
+    for n in 0..N {
+        let stored = StoredMessage {
+            topic: w.topic.clone(),
+            partition: None,
+            key: Some("k".into()),
+            timestamp_ms: Some(1_700_000_000_000 + n * 1000),
+            value: format!("m{n}").into_bytes(),
+            headers: vec![("h".into(), b"1".to_vec()), ("h".into(), b"2".to_vec())],
+            insert_timestamp_ms: None,
+        };
+        let compression = if n % 2 == 0 { Compression::Gzip } else { Compression::Lz4 };
+        let bytes = encode(&stored, compression);
+        db.execute(&format!("INSERT INTO {table} (message) VALUES ($1)"), &[&bytes]).await.unwrap();
+    }
+    for n in 0..N {
+        let d = tokio::time::timeout(DEADLINE, consumer.next()).await.expect("a message in time").unwrap().unwrap();
+        assert_eq!(d.data, format!("m{n}").as_bytes(), "commit order");
+        assert_eq!(d.properties.timestamp(), &Some(1_700_000_000 + n), "the stored timestamp, in seconds");
+        let headers = d.properties.headers().clone().unwrap_or_default();
+        let both: Vec<AMQPValue> = ["1", "2"].map(|v| AMQPValue::LongString(v.as_bytes().to_vec().into())).into();
+        assert_eq!(headers.inner().get("h"), Some(&AMQPValue::FieldArray(both.into())), "a repeated header, in order");
+        d.ack(BasicAckOptions::default()).await.unwrap();
+    }
+    w.wait_drained(&table).await;
+    assert!(streamer.stop());
+}

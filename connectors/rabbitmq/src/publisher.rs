@@ -75,10 +75,30 @@ pub struct Message<'a> {
     pub routing_key: &'a str,
     pub payload: &'a [u8],
     pub message_id: &'a str,
-    /// Headers, in order; a later one with the same name wins.
+    /// Headers, in order. A name given more than once (Kafka and tw-tkms allow it, an AMQP
+    /// header table does not) becomes one header whose value is an array of the values in
+    /// order; a name given once has its value as a long string.
     pub headers: &'a [(&'a str, &'a [u8])],
     /// The `timestamp` property, seconds since the epoch.
     pub timestamp_s: Option<u64>,
+}
+
+/// The AMQP header table of `headers` (see [`Message::headers`]).
+fn header_table(headers: &[(&str, &[u8])]) -> FieldTable {
+    let mut table = FieldTable::default();
+    for (i, (name, _)) in headers.iter().enumerate() {
+        let text = |v: &[u8]| AMQPValue::LongString(LongString::from(v.to_vec()));
+        if headers[..i].iter().any(|(earlier, _)| earlier == name) {
+            continue;
+        }
+        let values: Vec<&[u8]> = headers[i..].iter().filter(|(n, _)| n == name).map(|(_, v)| *v).collect();
+        let value = match values.as_slice() {
+            [one] => text(one),
+            many => AMQPValue::FieldArray(many.iter().map(|v| text(v)).collect::<Vec<_>>().into()),
+        };
+        table.insert(ShortString::from(*name), value);
+    }
+    table
 }
 
 /// Why [`Publisher::send`] did not take a message.
@@ -162,10 +182,7 @@ impl Publisher {
         }
         let (routing_key, exchange) = (ShortString::from(m.routing_key), ShortString::from(m.exchange));
         let permit = self.window.clone().try_acquire_owned().map_err(|_| Offer::Full)?;
-        let mut headers = FieldTable::default();
-        for (name, value) in m.headers {
-            headers.insert(ShortString::from(*name), AMQPValue::LongString(LongString::from(value.to_vec())));
-        }
+        let headers = header_table(m.headers);
         let properties = BasicProperties::default()
             .with_delivery_mode(2)
             .with_message_id(ShortString::from(m.message_id))
@@ -376,5 +393,18 @@ fn settled(confirm: Result<Confirmation, lapin::Error>) -> Result<(), PublishErr
         }),
         Ok(Confirmation::NotRequested) => Err(PublishError::transient("the channel is not in confirm mode")),
         Err(e) => Err(PublishError::from(&e)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use lapin::types::{AMQPValue, LongString};
+
+    #[test]
+    fn a_repeated_header_name_becomes_an_array_in_order() {
+        let table = super::header_table(&[("h", b"1"), ("a", b"x"), ("h", b"2")]);
+        let text = |v: &str| AMQPValue::LongString(LongString::from(v.as_bytes().to_vec()));
+        assert_eq!(table.inner().get("a"), Some(&text("x")));
+        assert_eq!(table.inner().get("h"), Some(&AMQPValue::FieldArray(vec![text("1"), text("2")].into())));
     }
 }
