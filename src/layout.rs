@@ -324,7 +324,10 @@ impl Layout {
                         format!("table {table} has no column {name} (layout = \"{}\")", self.as_str()),
                         match self {
                             Layout::Columns(m) if m.id.is_some() && *name == self.id_column() => {
-                                add_id_column(table, name, postgres)
+                                format!(
+                                    "add it (this copies the table under a lock: first delete rows already sent): {}",
+                                    add_id_column(table, name, postgres)
+                                )
                             }
                             _ => shape(table),
                         },
@@ -358,7 +361,7 @@ impl Layout {
 /// inserts do not change, and the uuid still travels as the `id` header.
 fn id_column_fix(table: &str, found: &str, postgres: bool) -> String {
     format!(
-        "rows are read, ordered and deleted by an increasing integer column, and a {found} is not one: {} then set id = \"seq\" in [source.columns] (the application's inserts do not change; the uuid still goes out as the id header)",
+        "rows are read, ordered and deleted by an increasing integer column, and a {found} is not one: add one (this copies the table under a lock: first delete rows already sent) with {} then set id = \"seq\" in [source.columns] (the application's inserts do not change; the uuid still goes out as the id header)",
         add_id_column(table, "seq", postgres)
     )
 }
