@@ -22,14 +22,23 @@ const MAPPING: &str = r#"layout = "debezium"
 id = "seq"
 header_columns = { id = "id", type = "type" }"#;
 
-/// Debezium's documented table, then the column `setup` asks for.
-const PG_TABLE: &str = "CREATE TABLE {prefix}_0_0 (
+/// Debezium's documented table on PostgreSQL, as a literal for `concat!`.
+macro_rules! pg_documented_table {
+    () => {
+        "CREATE TABLE {prefix}_0_0 (
     id uuid NOT NULL PRIMARY KEY,
     aggregatetype varchar(255) NOT NULL,
     aggregateid varchar(255) NOT NULL,
     type varchar(255) NOT NULL,
-    payload jsonb);
-    ALTER TABLE {prefix}_0_0 ADD COLUMN seq bigint GENERATED ALWAYS AS IDENTITY UNIQUE";
+    payload jsonb);"
+    };
+}
+
+/// Debezium's documented table, then the column `setup` asks for.
+const PG_TABLE: &str = concat!(
+    pg_documented_table!(),
+    "\n    ALTER TABLE {prefix}_0_0 ADD COLUMN seq bigint GENERATED ALWAYS AS IDENTITY UNIQUE"
+);
 const MY_TABLE: &str = "CREATE TABLE {prefix}_0_0 (
     id CHAR(36) NOT NULL PRIMARY KEY,
     aggregatetype VARCHAR(255) NOT NULL,
@@ -67,7 +76,11 @@ fn n_of(r: &kafka::Record) -> i64 {
 }
 
 async fn debezium_rows_arrive<D: Database>(builder: WorldBuilder<D>, create: &str) {
-    let w = with_table(builder.source_keys(MAPPING), create).build().await;
+    rows_arrive(builder, MAPPING, create).await;
+}
+
+async fn rows_arrive<D: Database>(builder: WorldBuilder<D>, mapping: &str, create: &str) {
+    let w = with_table(builder.source_keys(mapping), create).build().await;
     let named = create.split_whitespace().nth(2).expect("CREATE TABLE <name>").to_string();
     let table = named.replace("{prefix}", &w.prefix);
     let topic = format!("outbox.event.{}", w.topic);
@@ -214,9 +227,12 @@ async fn setup_names_what_a_debezium_table_lacks<D: Database>(builder: WorldBuil
         D::execute(&mut admin, &documented.replace("{prefix}_0_0", table)).await;
     }
     let (no_unique, not_numbered) = if D::KIND == "postgres" {
-        ("ADD COLUMN seq bigint GENERATED ALWAYS AS IDENTITY", "ADD COLUMN seq bigint UNIQUE")
+        ("ADD COLUMN seq bigint GENERATED ALWAYS AS IDENTITY", "ADD COLUMN seq bigint NOT NULL DEFAULT 0 UNIQUE")
     } else {
-        ("ADD COLUMN seq BIGINT NOT NULL AUTO_INCREMENT, ADD KEY (seq)", "ADD COLUMN seq BIGINT UNIQUE")
+        (
+            "ADD COLUMN seq BIGINT NOT NULL AUTO_INCREMENT, ADD KEY (seq)",
+            "ADD COLUMN seq BIGINT NOT NULL DEFAULT 0 UNIQUE",
+        )
     };
     D::execute(&mut admin, &format!("ALTER TABLE {loose} {no_unique}")).await;
     D::execute(&mut admin, &format!("ALTER TABLE {chosen} {not_numbered}")).await;
@@ -374,4 +390,26 @@ async fn postgres_debezium_rows_deleted_in_their_own_transaction_are_sent() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mariadb_debezium_rows_deleted_in_their_own_transaction_are_sent() {
     rows_deleted_in_their_own_transaction_are_sent(World::mysql("dzmd"), MY_TABLE).await;
+}
+
+/// An identity column of type `integer` whose name needs quoting (`"Seq"`): every statement
+/// binds ids as int8 and quotes the name, in CDC and polling.
+const PG_INT4_TABLE: &str = concat!(
+    pg_documented_table!(),
+    "\n    ALTER TABLE {prefix}_0_0 ADD COLUMN \"Seq\" integer GENERATED ALWAYS AS IDENTITY UNIQUE"
+);
+
+const INT4_MAPPING: &str = r#"layout = "debezium"
+[source.columns]
+id = "Seq"
+header_columns = { id = "id", type = "type" }"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_cdc_reads_a_debezium_table_with_an_integer_mixed_case_identity() {
+    rows_arrive(World::postgres("dzpi"), INT4_MAPPING, PG_INT4_TABLE).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_polling_reads_a_debezium_table_with_an_integer_mixed_case_identity() {
+    rows_arrive(World::postgres("dzpip").config(POLLING), INT4_MAPPING, PG_INT4_TABLE).await;
 }

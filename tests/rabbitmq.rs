@@ -358,6 +358,8 @@ fn config_all() -> String {
 /// and nothing rolled back.
 async fn writers_rollbacks_and_kills<D: Database>(w: World<D>) {
     const WRITERS: usize = 3;
+    // Each writer commits or rolls back at least this many transactions, and goes on until the
+    // last kill is done, so every kill lands while rows are being written.
     const TXNS: usize = 40;
     let queue = format!("{}-all", w.topic);
     {
@@ -380,16 +382,19 @@ async fn writers_rollbacks_and_kills<D: Database>(w: World<D>) {
         conn.close(200, "declared".into()).await.unwrap();
     }
     let table = w.table(0, 0);
+    let killed = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let mut writers = Vec::new();
     for writer in 0..WRITERS {
         let mut conn = w.db.connect().await;
-        let (table, topic) = (table.clone(), w.topic.clone());
+        let (table, topic, killed) = (table.clone(), w.topic.clone(), killed.clone());
         writers.push(tokio::spawn(async move {
             let mut rng = crate::workload::Rng(0x9e37_79b9_7f4a_7c15 ^ (writer as u64 + 1));
             // A steady load across the kills (not a synchronisation).
             let mut pace = tokio::time::interval(Duration::from_millis(30));
             let (mut committed, mut rolled_back, mut n) = (Vec::new(), Vec::new(), 0);
-            for t in 0..TXNS {
+            let mut t = 0;
+            while t < TXNS || !killed.load(std::sync::atomic::Ordering::SeqCst) {
+                t += 1;
                 pace.tick().await;
                 let rollback = rng.below(5) == 0;
                 D::execute(&mut conn, "BEGIN").await;
@@ -434,6 +439,7 @@ async fn writers_rollbacks_and_kills<D: Database>(w: World<D>) {
         streamer.kill();
         streamer = w.start(&format!("run-{kill}.log"));
     }
+    killed.store(true, std::sync::atomic::Ordering::SeqCst);
     let (mut committed, mut rolled_back) = (std::collections::HashSet::new(), std::collections::HashSet::new());
     for writer in writers {
         let (c, r) = writer.await.unwrap();

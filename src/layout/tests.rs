@@ -158,3 +158,21 @@ fn setup_explains_that_a_uuid_id_needs_an_integer_id_beside_it() {
     assert!(chosen[0].1.contains("ALTER TABLE `outbox_0_0` MODIFY `seq` BIGINT NOT NULL AUTO_INCREMENT;"));
     assert!(layout.id_column_problems(&tables, &found, &tables, &tables, true).is_empty());
 }
+
+#[test]
+fn a_column_named_with_another_case_is_named_as_the_table_has_it() {
+    let m: &'static Mapping =
+        Box::leak(Box::new(Mapping { id: Some("seq".into()), ..Mapping::default() }.with_debezium_defaults()));
+    let row = |c: &str, ty: &str| ("outbox_0_0".to_string(), c.to_string(), ty.to_string());
+    let found = vec![
+        row("id", "char"),
+        row("Seq", "bigint"),
+        row("aggregatetype", "varchar"),
+        row("aggregateid", "varchar"),
+        row("payload", "json"),
+    ];
+    let problems = Layout::Columns(m).check_tables(&["outbox_0_0".to_string()], &found, false);
+    assert_eq!(problems.len(), 1, "{problems:?}");
+    assert!(problems[0].0.contains("has a column Seq, not seq"), "{problems:?}");
+    assert!(problems[0].1.contains("\"Seq\""), "{problems:?}");
+}

@@ -23,14 +23,20 @@ impl RowDeleter {
     /// Deletes rows of `table` by their `id_column`.
     pub fn new(table: &str, id_column: &str) -> Self {
         let (table, id) = (ident(table), ident(id_column));
-        Self { sql: format!("DELETE FROM {table} WHERE {id} = ANY($1)"), table, id, prepared: None, recording: None }
+        Self {
+            sql: format!("DELETE FROM {table} WHERE {id} = ANY($1::int8[])"),
+            table,
+            id,
+            prepared: None,
+            recording: None,
+        }
     }
 
     /// Also offers [`Self::delete_and_record`], which stores the published-up-to mark of
     /// `stream` in `checkpoint_table` in the same statement (one transaction) as the delete.
     pub fn recording_in(mut self, checkpoint_table: &str, stream: &str) -> Self {
         let sql = format!(
-            "WITH d AS (DELETE FROM {table} WHERE {id} = ANY($1) RETURNING 1),
+            "WITH d AS (DELETE FROM {table} WHERE {id} = ANY($1::int8[]) RETURNING 1),
                   n AS (SELECT count(*) AS n FROM d),
                   u AS (UPDATE {cp} SET published_lsn = $2::text::pg_lsn, updated_at = now()
                         WHERE stream = {stream} AND $3 AND (NOT $4 OR (SELECT n FROM n) = cardinality($1))
@@ -97,7 +103,7 @@ pub async fn existing_ids(
     ids: &[i64],
 ) -> Result<Vec<i64>, tokio_postgres::Error> {
     let id = ident(id_column);
-    let sql = format!("SELECT {id}::int8 FROM {} WHERE {id} = ANY($1) ORDER BY 1", ident(table));
+    let sql = format!("SELECT {id}::int8 FROM {} WHERE {id} = ANY($1::int8[]) ORDER BY 1", ident(table));
     let rows = client.query(&sql, &[&ids]).await?;
     Ok(rows.iter().map(|r| r.get(0)).collect())
 }

@@ -84,19 +84,20 @@ pub struct Message<'a> {
 }
 
 /// The AMQP header table of `headers` (see [`Message::headers`]).
+/// Linear in the number of headers (a message may carry very many).
 fn header_table(headers: &[(&str, &[u8])]) -> FieldTable {
+    let text = |v: &[u8]| AMQPValue::LongString(LongString::from(v.to_vec()));
+    let mut grouped: std::collections::HashMap<&str, Vec<&[u8]>> = std::collections::HashMap::new();
+    for (name, value) in headers {
+        grouped.entry(name).or_default().push(value);
+    }
     let mut table = FieldTable::default();
-    for (i, (name, _)) in headers.iter().enumerate() {
-        let text = |v: &[u8]| AMQPValue::LongString(LongString::from(v.to_vec()));
-        if headers[..i].iter().any(|(earlier, _)| earlier == name) {
-            continue;
-        }
-        let values: Vec<&[u8]> = headers[i..].iter().filter(|(n, _)| n == name).map(|(_, v)| *v).collect();
+    for (name, values) in grouped {
         let value = match values.as_slice() {
             [one] => text(one),
             many => AMQPValue::FieldArray(many.iter().map(|v| text(v)).collect::<Vec<_>>().into()),
         };
-        table.insert(ShortString::from(*name), value);
+        table.insert(ShortString::from(name), value);
     }
     table
 }

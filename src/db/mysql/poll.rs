@@ -66,11 +66,13 @@ impl MyPollTable {
     }
 }
 
-/// The index hint of range reads by id: the primary key when `id` is the identity column (the
-/// optimizer otherwise may scan, and lock, more of a small table); a mapped identity column's
-/// unique index is left to the optimizer.
+/// The index hint of range reads by id: the primary key of tables whose `id` is it (the
+/// optimizer otherwise may scan, and lock, more of a small table). A mapped table's identity
+/// column (even one named `id`) need only have a unique index, not be the primary key —
+/// forcing PRIMARY there would scan the whole table and sort it — so its index is left to the
+/// optimizer.
 pub(super) fn id_index(layout: Layout) -> &'static str {
-    if layout.id_column() == "id" { " FORCE INDEX (PRIMARY)" } else { "" }
+    if matches!(layout, Layout::Columns(_)) { "" } else { " FORCE INDEX (PRIMARY)" }
 }
 
 /// The layout's columns, read by name (see [`super::cdc::record`]).

@@ -159,9 +159,10 @@ impl ColumnMap {
                 _ => Ok(None),
             }
         };
+        let id_column = self.layout.id_column();
         let id = int(0)
-            .map_err(|e| InvalidRow::new(None, "id", e))?
-            .ok_or_else(|| InvalidRow::new(None, "id", "is NULL"))?;
+            .map_err(|e| InvalidRow::new(None, id_column, e))?
+            .ok_or_else(|| InvalidRow::new(None, id_column, "is NULL"))?;
         let bad = |slot: usize| {
             let column = self.layout.column(COLUMNS[slot].0).unwrap_or("?");
             move |e: &str| InvalidRow::new(Some(id), column, e)
@@ -661,7 +662,7 @@ impl Source for PgSource {
         // One statement, one snapshot: the WAL insert position is read after the snapshot was
         // taken, so every commit the reads saw is before it.
         let sql = format!(
-            "SELECT ARRAY(SELECT {id}::int8 FROM {t} WHERE {id} <= $1 ORDER BY {id} LIMIT $2),
+            "SELECT ARRAY(SELECT {id}::int8 FROM {t} WHERE {id} <= $1::int8 ORDER BY {id} LIMIT $2),
                     (SELECT max({id})::int8 FROM {t}), pg_current_wal_insert_lsn()::text",
             t = outbox_postgres::setup::ident(&self.names.table),
             id = outbox_postgres::setup::ident(self.layout.id_column())

@@ -46,7 +46,7 @@ pub fn oldest_sql(table: &str) -> String {
 
 fn oldest_sql_of(table: &str, select: &str, id_column: &str) -> String {
     let id = ident(id_column);
-    format!("SELECT {select} FROM {} WHERE {id} > $1 AND {id} <= $2 ORDER BY {id} LIMIT $3", ident(table))
+    format!("SELECT {select} FROM {} WHERE {id} > $1::int8 AND {id} <= $2::int8 ORDER BY {id} LIMIT $3", ident(table))
 }
 
 /// The select list of `layout` on `table` (a mapped layout's depends on its columns' types).
@@ -122,7 +122,7 @@ impl PgPollTable {
     pub(crate) fn fenced_by(mut self, checkpoint_table: &str, epoch: i64) -> Self {
         let sql = format!(
             "WITH f AS (SELECT owner_epoch <= $3 AS ok FROM {cp} WHERE stream = $2 FOR SHARE),
-                  d AS (DELETE FROM {t} WHERE {id} = ANY($1) AND coalesce((SELECT ok FROM f), false) RETURNING 1)
+                  d AS (DELETE FROM {t} WHERE {id} = ANY($1::int8[]) AND coalesce((SELECT ok FROM f), false) RETURNING 1)
              SELECT coalesce((SELECT ok FROM f), false), (SELECT count(*) FROM d)",
             cp = ident(checkpoint_table),
             t = ident(&self.table),
@@ -218,7 +218,7 @@ pub(crate) async fn rows_by_id(
     }
     let select = select_list(client, table, layout).await?;
     let id = ident(layout.id_column());
-    let sql = format!("SELECT {select} FROM {} WHERE {id} = ANY($1) ORDER BY {id}", ident(table));
+    let sql = format!("SELECT {select} FROM {} WHERE {id} = ANY($1::int8[]) ORDER BY {id}", ident(table));
     let rows = match client.query(&sql, &[&ids]).await {
         Ok(rows) => rows,
         Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::UNDEFINED_COLUMN) => {

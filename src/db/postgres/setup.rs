@@ -147,6 +147,29 @@ pub(super) async fn setup(source: &SourceConfig, how: &SetupRequest<'_>) -> anyh
             waiting.join("; ")
         );
     }
+    // The check above waited only for the prepared transactions it first saw: one prepared
+    // since (by a transaction manager, or left over) holds up the new slot just the same, and
+    // without a word setup would seem to hang.
+    let slots: Vec<String> = plan.streams.iter().map(|s| s.slot.clone()).collect();
+    let prepared: Vec<String> = client
+        .query(
+            "SELECT format('%L in database %I', gid, database) FROM pg_prepared_xacts
+             WHERE (SELECT count(*) FROM pg_replication_slots WHERE slot_name = ANY($1)) < cardinality($1)
+             ORDER BY prepared",
+            &[&slots],
+        )
+        .await?
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    if !prepared.is_empty() {
+        eprintln!(
+            "source {:?}: a slot still to be created waits until these prepared transactions are decided \
+             (COMMIT PREPARED or ROLLBACK PREPARED in their database): {}",
+            source.name,
+            prepared.join(", ")
+        );
+    }
     let failed = |e: pg::ApplyError| anyhow::anyhow!("source {:?}: {e}", source.name);
     pg::apply_schema(&mut client, &plan).await.map_err(failed)?;
     if privileges::can_replicate(&client).await? {

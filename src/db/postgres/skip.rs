@@ -58,7 +58,7 @@ pub(super) async fn skip(source: &SourceConfig, id: StreamId, what: &What) -> an
         }
         What::Id(row_id) => {
             let id = outbox_postgres::setup::ident(source.layout().id_column());
-            tx.execute(&format!("DELETE FROM {table} WHERE {id} = $1"), &[row_id]).await?
+            tx.execute(&format!("DELETE FROM {table} WHERE {id} = $1::int8"), &[row_id]).await?
         }
         What::Transaction(_) | What::Message { .. } => 0,
     };
