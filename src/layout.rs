@@ -293,12 +293,14 @@ impl Layout {
 
     /// What is wrong with the tables `tables` of this layout, from their columns as
     /// `information_schema.columns` lists them (`found`: table, column, data type), each as
-    /// (what, fix). Empty for a layout whose tables `setup` creates.
+    /// (what, fix). Empty for a layout whose tables `setup` creates. With `uuid_ids`, a mapped
+    /// table's id column may be a uuid (PostgreSQL CDC reads such a table by key).
     pub(crate) fn check_tables(
         self,
         tables: &[String],
         found: &[(String, String, String)],
         postgres: bool,
+        uuid_ids: bool,
     ) -> Vec<(String, String)> {
         let mut problems = Vec::new();
         let required = self.required_columns();
@@ -341,6 +343,8 @@ impl Layout {
                             _ => shape(table),
                         },
                     )),
+                    Some((_, _, t))
+                        if uuid_ids && self.mapping().is_some() && *name == self.id_column() && t == "uuid" => {}
                     Some((_, _, t)) if !types.is_empty() && !types.contains(&t.to_ascii_lowercase().as_str()) => {
                         let fix = match self {
                             // Debezium's default event id is a uuid.
@@ -363,6 +367,16 @@ impl Layout {
         }
         problems
     }
+}
+
+/// The tables of `tables` a mapped layout reads by key: their id column is a uuid (in `found`,
+/// as for [`Layout::check_tables`]).
+pub(crate) fn uuid_keyed(layout: Layout, tables: &[String], found: &[(String, String, String)]) -> Vec<String> {
+    if layout.mapping().is_none() {
+        return Vec::new();
+    }
+    let id = layout.id_column();
+    tables.iter().filter(|t| found.iter().any(|(ft, c, ty)| ft == *t && c == id && ty == "uuid")).cloned().collect()
 }
 
 /// The fix for a mapped table whose identity column has type `found` (Debezium's uuid `id`):

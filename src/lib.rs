@@ -45,6 +45,7 @@ pub mod poll;
 pub(crate) mod progress;
 pub(crate) mod record;
 pub(crate) mod replay;
+pub(crate) mod row_keys;
 pub(crate) mod run;
 pub(crate) mod same_database;
 pub(crate) mod secret;

@@ -47,13 +47,19 @@ pub struct InvalidRow {
     /// Set for a WAL-only message: its place in the log (`LSN 0/1A2B`, `GTID 0-1-42 row 3`).
     /// Such a message is not in any table: nothing can fix it in place or delete it.
     pub message_at: Option<String>,
+    /// The row's key as SQL names it (`'0f8e…'`) when the table identifies rows by a key that
+    /// is not an integer; `id` is then its surrogate (see [`crate::row_keys`]).
+    pub key: Option<String>,
 }
 
 impl std::error::Error for InvalidRow {}
 
 impl std::fmt::Display for InvalidRow {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let id = self.id.map_or_else(|| "?".to_string(), |i| i.to_string());
+        let id = match (&self.key, self.id) {
+            (Some(key), _) => key.clone(),
+            (None, id) => id.map_or_else(|| "?".to_string(), |i| i.to_string()),
+        };
         match &self.message_at {
             None => write!(f, "row id={id} column {}: {}", self.column, self.reason),
             Some(at) => write!(f, "message at {at} (outbox-id {id}) field {}: {}", self.column, self.reason),
@@ -64,7 +70,13 @@ impl std::fmt::Display for InvalidRow {
 impl InvalidRow {
     /// A bad value in `column` of row `id` (or of a row whose id cannot be read).
     pub fn new(id: Option<i64>, column: &'static str, reason: impl Into<String>) -> Self {
-        Self { id, column, reason: reason.into(), raw: None, message_at: None }
+        Self { id, column, reason: reason.into(), raw: None, message_at: None, key: None }
+    }
+
+    /// Names the row by its key (see [`Self::key`]).
+    pub(crate) fn keyed(mut self, key: String) -> Self {
+        self.key = Some(key);
+        self
     }
 
     /// Marks this as a WAL-only message at `place` in the log (see [`Self::message_at`]).

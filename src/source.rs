@@ -77,6 +77,19 @@ pub(crate) trait Source: Send {
     /// the table itself (polling) has none to find.
     const SWEEPS: bool = true;
 
+    /// Whether this session sweeps (see [`Self::SWEEPS`]); `false` also for a table whose rows
+    /// have no order to probe by (identified by a uuid, see [`crate::row_keys`]).
+    fn sweeps(&self) -> bool {
+        Self::SWEEPS
+    }
+
+    /// The keys behind row ids when the table identifies rows by a key that is not an integer
+    /// (see [`crate::row_keys`]): records carry the key as `outbox-id`, and halts name it.
+    /// `None` for an integer id.
+    fn row_keys(&self) -> Option<crate::row_keys::RowKeys> {
+        None
+    }
+
     fn next(&mut self) -> impl Future<Output = Result<Option<SourceEvent<Self::Position>>, Error>> + Send;
 
     /// Deletes `ids`, then stores `upto`; the future answers the number of rows deleted. It

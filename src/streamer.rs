@@ -299,6 +299,7 @@ pub(crate) async fn run_session<S: Source, K: Sink>(
         hot: HotMetrics::new(&labels.metric_labels()),
         looked_up: HashSet::new(),
         eo,
+        keys: source.row_keys(),
     };
     let result = s.main_loop(&mut source, shutdown).await;
     let drained = s.drain(&mut source, message_timeout, result.is_ok()).await;
@@ -339,6 +340,8 @@ struct Session<'a, P, K: Sink> {
     looked_up: HashSet<String>,
     /// Under `delivery = "exactly-once"`: the Kafka transaction and the progress it builds on.
     eo: Option<ExactlyOnce>,
+    /// The keys behind row ids, for a table identified by a key (see [`Source::row_keys`]).
+    keys: Option<crate::row_keys::RowKeys>,
 }
 
 /// Header values that stay the same for a whole session, formatted once.
@@ -405,6 +408,7 @@ impl<P: Clone + std::fmt::Display + Send + Sync + 'static, K: Sink> Session<'_, 
         // Nanoseconds the loop waited for the source since the last turn (exactly-once sizes
         // its transactions by it).
         let waited_for_source = std::sync::atomic::AtomicU64::new(0);
+        let sweeps = source.sweeps();
         loop {
             let waited = waited_for_source.swap(0, std::sync::atomic::Ordering::Relaxed);
             if let Some(eo) = &mut self.eo {
@@ -463,7 +467,7 @@ impl<P: Clone + std::fmt::Display + Send + Sync + 'static, K: Sink> Session<'_, 
                     self.start_cleanup(source)?;
                 }
                 _ = tokio::time::sleep_until(txn_due.unwrap_or_else(tokio::time::Instant::now)), if txn_due.is_some() => {}
-                _ = sweep.tick(), if S::SWEEPS && self.open.is_none() && finish_by.is_none() => {
+                _ = sweep.tick(), if sweeps && self.open.is_none() && finish_by.is_none() => {
                     self.sweep(source).await?;
                 }
                 event = waited::Waited::new(source.next(), &waited_for_source), if may_read => {

@@ -3,7 +3,8 @@
 //! headers — with rows inserted the way Debezium's documentation shows, in
 //! transactions of which some roll back, in CDC and polling mode. The table is the one
 //! Debezium documents (a uuid `id` primary key) plus the increasing integer column `seq` that
-//! `setup` asks for (`id = "seq"` in the mapping); the inserts do not name it.
+//! `setup` asks for (`id = "seq"` in the mapping); the inserts do not name it. The same table
+//! read by its uuid alone is `debezium_uuid.rs`.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -14,7 +15,7 @@ use crate::support::kafka;
 use crate::support::streamer::run_cli;
 use crate::support::world::{World, WorldBuilder};
 
-const ARRIVAL: Duration = Duration::from_secs(120);
+pub(crate) const ARRIVAL: Duration = Duration::from_secs(120);
 const ROWS: i64 = 60;
 
 const MAPPING: &str = r#"layout = "debezium"
@@ -34,6 +35,9 @@ macro_rules! pg_documented_table {
     };
 }
 
+/// Debezium's documented table as it is (read by its uuid).
+pub(crate) const PG_DOCUMENTED: &str = pg_documented_table!();
+
 /// Debezium's documented table, then the column `setup` asks for.
 const PG_TABLE: &str = concat!(
     pg_documented_table!(),
@@ -48,7 +52,7 @@ const MY_TABLE: &str = "CREATE TABLE {prefix}_0_0 (
     ALTER TABLE {prefix}_0_0 ADD COLUMN seq BIGINT NOT NULL AUTO_INCREMENT UNIQUE";
 
 /// The INSERT of the Debezium documentation (uuid event id, JSON payload `{"n": n}`).
-fn insert<D: Database>(table: &str, aggregatetype: &str, aggregateid: &str, n: i64) -> String {
+pub(crate) fn insert<D: Database>(table: &str, aggregatetype: &str, aggregateid: &str, n: i64) -> String {
     let (uuid, payload) = if D::KIND == "postgres" {
         ("gen_random_uuid()", format!("jsonb_build_object('n', {n})"))
     } else {
@@ -61,12 +65,12 @@ fn insert<D: Database>(table: &str, aggregatetype: &str, aggregateid: &str, n: i
 }
 
 /// `builder` creating `create`'s statements (`;`-separated) before setup.
-fn with_table<D: Database>(builder: WorldBuilder<D>, create: &str) -> WorldBuilder<D> {
+pub(crate) fn with_table<D: Database>(builder: WorldBuilder<D>, create: &str) -> WorldBuilder<D> {
     create.split(';').map(str::trim).filter(|s| !s.is_empty()).fold(builder, |b, sql| b.before_setup(sql))
 }
 
 /// The `n` of a record's JSON payload `{"n": n}`.
-fn n_of(r: &kafka::Record) -> i64 {
+pub(crate) fn n_of(r: &kafka::Record) -> i64 {
     let value = r.payload_str();
     value
         .split("\"n\":")
@@ -79,7 +83,7 @@ async fn debezium_rows_arrive<D: Database>(builder: WorldBuilder<D>, create: &st
     rows_arrive(builder, MAPPING, create).await;
 }
 
-async fn rows_arrive<D: Database>(builder: WorldBuilder<D>, mapping: &str, create: &str) {
+pub(crate) async fn rows_arrive<D: Database>(builder: WorldBuilder<D>, mapping: &str, create: &str) {
     let w = with_table(builder.source_keys(mapping), create).build().await;
     let named = create.split_whitespace().nth(2).expect("CREATE TABLE <name>").to_string();
     let table = named.replace("{prefix}", &w.prefix);
@@ -152,8 +156,8 @@ async fn mariadb_polling_reads_a_debezium_outbox_table() {
 /// Two writers, each with its own keys, commit (and roll back) concurrently while the streamer
 /// is SIGKILLed and started again: every committed row arrives (copies of the at-least-once
 /// window allowed), none rolled back, and per key the first deliveries keep commit order.
-async fn concurrent_writers_and_a_kill<D: Database>(builder: WorldBuilder<D>, create: &str) {
-    let w = with_table(builder.source_keys(MAPPING), create).build().await;
+pub(crate) async fn concurrent_writers_and_a_kill<D: Database>(builder: WorldBuilder<D>, mapping: &str, create: &str) {
+    let w = with_table(builder.source_keys(mapping), create).build().await;
     let table = format!("{}_0_0", w.prefix);
     let topic = format!("outbox.event.{}", w.topic);
     kafka::create_topic(&topic, 1).await;
@@ -189,7 +193,11 @@ async fn concurrent_writers_and_a_kill<D: Database>(builder: WorldBuilder<D>, cr
     let records = kafka::read_distinct(&topic, 1, want.len(), ARRIVAL).await;
     let mut firsts = BTreeSet::new();
     let mut per_key: BTreeMap<String, Vec<i64>> = BTreeMap::new();
+    let by_uuid = !mapping.contains("id = \"seq\"");
     for r in &records {
+        if by_uuid {
+            assert_eq!(r.header("outbox-id"), r.header("id"), "a table read by its uuid: the uuid is the outbox-id");
+        }
         if firsts.insert(r.header("outbox-id").to_string()) {
             per_key.entry(r.key_str()).or_default().push(n_of(r));
         }
@@ -205,12 +213,12 @@ async fn concurrent_writers_and_a_kill<D: Database>(builder: WorldBuilder<D>, cr
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_concurrent_writers_and_a_kill_lose_no_debezium_row() {
-    concurrent_writers_and_a_kill(World::postgres("dzpk"), PG_TABLE).await;
+    concurrent_writers_and_a_kill(World::postgres("dzpk"), MAPPING, PG_TABLE).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mariadb_concurrent_writers_and_a_kill_lose_no_debezium_row() {
-    concurrent_writers_and_a_kill(World::mysql("dzmk"), MY_TABLE).await;
+    concurrent_writers_and_a_kill(World::mysql("dzmk"), MAPPING, MY_TABLE).await;
 }
 
 /// `setup` checks a table it does not own: one as Debezium documents it (uuid `id`, no `seq`),

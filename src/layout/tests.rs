@@ -82,7 +82,7 @@ fn setup_names_a_missing_table_or_column_and_how_to_create_it() {
     let tables = vec!["outgoing_message_0_0".to_string(), "outgoing_message_0_1".to_string()];
     let row = |t: &str, c: &str, ty: &str| (t.to_string(), c.to_string(), ty.to_string());
     let found = vec![row("outgoing_message_0_0", "id", "bigint"), row("outgoing_message_0_0", "message", "text")];
-    let problems = Layout::TwTkms.check_tables(&tables, &found, true);
+    let problems = Layout::TwTkms.check_tables(&tables, &found, true, false);
     assert_eq!(problems.len(), 2, "{problems:?}");
     assert!(problems[0].0.contains("outgoing_message_0_0.message has type text"), "{problems:?}");
     assert!(problems[1].0.contains("outgoing_message_0_1") && problems[1].0.contains("does not exist"));
@@ -90,8 +90,8 @@ fn setup_names_a_missing_table_or_column_and_how_to_create_it() {
         problems[1].1.contains("CREATE TABLE outgoing_message_0_1 (id BIGSERIAL PRIMARY KEY, message BYTEA NOT NULL)")
     );
     let good = vec![row("outgoing_message_0_0", "id", "bigint"), row("outgoing_message_0_0", "message", "mediumblob")];
-    assert!(Layout::TwTkms.check_tables(&tables[..1], &good, false).is_empty());
-    assert!(Layout::OutboxStreamer.check_tables(&tables, &[], true).is_empty());
+    assert!(Layout::TwTkms.check_tables(&tables[..1], &good, false, false).is_empty());
+    assert!(Layout::OutboxStreamer.check_tables(&tables, &[], true, false).is_empty());
 }
 
 #[test]
@@ -131,7 +131,10 @@ fn setup_explains_that_a_uuid_id_needs_an_integer_id_beside_it() {
         row("payload", "jsonb"),
     ];
     let tables = ["outbox_0_0".to_string()];
-    let problems = Layout::Columns(m).check_tables(&tables, &found, true);
+    assert!(Layout::Columns(m).check_tables(&tables, &found, true, true).is_empty(), "CDC reads it by key");
+    assert_eq!(uuid_keyed(Layout::Columns(m), &tables, &found), tables);
+    assert!(uuid_keyed(Layout::TwTkms, &tables, &found).is_empty());
+    let problems = Layout::Columns(m).check_tables(&tables, &found, true, false);
     assert_eq!(problems.len(), 1, "{problems:?}");
     assert!(problems[0].0.contains("outbox_0_0.id has type uuid"), "{problems:?}");
     assert!(
@@ -145,12 +148,12 @@ fn setup_explains_that_a_uuid_id_needs_an_integer_id_beside_it() {
         Box::leak(Box::new(Mapping { id: Some("seq".into()), ..Mapping::default() }.with_debezium_defaults()));
     let layout = Layout::Columns(with_seq);
     assert_eq!((layout.id_column(), layout.header_columns().collect()), ("seq", vec![("id", "id")]));
-    let problems = layout.check_tables(&tables, &found, false);
+    let problems = layout.check_tables(&tables, &found, false, false);
     assert!(problems.len() == 1 && problems[0].0.contains("has no column seq"), "{problems:?}");
     assert!(problems[0].1.contains("ALTER TABLE `outbox_0_0` ADD COLUMN `seq` BIGINT NOT NULL AUTO_INCREMENT UNIQUE"));
     let mut found = found;
     found.push(row("seq", "bigint"));
-    assert!(layout.check_tables(&tables, &found, true).is_empty());
+    assert!(layout.check_tables(&tables, &found, true, false).is_empty());
     let missing = layout.id_column_problems(&tables, &found, &[], &tables, true);
     assert!(missing.len() == 1 && missing[0].1.contains("CREATE UNIQUE INDEX \"outbox_0_0_seq_key\""), "{missing:?}");
     let chosen = layout.id_column_problems(&tables, &found, &tables, &[], false);
@@ -171,7 +174,7 @@ fn a_column_named_with_another_case_is_named_as_the_table_has_it() {
         row("aggregateid", "varchar"),
         row("payload", "json"),
     ];
-    let problems = Layout::Columns(m).check_tables(&["outbox_0_0".to_string()], &found, false);
+    let problems = Layout::Columns(m).check_tables(&["outbox_0_0".to_string()], &found, false, false);
     assert_eq!(problems.len(), 1, "{problems:?}");
     assert!(problems[0].0.contains("has a column Seq, not seq"), "{problems:?}");
     assert!(problems[0].1.contains("\"Seq\""), "{problems:?}");

@@ -103,17 +103,29 @@ impl<P: Clone + std::fmt::Display + Send + Sync + 'static, K: Sink> Session<'_, 
                     );
                     self.publish(seq, current).await
                 }
-                Some(Err(still)) => Err(self.halt(
-                    Some(id),
-                    &still.to_string(),
-                    &format!(
-                        "fix the row (UPDATE {table} SET … WHERE {column} = {id}) or delete it, then restart; or discard it with `outbox-streamer skip --stream {}/{} --id {id}`; or set on_bad_row = \"dead-letter\"",
-                        self.labels.source,
-                        self.labels.id,
-                        table = self.labels.table,
-                        column = self.labels.id_column
-                    ),
-                )),
+                Some(Err(still)) => match self.key_sql(id) {
+                    // A row identified by a key: there is no skip by id (see `row_keys`).
+                    Some(key) => Err(self.halt(
+                        Some(id),
+                        &still.to_string(),
+                        &format!(
+                            "fix the row (UPDATE {table} SET … WHERE {column} = {key}) or delete it (DELETE FROM {table} WHERE {column} = {key}), then restart; or set on_bad_row = \"dead-letter\"",
+                            table = self.labels.table,
+                            column = self.labels.id_column
+                        ),
+                    )),
+                    None => Err(self.halt(
+                        Some(id),
+                        &still.to_string(),
+                        &format!(
+                            "fix the row (UPDATE {table} SET … WHERE {column} = {id}) or delete it, then restart; or discard it with `outbox-streamer skip --stream {}/{} --id {id}`; or set on_bad_row = \"dead-letter\"",
+                            self.labels.source,
+                            self.labels.id,
+                            table = self.labels.table,
+                            column = self.labels.id_column
+                        ),
+                    )),
+                },
             },
             BadRowPolicy::DeadLetter => {
                 self.tracker.sent(seq, invalid.message_at.is_none().then_some(id));
@@ -169,8 +181,18 @@ impl<P: Clone + std::fmt::Display + Send + Sync + 'static, K: Sink> Session<'_, 
     /// A halt at row `id` (if the halt is about one): the message, and where the next
     /// session picks up (see [`StreamMemory::take_halt_point`]).
     pub(super) fn halt(&mut self, id: Option<i64>, reason: &str, fix: &str) -> Error {
-        let row = id.map_or_else(String::new, |id| format!("at row id={id} of {}: ", self.labels.table));
+        let row = id.map_or_else(String::new, |id| {
+            let name = self.key_sql(id).unwrap_or_else(|| id.to_string());
+            format!("at row id={name} of {}: ", self.labels.table)
+        });
         self.halt_at(id, &row, reason, fix)
+    }
+
+    /// Row `id`'s key as an SQL literal, for a table identified by a key (see
+    /// [`Source::row_keys`]).
+    pub(super) fn key_sql(&self, id: i64) -> Option<String> {
+        let key = self.keys.as_ref()?.key_of(id)?;
+        Some(format!("'{}'", key.replace('\'', "''")))
     }
 
     /// [`Self::halt`] with the place (`at row id=… of …: `) said by the caller.

@@ -149,7 +149,9 @@ pub(super) async fn start<S: Source, K: Sink>(
         S::POSITION_HEADER,
         history,
         by_rows.is_some(),
-        settings.storage == crate::config::Storage::Table,
+        // A table read by key has surrogate ids, which mean nothing to another process (a
+        // catch-up after the operator gave the table an integer id would delete by them).
+        settings.storage == crate::config::Storage::Table && source.row_keys().is_none(),
         resumed,
     )))
 }
@@ -191,7 +193,7 @@ impl ExactlyOnce {
         };
         // By position, the ids a record names are rows in Kafka not known to be deleted.
         let named_in_kafka: BTreeSet<i64> =
-            if by_rows { BTreeSet::new() } else { committed.id_list().into_iter().collect() };
+            if by_rows || !name_rows { BTreeSet::new() } else { committed.id_list().into_iter().collect() };
         Self {
             interval: Duration::from_millis(interval_ms),
             max_records,

@@ -8,7 +8,7 @@ use std::task::{Context, Poll, ready};
 
 use futures::StreamExt;
 
-use super::{Delivered, Meta, OWNER_EPOCH_HEADER, Session};
+use super::{Delivered, Kind, Meta, OWNER_EPOCH_HEADER, Session};
 use crate::config::BadRowPolicy;
 use crate::error::Error;
 use crate::record::OutboxRecord;
@@ -100,7 +100,10 @@ impl<P: Clone + std::fmt::Display + Send + Sync + 'static, K: Sink> Session<'_, 
         self.labels.lease.check().map_err(Error::fenced)?;
         self.begin_kafka_txn()?;
         let sent = {
-            let id_text = pending.meta.id.to_string();
+            let id = pending.meta.id;
+            // A WAL-only message's id is its log position, never a surrogate.
+            let keyed = self.keys.as_ref().filter(|_| pending.meta.kind != Kind::Message);
+            let id_text = keyed.and_then(|k| k.key_of(id)).unwrap_or_else(|| id.to_string());
             let label = pending.label.as_deref().unwrap_or(&self.label);
             let stamp = self.stamp(&id_text, label);
             let out = match &pending.body {

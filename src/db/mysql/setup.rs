@@ -73,7 +73,7 @@ pub(super) async fn setup(source: &SourceConfig, how: &SetupRequest<'_>) -> anyh
                 listed.join(", ")
             ))
             .await?;
-        let mut problems = source.layout().check_tables(&plan.tables, &found, false);
+        let mut problems = source.layout().check_tables(&plan.tables, &found, false, false);
         let unique: Vec<String> = conn
             .exec(
                 format!(

@@ -121,6 +121,9 @@ pub(crate) async fn run(
         .connect()
         .await
         .map_err(|e| Error::from_db(&format!("connecting to {}", target.display()), e).connecting())?;
+    if layout.mapping().is_some() && super::keyed::is_uuid(&client, &names.table, layout.id_column()).await? {
+        return Err(super::keyed::no_order(&names.table, layout.id_column(), "cannot catch up"));
+    }
     mark_pending(&client, checkpoint_table, &names.table, epoch).await?;
     ensure_slot(&client, &names.slot, storage).await?;
     let mut reader = PgPollTable::connect(target, &names.table, layout).await?;

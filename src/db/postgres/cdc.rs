@@ -6,8 +6,6 @@
 //! change before it was handled, so a restart resumes with the next transaction. Records are
 //! stamped with the commit LSN (`outbox-lsn`), known from `Begin` before the first insert.
 //!
-//! # Columns
-//!
 //! # WAL-only messages
 //!
 //! Whatever the shard-partition's storage, the stream publishes both the table's inserts and
@@ -22,6 +20,13 @@
 //! Columns are found by name in each Relation message, so `ALTER TABLE … ADD COLUMN` while
 //! running keeps working; a required column dropped or retyped halts this shard-partition
 //! with an error naming the column.
+//!
+//! # Rows identified by a uuid
+//!
+//! A mapped table whose id column is a `uuid` (Debezium's documented table) is read by key:
+//! each row's uuid gets a surrogate id for the core ([`crate::row_keys`]), the finish deletes
+//! by uuid, and the table is not swept (uuids have no order to probe by). Whether the table
+//! is one is read from the catalog when a session starts.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -44,6 +49,7 @@ use crate::lease::OwnerLease;
 use crate::names::StreamNames;
 use crate::record::{InvalidRow, OutboxRecord, RawRow};
 use crate::replay::ReplayFilter;
+use crate::row_keys::RowKeys;
 use crate::skip::SkipList;
 use crate::source::{DELETE_CHUNK, Probe, Source, SourceEvent, within};
 use crate::streamer::kind_labels;
@@ -68,6 +74,7 @@ fn accepted(layout: Layout, slot: usize) -> &'static [u32] {
         (Layout::Columns(_), Field::Key) => &[oid::BYTEA, oid::TEXT, oid::VARCHAR, oid::UUID],
         (Layout::Columns(_), Field::Payload) => &[oid::BYTEA, oid::TEXT, oid::VARCHAR, oid::JSON, oid::JSONB],
         (Layout::Columns(_), Field::Topic) => &[oid::TEXT, oid::VARCHAR, oid::BPCHAR],
+        (Layout::Columns(_), Field::Id) => &[oid::INT8, oid::INT4, oid::UUID],
         _ => COLUMNS[slot].1,
     }
 }
@@ -83,6 +90,8 @@ pub(crate) struct ColumnMap {
     /// wrong with it. Read as text, whatever their type.
     headers: Vec<(&'static str, Result<usize, String>)>,
     layout: Layout,
+    /// Set when the session reads the table by key (see the module docs).
+    keys: Option<RowKeys>,
 }
 
 impl ColumnMap {
@@ -114,7 +123,13 @@ impl ColumnMap {
                 )
             })
             .collect();
-        Self { relation_id: rel.id, columns, headers, layout }
+        Self { relation_id: rel.id, columns, headers, layout, keys: None }
+    }
+
+    /// Reads ids as uuids, each given its surrogate from `keys` (see the module docs).
+    pub(crate) fn keyed(mut self, keys: Option<RowKeys>) -> Self {
+        self.keys = keys;
+        self
     }
 
     /// What is wrong with the relation's columns, if anything (for one warning per Relation).
@@ -126,6 +141,27 @@ impl ColumnMap {
     /// Builds the record of one inserted tuple; a bad value or column names the row and column.
     /// Values come in text or binary format (see [`PgSource::connect`]); both read the same.
     pub(crate) fn record(&self, values: &[Value]) -> Result<OutboxRecord, InvalidRow> {
+        let id = match &self.columns[0] {
+            Ok(Some((pos, type_oid))) => values.get(*pos).map(|v| (v, *type_oid)),
+            _ => None,
+        };
+        match (id, &self.keys) {
+            (Some((Value::Text(t), oid::UUID)), Some(keys)) => {
+                let key = String::from_utf8_lossy(t);
+                let id = keys.id_of(&key);
+                self.record_as(values, Some(id)).map_err(|e| e.keyed(format!("'{key}'")))
+            }
+            (Some((_, type_oid)), keys) if (type_oid == oid::UUID) != keys.is_some() => Err(InvalidRow::new(
+                None,
+                self.layout.id_column(),
+                "changed type between uuid and integer while this session read the table; restart the streamer to read it as it is now",
+            )),
+            _ => self.record_as(values, None),
+        }
+    }
+
+    /// [`Self::record`] with the row's `surrogate` id, or its id column's when `None`.
+    fn record_as(&self, values: &[Value], surrogate: Option<i64>) -> Result<OutboxRecord, InvalidRow> {
         let value = |slot: usize| -> Result<Option<(&Value, u32)>, &str> {
             match &self.columns[slot] {
                 Ok(Some((pos, type_oid))) => Ok(values.get(*pos).map(|v| (v, *type_oid))),
@@ -160,9 +196,12 @@ impl ColumnMap {
             }
         };
         let id_column = self.layout.id_column();
-        let id = int(0)
-            .map_err(|e| InvalidRow::new(None, id_column, e))?
-            .ok_or_else(|| InvalidRow::new(None, id_column, "is NULL"))?;
+        let id = match surrogate {
+            Some(id) => id,
+            None => int(0)
+                .map_err(|e| InvalidRow::new(None, id_column, e))?
+                .ok_or_else(|| InvalidRow::new(None, id_column, "is NULL"))?,
+        };
         let bad = |slot: usize| {
             let column = self.layout.column(COLUMNS[slot].0).unwrap_or("?");
             move |e: &str| InvalidRow::new(Some(id), column, e)
@@ -234,6 +273,10 @@ pub(crate) struct PgSource {
     warned_untransactional: bool,
     storage: Storage,
     layout: Layout,
+    /// Set when the table's id column is a uuid (see the module docs).
+    keys: Option<RowKeys>,
+    /// The highest id of the finish running, forgotten by `keys` once it committed.
+    finishing_through: Option<i64>,
 }
 
 /// How a shard-partition's CDC session runs, from its settings.
@@ -256,12 +299,17 @@ impl PgSource {
         options: CdcOptions,
         lease: &OwnerLease,
         metric_labels: [(&'static str, String); 3],
+        keys: &RowKeys,
     ) -> Result<Self, Error> {
         let CdcOptions { status_interval, silence_limit, storage, layout } = options;
         let sql = target
             .connect()
             .await
             .map_err(|e| Error::from_db(&format!("connecting to {}", target.display()), e).connecting())?;
+        let keys = match layout.mapping() {
+            Some(_) if super::keyed::is_uuid(&sql, &names.table, layout.id_column()).await? => Some(keys.clone()),
+            _ => None,
+        };
         let stored = checkpoint::read(&sql, checkpoint_table, &names.table).await?;
         let state = slot::state(&sql, &names.slot)
             .await
@@ -319,7 +367,11 @@ impl PgSource {
             xids: std::collections::VecDeque::new(),
             begun: Lsn(0),
             deleter: Arc::new(Mutex::new(
-                cleanup::RowDeleter::new(&names.table, layout.id_column()).recording_in(checkpoint_table, &names.table),
+                match keys {
+                    Some(_) => cleanup::RowDeleter::by_uuid(&names.table, layout.id_column()),
+                    None => cleanup::RowDeleter::new(&names.table, layout.id_column()),
+                }
+                .recording_in(checkpoint_table, &names.table),
             )),
             replay: ReplayFilter::new(stored.published),
             drained: stored.drained,
@@ -329,6 +381,8 @@ impl PgSource {
             warned_untransactional: false,
             storage,
             layout,
+            keys,
+            finishing_through: None,
         })
     }
 
@@ -390,12 +444,37 @@ struct Finish {
     deleter: Arc<Mutex<cleanup::RowDeleter>>,
     table: String,
     checkpoint_table: String,
+    keys: Option<RowKeys>,
 }
 
 impl Finish {
     /// Deletes `ids` and stores `upto` as the published-up-to mark; `covered` are the
-    /// transactions up to `upto` (see [`visibility`]).
+    /// transactions up to `upto` (see [`visibility`]). A table read by key deletes by the
+    /// rows' uuids.
     async fn run(self, ids: Arc<[i64]>, upto: Lsn, covered: Vec<u32>) -> Result<u64, Error> {
+        match &self.keys {
+            None => self.run_with(&ids, upto, covered).await,
+            Some(keys) => {
+                let keys: Vec<String> = keys.keys_of(&ids).into_iter().map(|(_, k)| k).collect();
+                if keys.len() < ids.len() {
+                    tracing::warn!(
+                        table = %self.table,
+                        published = ids.len(),
+                        known = keys.len(),
+                        "published rows whose uuid this process no longer knows stay in the table"
+                    );
+                }
+                self.run_with(&keys, upto, covered).await
+            }
+        }
+    }
+
+    async fn run_with<T: tokio_postgres::types::ToSql + Sync>(
+        &self,
+        ids: &[T],
+        upto: Lsn,
+        covered: Vec<u32>,
+    ) -> Result<u64, Error> {
         if ids.is_empty() {
             return Ok(0);
         }
@@ -403,10 +482,10 @@ impl Finish {
         // The published-up-to mark is stored with the delete only when every row was
         // deleted: a row of a transaction committed but not yet visible is not, and a crash
         // before the second try must not leave it behind a mark.
-        let (mut deleted, recorded) = self.delete(&mut deleter, &ids, upto, true).await?;
+        let (mut deleted, recorded) = self.delete(&mut deleter, ids, upto, true).await?;
         if !recorded {
             visibility::wait(&self.sql, &covered).await?;
-            let (again, _) = self.delete(&mut deleter, &ids, upto, false).await?;
+            let (again, _) = self.delete(&mut deleter, ids, upto, false).await?;
             deleted += again;
             if (deleted as usize) < ids.len() {
                 tracing::debug!(
@@ -421,10 +500,10 @@ impl Finish {
 
     /// Deletes `ids` in chunks; the last one also stores `upto` as the published-up-to mark —
     /// with `require_all`, only if every row was deleted. Returns (deleted, mark stored).
-    async fn delete(
+    async fn delete<T: tokio_postgres::types::ToSql + Sync>(
         &self,
         deleter: &mut cleanup::RowDeleter,
-        ids: &[i64],
+        ids: &[T],
         upto: Lsn,
         require_all: bool,
     ) -> Result<(u64, bool), Error> {
@@ -533,7 +612,7 @@ impl Source for PgSource {
                 }
                 Change::Relation(rel) => {
                     if rel.name == self.names.table {
-                        let map = ColumnMap::new(&rel, self.layout);
+                        let map = ColumnMap::new(&rel, self.layout).keyed(self.keys.clone());
                         for problem in map.problems() {
                             tracing::warn!(
                                 table = %self.names.table,
@@ -585,11 +664,13 @@ impl Source for PgSource {
         upto: Lsn,
     ) -> impl Future<Output = Result<u64, Error>> + Send + 'static + use<> {
         let covered: Vec<u32> = self.xids.iter().take_while(|(_, lsn)| *lsn < upto).map(|(x, _)| *x).collect();
+        self.finishing_through = ids.iter().max().copied();
         let finish = Finish {
             sql: self.sql.clone(),
             deleter: self.deleter.clone(),
             table: self.names.table.clone(),
             checkpoint_table: self.checkpoint_table.clone(),
+            keys: self.keys.clone(),
         };
         finish.run(ids, upto, covered)
     }
@@ -597,6 +678,9 @@ impl Source for PgSource {
     fn finished(&mut self, upto: Lsn) {
         self.xids.retain(|(_, lsn)| *lsn >= upto);
         self.replay.finished(upto);
+        if let (Some(keys), Some(through)) = (&self.keys, self.finishing_through.take()) {
+            keys.forget_through(through);
+        }
         // Only now, with the delete committed, may the slot forget these transactions.
         self.stream.confirm(upto);
     }
@@ -651,11 +735,34 @@ impl Source for PgSource {
         if let Some(&(xid, _)) = self.xids.back() {
             visibility::wait(&self.sql, &[xid]).await?;
         }
-        super::poll::rows_by_id(&self.sql, &self.names.table, ids, self.layout).await
+        match &self.keys {
+            None => super::poll::rows_by_id(&self.sql, &self.names.table, ids, self.layout).await,
+            Some(keys) => {
+                super::keyed::rows_by_key(&self.sql, &self.names.table, &keys.keys_of(ids), self.layout).await
+            }
+        }
     }
 
     async fn existing(&mut self, ids: &[i64]) -> Result<Vec<i64>, Error> {
-        within("checking rows", cleanup::existing_ids(&self.sql, &self.names.table, self.layout.id_column(), ids)).await
+        let (table, column) = (&self.names.table, self.layout.id_column());
+        let Some(keys) = &self.keys else {
+            return within("checking rows", cleanup::existing_ids(&self.sql, table, column, ids)).await;
+        };
+        let known = keys.keys_of(ids);
+        let texts: Vec<String> = known.iter().map(|(_, k)| k.clone()).collect();
+        let found = within("checking rows", cleanup::existing_uuids(&self.sql, table, column, &texts)).await?;
+        let found: std::collections::HashSet<String> = found.into_iter().collect();
+        let mut ids: Vec<i64> = known.into_iter().filter(|(_, k)| found.contains(k)).map(|(id, _)| id).collect();
+        ids.sort_unstable();
+        Ok(ids)
+    }
+
+    fn sweeps(&self) -> bool {
+        self.keys.is_none()
+    }
+
+    fn row_keys(&self) -> Option<RowKeys> {
+        self.keys.clone()
     }
 
     async fn probe(&mut self, below: Option<i64>, limit: usize) -> Result<Probe<Lsn>, Error> {
@@ -693,6 +800,8 @@ impl Source for PgSource {
         match id {
             None => self.skips.skips_transaction(label),
             Some(id) if message => self.skips.skips_message(id),
+            // A surrogate is no row id an operator could name (`skip --id` is refused).
+            Some(_) if self.keys.is_some() => false,
             Some(id) => {
                 let (Some(bound), Some(&(_, commit))) = (self.skips.bound_of(id), self.xids.back()) else {
                     return false;

@@ -22,6 +22,7 @@ mod checkpoint;
 pub(crate) mod connect;
 mod envelope;
 mod heartbeat;
+mod keyed;
 mod lag;
 pub(crate) mod poll;
 mod setup;
@@ -162,6 +163,9 @@ fn jobs(source: &SourceConfig, ctx: &JobContext<'_>) -> anyhow::Result<Vec<Strea
                         .connect()
                         .await
                         .map_err(|e| Error::from_db(&format!("connecting to {}", target.display()), e))?;
+                    if layout.mapping().is_some() && keyed::is_uuid(&client, &table, layout.id_column()).await? {
+                        return Err(keyed::no_order(&table, layout.id_column(), "cannot poll"));
+                    }
                     let epoch = lease.db_epoch();
                     poll::refuse_past_messages(&client, &checkpoint, &names).await?;
                     catchup::mark_pending(&client, &checkpoint, &table, epoch).await?;
@@ -181,10 +185,12 @@ fn jobs(source: &SourceConfig, ctx: &JobContext<'_>) -> anyhow::Result<Vec<Strea
             let metric_labels = labels.metric_labels();
             let options =
                 cdc::CdcOptions { status_interval, silence_limit, storage: settings.storage, layout: source.layout() };
+            // The job's: what one session leaves to finish by key, the next deletes.
+            let keys = crate::row_keys::RowKeys::default();
             let connect = move |lease: OwnerLease| {
                 let (target, names, checkpoint) = (target.clone(), stream_names.clone(), checkpoint.clone());
-                let metric_labels = metric_labels.clone();
-                async move { PgSource::connect(&target, &names, &checkpoint, options, &lease, metric_labels).await }
+                let (metric_labels, keys) = (metric_labels.clone(), keys.clone());
+                async move { PgSource::connect(&target, &names, &checkpoint, options, &lease, metric_labels, &keys).await }
             };
             jobs.push(
                 JobParts { labels, scope, settings, names, connect, catch_up, broker, message_timeout_ms }.into_job(),

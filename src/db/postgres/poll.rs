@@ -41,7 +41,7 @@ pub const PLANNER_SETTINGS: &str = "SET enable_seqscan = off; SET enable_bitmaps
 
 /// The oldest-rows query of our own layout: `$1 < id <= $2`, `$3` rows.
 pub fn oldest_sql(table: &str) -> String {
-    oldest_sql_of(table, &columns(Layout::OutboxStreamer, &|_| true), "id")
+    oldest_sql_of(table, &columns(Layout::OutboxStreamer, &|_| true, false), "id")
 }
 
 fn oldest_sql_of(table: &str, select: &str, id_column: &str) -> String {
@@ -50,10 +50,13 @@ fn oldest_sql_of(table: &str, select: &str, id_column: &str) -> String {
 }
 
 /// The select list of `layout` on `table` (a mapped layout's depends on its columns' types).
-async fn select_list(client: &Client, table: &str, layout: Layout) -> Result<String, Error> {
+///
+/// `keyed` (a table identified by a uuid, see [`super::keyed`]): the id is read as its text
+/// after every other column, and `0` stands in its place.
+pub(super) async fn select_list(client: &Client, table: &str, layout: Layout, keyed: bool) -> Result<String, Error> {
     if layout.mapping().is_none() {
         // Our own and tw-tkms's key and payload columns are bytea.
-        return Ok(columns(layout, &|_| true));
+        return Ok(columns(layout, &|_| true, keyed));
     }
     let rows = client
         .query(
@@ -64,20 +67,20 @@ async fn select_list(client: &Client, table: &str, layout: Layout) -> Result<Str
         .await
         .map_err(|e| Error::from_db(&format!("reading the columns of {table}"), e))?;
     let binary: Vec<String> = rows.iter().map(|r| r.get(0)).collect();
-    Ok(columns(layout, &|c| binary.iter().any(|b| b == c)))
+    Ok(columns(layout, &|c| binary.iter().any(|b| b == c), keyed))
 }
 
 /// The select list [`polled`] reads: the layout's column for each field, or a typed NULL, then
 /// a mapped layout's header columns as text. `is_bytea` tells a mapped key or payload column
 /// that is read as it is from one read as its text.
-fn columns(layout: Layout, is_bytea: &dyn Fn(&str) -> bool) -> String {
+fn columns(layout: Layout, is_bytea: &dyn Fn(&str) -> bool, keyed: bool) -> String {
     let col = |field: Field, read: &dyn Fn(&str) -> String, null: &str| {
         layout.column(field).map_or_else(|| format!("NULL::{null}"), read)
     };
     let bytes = |c: &str| if is_bytea(c) { ident(c) } else { format!("convert_to({}::text, 'UTF8')", ident(c)) };
     let text = |c: &str| format!("{}::text", ident(c));
     let mut list = vec![
-        col(Field::Id, &|c| format!("{}::int8", ident(c)), "int8"),
+        if keyed { "0::int8".to_string() } else { col(Field::Id, &|c| format!("{}::int8", ident(c)), "int8") },
         col(Field::Topic, &text, "text"),
         col(Field::Key, &bytes, "bytea"),
         col(Field::Payload, &bytes, "bytea"),
@@ -86,6 +89,9 @@ fn columns(layout: Layout, is_bytea: &dyn Fn(&str) -> bool) -> String {
         col(Field::CreatedAt, &|c| format!("(extract(epoch FROM {}) * 1000000)::int8", ident(c)), "int8"),
     ];
     list.extend(layout.header_columns().map(|(_, c)| text(c)));
+    if keyed {
+        list.push(text(layout.id_column()));
+    }
     list.join(", ")
 }
 
@@ -99,7 +105,7 @@ impl PgPollTable {
             .batch_execute(PLANNER_SETTINGS)
             .await
             .map_err(|e| Error::from_db("setting the polling session's planner options", e))?;
-        let select = select_list(&client, table, layout).await?;
+        let select = select_list(&client, table, layout, false).await?;
         let sql = oldest_sql_of(table, &select, layout.id_column());
         let select = client
             .prepare(&sql)
@@ -172,7 +178,7 @@ impl PgPollTable {
 }
 
 /// Builds a record from a typed row of [`columns`]; a value that cannot be read names its column.
-fn polled(row: &Row, layout: Layout) -> Result<PolledRow, Error> {
+pub(super) fn polled(row: &Row, layout: Layout) -> Result<PolledRow, Error> {
     let column_error = |column: &str, e: tokio_postgres::Error| {
         Error::definite(
             format!("column {column} cannot be read: {e}"),
@@ -216,7 +222,7 @@ pub(crate) async fn rows_by_id(
     if ids.is_empty() {
         return Ok(Vec::new());
     }
-    let select = select_list(client, table, layout).await?;
+    let select = select_list(client, table, layout, false).await?;
     let id = ident(layout.id_column());
     let sql = format!("SELECT {select} FROM {} WHERE {id} = ANY($1::int8[]) ORDER BY {id}", ident(table));
     let rows = match client.query(&sql, &[&ids]).await {

@@ -79,7 +79,17 @@ pub(super) async fn setup(source: &SourceConfig, how: &SetupRequest<'_>) -> anyh
             .iter()
             .map(|r| (r.get(0), r.get(1), r.get(2)))
             .collect();
-        let mut problems = source.layout().check_tables(&tables, &found, true);
+        // A table identified by a uuid is read by key — in CDC only (see `super::keyed`).
+        let polled: Vec<String> = crate::job::stream_plans(source)
+            .into_iter()
+            .filter(|(_, settings, _)| settings.mode == crate::config::Mode::Polling)
+            .map(|(_, _, names)| names.table)
+            .collect();
+        let (polled, streamed): (Vec<String>, Vec<String>) = tables.iter().cloned().partition(|t| polled.contains(t));
+        let mut problems = source.layout().check_tables(&streamed, &found, true, true);
+        problems.extend(source.layout().check_tables(&polled, &found, true, false));
+        let keyed = crate::layout::uuid_keyed(source.layout(), &streamed, &found);
+        problems.extend(keyed_rows_before_slot(&client, source, &keyed).await?);
         let unique: Vec<String> = client
             .query(
                 "SELECT c.relname::text FROM pg_class c
@@ -94,7 +104,7 @@ pub(super) async fn setup(source: &SourceConfig, how: &SetupRequest<'_>) -> anyh
             .iter()
             .map(|r| r.get(0))
             .collect();
-        let generated: Vec<String> = client
+        let mut generated: Vec<String> = client
             .query(
                 "SELECT table_name::text FROM information_schema.columns
                  WHERE table_schema = current_schema() AND table_name = ANY($1) AND column_name = $2
@@ -105,6 +115,8 @@ pub(super) async fn setup(source: &SourceConfig, how: &SetupRequest<'_>) -> anyh
             .iter()
             .map(|r| r.get(0))
             .collect();
+        // A uuid is not numbered, and need not be: nothing orders such a table.
+        generated.extend(keyed);
         problems.extend(source.layout().id_column_problems(&tables, &found, &unique, &generated, true));
         failures.extend(problems.into_iter().map(|(what, fix)| pg::CheckFailure { what, fix }));
     }
@@ -274,6 +286,36 @@ async fn lost_wal_slots(client: &tokio_postgres::Client, plan: &SetupPlan) -> an
         }
     }
     Ok(lost)
+}
+
+/// The tables of `keyed` (identified by a uuid) that hold rows while their slot does not exist
+/// yet: the log never carries those rows, and such a table cannot be caught up (nothing orders
+/// it), so setup refuses rather than leave them unsent.
+async fn keyed_rows_before_slot(
+    client: &tokio_postgres::Client,
+    source: &SourceConfig,
+    keyed: &[String],
+) -> anyhow::Result<Vec<(String, String)>> {
+    let mut problems = Vec::new();
+    for (_, _, names) in crate::job::stream_plans(source).into_iter().filter(|(_, _, n)| keyed.contains(&n.table)) {
+        let sql = format!(
+            "SELECT NOT EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = $1) AND EXISTS (SELECT 1 FROM {})",
+            pg::ident(&names.table)
+        );
+        if client.query_one(&sql, &[&names.slot]).await?.get::<_, bool>(0) {
+            let (table, id) = (pg::ident(&names.table), pg::ident(source.layout().id_column()));
+            problems.push((
+                format!(
+                    "table {} holds rows and its replication slot {:?} does not exist yet: rows written before the slot are not in its log, and a table identified by the uuid {id} alone cannot be caught up",
+                    names.table, names.slot
+                ),
+                format!(
+                    "delete the rows already sent (after the old relay stopped: DELETE FROM {table};), or give the table an order so `run` sends them first: ALTER TABLE {table} ADD COLUMN seq bigint GENERATED ALWAYS AS IDENTITY UNIQUE; and set id = \"seq\" in [source.columns]"
+                ),
+            ));
+        }
+    }
+    Ok(problems)
 }
 
 /// Transactions open longer than this are named while a new slot may wait on them.

@@ -23,6 +23,19 @@ pub(super) async fn skip(source: &SourceConfig, id: StreamId, what: &What) -> an
     if let What::Message { at, id } = what {
         message_waits(&client, &names, at, *id).await?;
     }
+    let layout = source.layout();
+    if matches!(what, What::Id(_))
+        && layout.mapping().is_some()
+        && super::keyed::is_uuid(&client, &names.table, layout.id_column()).await?
+    {
+        bail!(
+            "{} is identified by the uuid {} alone, so its rows have no id to skip by; to discard the row a halt names, delete it (DELETE FROM {} WHERE {} = '<uuid>') and restart: a bad row no longer in the table is not published",
+            names.table,
+            layout.id_column(),
+            outbox_postgres::setup::ident(&names.table),
+            outbox_postgres::setup::ident(layout.id_column())
+        );
+    }
     let (table, cp) = (outbox_postgres::setup::ident(&names.table), outbox_postgres::setup::ident(&checkpoint));
     let tx = client.build_transaction().isolation_level(tokio_postgres::IsolationLevel::RepeatableRead).start().await?;
     let row = tx
