@@ -294,7 +294,8 @@ impl Layout {
     /// What is wrong with the tables `tables` of this layout, from their columns as
     /// `information_schema.columns` lists them (`found`: table, column, data type), each as
     /// (what, fix). Empty for a layout whose tables `setup` creates. With `uuid_ids`, a mapped
-    /// table's id column may be a uuid (PostgreSQL CDC reads such a table by key).
+    /// table's id column may be a key (a PostgreSQL uuid, a MariaDB `CHAR`/`VARCHAR`): CDC reads
+    /// such a table by key.
     pub(crate) fn check_tables(
         self,
         tables: &[String],
@@ -344,7 +345,10 @@ impl Layout {
                         },
                     )),
                     Some((_, _, t))
-                        if uuid_ids && self.mapping().is_some() && *name == self.id_column() && t == "uuid" => {}
+                        if uuid_ids
+                            && *name == self.id_column()
+                            && is_key_type(t, postgres)
+                            && self.mapping().is_some() => {}
                     Some((_, _, t)) if !types.is_empty() && !types.contains(&t.to_ascii_lowercase().as_str()) => {
                         let fix = match self {
                             // Debezium's default event id is a uuid.
@@ -369,14 +373,26 @@ impl Layout {
     }
 }
 
-/// The tables of `tables` a mapped layout reads by key: their id column is a uuid (in `found`,
-/// as for [`Layout::check_tables`]).
-pub(crate) fn uuid_keyed(layout: Layout, tables: &[String], found: &[(String, String, String)]) -> Vec<String> {
+/// The tables of `tables` a mapped layout reads by key in CDC: their id column is a key (in
+/// `found`, as for [`Layout::check_tables`]; see [`is_key_type`]).
+pub(crate) fn uuid_keyed(
+    layout: Layout,
+    tables: &[String],
+    found: &[(String, String, String)],
+    postgres: bool,
+) -> Vec<String> {
     if layout.mapping().is_none() {
         return Vec::new();
     }
     let id = layout.id_column();
-    tables.iter().filter(|t| found.iter().any(|(ft, c, ty)| ft == *t && c == id && ty == "uuid")).cloned().collect()
+    let keyed = |t: &String| found.iter().any(|(ft, c, ty)| ft == t && c == id && is_key_type(ty, postgres));
+    tables.iter().filter(|t| keyed(t)).cloned().collect()
+}
+
+/// Whether an id column of `data_type` (as `information_schema` names it) is read as a key:
+/// PostgreSQL's `uuid`; MariaDB's `char`/`varchar` (Debezium's uuid in a `CHAR(36)`).
+fn is_key_type(data_type: &str, postgres: bool) -> bool {
+    if postgres { data_type == "uuid" } else { matches!(data_type.to_ascii_lowercase().as_str(), "char" | "varchar") }
 }
 
 /// The fix for a mapped table whose identity column has type `found` (Debezium's uuid `id`):

@@ -43,13 +43,25 @@ const PG_TABLE: &str = concat!(
     pg_documented_table!(),
     "\n    ALTER TABLE {prefix}_0_0 ADD COLUMN seq bigint GENERATED ALWAYS AS IDENTITY UNIQUE"
 );
-const MY_TABLE: &str = "CREATE TABLE {prefix}_0_0 (
+/// Debezium's documented table on MariaDB (its uuid in a `CHAR(36)`), as a literal.
+macro_rules! my_documented_table {
+    () => {
+        "CREATE TABLE {prefix}_0_0 (
     id CHAR(36) NOT NULL PRIMARY KEY,
     aggregatetype VARCHAR(255) NOT NULL,
     aggregateid VARCHAR(255) NOT NULL,
     type VARCHAR(255) NOT NULL,
-    payload JSON);
-    ALTER TABLE {prefix}_0_0 ADD COLUMN seq BIGINT NOT NULL AUTO_INCREMENT UNIQUE";
+    payload JSON);"
+    };
+}
+
+/// The same on MariaDB, read by its `CHAR(36)` uuid.
+pub(crate) const MY_DOCUMENTED: &str = my_documented_table!();
+
+const MY_TABLE: &str = concat!(
+    my_documented_table!(),
+    "\n    ALTER TABLE {prefix}_0_0 ADD COLUMN seq BIGINT NOT NULL AUTO_INCREMENT UNIQUE"
+);
 
 /// The INSERT of the Debezium documentation (uuid event id, JSON payload `{"n": n}`).
 pub(crate) fn insert<D: Database>(table: &str, aggregatetype: &str, aggregateid: &str, n: i64) -> String {

@@ -222,7 +222,7 @@ async fn mariadb_a_swept_row_committed_but_not_deleted_is_deleted_not_resent() {
 }
 
 /// How a test makes the stream's position lost while the streamer is down.
-async fn lose_position<D: Database>(w: &World<D>, table: &str) {
+pub(crate) async fn lose_position<D: Database>(w: &World<D>, table: &str) {
     if D::SLOT {
         let mut admin = w.db.connect().await;
         D::execute(&mut admin, &format!("SELECT pg_drop_replication_slot('{table}')")).await;

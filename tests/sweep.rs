@@ -11,7 +11,7 @@ use crate::support::world::World;
 use crate::support::{kafka, wait_until};
 
 const ARRIVAL: Duration = Duration::from_secs(120);
-const SWEEP: &str = "sweep_interval_ms = 300";
+pub(crate) const SWEEP: &str = "sweep_interval_ms = 300";
 
 fn sorted_payloads(records: &[kafka::Record]) -> Vec<String> {
     let mut p: Vec<String> = records.iter().map(kafka::Record::payload_str).collect();

@@ -132,8 +132,8 @@ fn setup_explains_that_a_uuid_id_needs_an_integer_id_beside_it() {
     ];
     let tables = ["outbox_0_0".to_string()];
     assert!(Layout::Columns(m).check_tables(&tables, &found, true, true).is_empty(), "CDC reads it by key");
-    assert_eq!(uuid_keyed(Layout::Columns(m), &tables, &found), tables);
-    assert!(uuid_keyed(Layout::TwTkms, &tables, &found).is_empty());
+    assert_eq!(uuid_keyed(Layout::Columns(m), &tables, &found, true), tables);
+    assert!(uuid_keyed(Layout::TwTkms, &tables, &found, true).is_empty());
     let problems = Layout::Columns(m).check_tables(&tables, &found, true, false);
     assert_eq!(problems.len(), 1, "{problems:?}");
     assert!(problems[0].0.contains("outbox_0_0.id has type uuid"), "{problems:?}");

@@ -43,6 +43,7 @@ use crate::names::StreamNames;
 use crate::poll::PolledRow;
 use crate::record::{InvalidRow, OutboxRecord, RawRow};
 use crate::replay::ReplayFilter;
+use crate::row_keys::RowKeys;
 use crate::skip::SkipList;
 use crate::source::{DELETE_CHUNK, Probe, Source, SourceEvent, within};
 
@@ -130,14 +131,20 @@ pub(crate) struct MySource {
     unstored: Option<(TxnId, TxnId)>,
     /// `<source>/<shard>/<partition>`, for the fixes halts name.
     stream: String,
+    /// Set when the table's id column is text (a uuid in `CHAR(36)`): rows are read by key
+    /// (see [`super::keyed`]).
+    keys: Option<RowKeys>,
+    /// The highest id of the finish running, forgotten by `keys` once it committed.
+    finishing_through: Option<i64>,
 }
 
-/// How a shard-partition's messages are stored: where (table rows or WAL-only) and in which
-/// table layout.
-#[derive(Debug, Clone, Copy)]
+/// How a shard-partition's messages are stored: where (table rows or WAL-only), in which
+/// table layout, and the job's keys should the table be read by key.
+#[derive(Debug, Clone)]
 pub(crate) struct Stored {
     pub storage: Storage,
     pub layout: Layout,
+    pub keys: RowKeys,
 }
 
 impl MySource {
@@ -151,7 +158,7 @@ impl MySource {
         heartbeat: Duration,
         stored: Stored,
     ) -> Result<Self, Error> {
-        let Stored { storage, layout } = stored;
+        let Stored { storage, layout, keys } = stored;
         let stream = format!("{}/{}", labels.source, labels.id);
         let sql_opts: Opts = OptsBuilder::from_opts(opts.clone()).client_found_rows(true).into();
         let mut sql =
@@ -165,6 +172,10 @@ impl MySource {
         let version: Option<String> =
             sql.query_first("SELECT @@version").await.map_err(|e| Error::from_db("reading the server version", e))?;
         let flavor = Flavor::from_version(&version.unwrap_or_default());
+        let keys = match layout.mapping() {
+            Some(_) if super::keyed::is_text(&mut sql, &names.table, layout.id_column()).await? => Some(keys),
+            _ => None,
+        };
         let database = opts.db_name().unwrap_or_default().to_string();
         let _: Option<Option<i64>> = sql
             .exec_first("SELECT GET_LOCK(?, 0)", (stream_lock(&database, &names.table),))
@@ -274,6 +285,8 @@ impl MySource {
             place: 0,
             unstored: None,
             stream,
+            keys,
+            finishing_through: None,
         })
     }
 
@@ -300,7 +313,10 @@ impl MySource {
                 }
             }
             BinlogChange::Insert { values } => {
-                let mut row = record(&values, self.layout);
+                let mut row = match &self.keys {
+                    Some(keys) => keyed_record(&values, self.layout, keys),
+                    None => record(&values, self.layout),
+                };
                 if let (Storage::Wal, Some(open)) = (self.storage, self.open.as_ref()) {
                     row = super::wal::message(row, &open.txn, self.place);
                     self.place += 1;
@@ -324,6 +340,20 @@ impl MySource {
                         return Err(super::wal::statement_write(&self.table, &txn, &self.stream));
                     }
                     tracing::warn!(transaction = %txn, "a statement-logged write to the BLACKHOLE table skipped as `outbox-streamer skip` asked");
+                    return Ok(());
+                }
+                if self.keys.is_some() {
+                    // No sweep for a table read by key: the rows would never be published.
+                    let txn = self.open.as_ref().map_or_else(String::new, |o| o.txn.to_string());
+                    if !self.skips.skips_transaction(&txn) {
+                        return Err(super::keyed::statement_write(
+                            &self.table,
+                            self.layout.id_column(),
+                            &txn,
+                            &self.stream,
+                        ));
+                    }
+                    tracing::warn!(transaction = %txn, "a statement-logged write to the outbox table skipped as `outbox-streamer skip` asked");
                     return Ok(());
                 }
                 tracing::warn!(
@@ -397,15 +427,45 @@ fn binlog_error(e: BinlogError, storage: Storage, stream: &str) -> Error {
 /// Builds the record of one inserted row from its values by name. A missing column makes
 /// the row a bad row naming it (the table, where the operator restores it, decides then).
 pub(crate) fn record(values: &[(String, Cell)], layout: Layout) -> Result<OutboxRecord, InvalidRow> {
+    record_as(values, layout, None)
+}
+
+/// [`record`] of a table read by key (see [`super::keyed`]): the id column's text is the key,
+/// and `keys` gives it its surrogate.
+pub(crate) fn keyed_record(
+    values: &[(String, Cell)],
+    layout: Layout,
+    keys: &RowKeys,
+) -> Result<OutboxRecord, InvalidRow> {
+    let id_column = layout.id_column();
+    match values.iter().find(|(n, _)| n == id_column).map(|(_, c)| c) {
+        Some(Cell::Bytes(b)) => {
+            let key = String::from_utf8_lossy(b);
+            record_as(values, layout, Some(keys.id_of(&key))).map_err(|e| e.keyed(super::keyed::literal(&key)))
+        }
+        Some(Cell::Int(_)) => Err(InvalidRow::new(
+            None,
+            id_column,
+            "changed type from text to integer while this session read the table; restart the streamer to read it as it is now",
+        )),
+        _ => record_as(values, layout, None),
+    }
+}
+
+/// [`record`] with the row's `surrogate` id, or its id column's when `None`.
+fn record_as(values: &[(String, Cell)], layout: Layout, surrogate: Option<i64>) -> Result<OutboxRecord, InvalidRow> {
     let cell = |name: &str| values.iter().find(|(n, _)| n == name).map(|(_, c)| c);
     let missing = |id: Option<i64>, column: &'static str| {
         InvalidRow::new(id, column, "is not in the logged row (dropped or renamed, or binlog_row_metadata is not FULL)")
     };
     let id_column = layout.id_column();
-    let id = match cell(id_column) {
-        Some(Cell::Int(i)) => *i,
-        Some(other) => return Err(InvalidRow::new(None, id_column, format!("is not an integer ({})", kind(other)))),
-        None => return Err(missing(None, id_column)),
+    let id = match (surrogate, cell(id_column)) {
+        (Some(id), _) => id,
+        (None, Some(Cell::Int(i))) => *i,
+        (None, Some(other)) => {
+            return Err(InvalidRow::new(None, id_column, format!("is not an integer ({})", kind(other))));
+        }
+        (None, None) => return Err(missing(None, id_column)),
     };
     // The layout's column of `field`, and its cell (`None`: the layout has no such column).
     let of = |field: Field| layout.column(field).map(|column| (column, cell(column)));
@@ -502,6 +562,8 @@ impl Source for MySource {
         let sql = self.sql.clone();
         let (table, statement, epoch) = (self.table.clone(), self.checkpoint.store(), self.epoch);
         let id_column = self.layout.id_column();
+        self.finishing_through = ids.iter().max().copied();
+        let keys = self.keys.as_ref().map(|k| k.keys_of(&ids).into_iter().map(|(_, key)| key).collect::<Vec<_>>());
         async move {
             if !store {
                 return Ok(0);
@@ -515,10 +577,21 @@ impl Source for MySource {
             opts.with_isolation_level(IsolationLevel::ReadCommitted);
             let mut tx = within("starting the cleanup transaction", conn.start_transaction(opts)).await?;
             let mut deleted = 0;
-            for chunk in ids.chunks(DELETE_CHUNK) {
-                let delete = outbox_mysql::cleanup::delete_by_ids(&table, id_column, chunk);
-                within("deleting published rows", tx.query_drop(delete)).await?;
-                deleted += tx.affected_rows();
+            match &keys {
+                None => {
+                    for chunk in ids.chunks(DELETE_CHUNK) {
+                        let delete = outbox_mysql::cleanup::delete_by_ids(&table, id_column, chunk);
+                        within("deleting published rows", tx.query_drop(delete)).await?;
+                        deleted += tx.affected_rows();
+                    }
+                }
+                Some(keys) => {
+                    for chunk in keys.chunks(DELETE_CHUNK) {
+                        let delete = super::keyed::delete_sql(&table, id_column, chunk.len());
+                        within("deleting published rows", tx.exec_drop(delete, chunk.to_vec())).await?;
+                        deleted += tx.affected_rows();
+                    }
+                }
             }
             let resume = &upto.resume;
             let done_gtid = if upto.resume == upto.done { None } else { upto.done.gtid_text() };
@@ -537,6 +610,9 @@ impl Source for MySource {
         // A prefix a failed session left is finished before anything is read: the reader
         // started before `upto` and must skip what it covers (a no-op once it read past it).
         self.replay.finished(upto.done);
+        if let (Some(keys), Some(through)) = (&self.keys, self.finishing_through.take()) {
+            keys.forget_through(through);
+        }
     }
 
     fn confirm_idle(&mut self, _position: MyPosition) {
@@ -557,12 +633,23 @@ impl Source for MySource {
     async fn current_rows(&mut self, ids: &[i64]) -> Result<Vec<PolledRow>, Error> {
         // A locking read waits for the inserting transaction, which the binlog may show before
         // InnoDB has made it visible.
-        super::poll::rows_by_id(&mut *self.sql.lock().await, &self.table, ids, true, self.layout).await
+        let mut conn = self.sql.lock().await;
+        match &self.keys {
+            None => super::poll::rows_by_id(&mut conn, &self.table, ids, true, self.layout).await,
+            Some(keys) => {
+                super::keyed::rows_by_key(&mut conn, &self.table, &keys.keys_of(ids), self.layout, keys).await
+            }
+        }
     }
 
     async fn existing(&mut self, ids: &[i64]) -> Result<Vec<i64>, Error> {
         if ids.is_empty() {
             return Ok(Vec::new());
+        }
+        if let Some(keys) = &self.keys {
+            let known = keys.keys_of(ids);
+            let mut conn = self.sql.lock().await;
+            return super::keyed::existing(&mut conn, &self.table, self.layout.id_column(), &known).await;
         }
         let sql = super::poll::existing_sql(&self.table, self.layout, ids);
         within("checking rows", self.sql.lock().await.query(sql)).await
@@ -623,10 +710,20 @@ impl Source for MySource {
         done.done.at_or_after(&mark.done)
     }
 
+    fn sweeps(&self) -> bool {
+        self.keys.is_none()
+    }
+
+    fn row_keys(&self) -> Option<RowKeys> {
+        self.keys.clone()
+    }
+
     fn skips(&self, id: Option<i64>, message: bool, label: &str) -> bool {
         match id {
             None => self.skips.skips_transaction(label),
             Some(id) if message => self.skips.skips_message(id),
+            // A surrogate is no row id an operator could name (`skip --id` is refused).
+            Some(_) if self.keys.is_some() => false,
             Some(id) => {
                 let (Some(bound), Some(txn)) = (self.skips.bound_of(id), self.current.as_ref()) else {
                     return false;
@@ -671,6 +768,22 @@ mod tests {
         r.retain(|(n, _)| n != "payload");
         let e = record(&r, Layout::OutboxStreamer).unwrap_err();
         assert_eq!((e.id, e.column), (Some(3), "payload"));
+    }
+
+    #[test]
+    fn a_text_id_is_a_key_given_a_surrogate_and_named_in_errors() {
+        let keys = RowKeys::default();
+        let mut r = row(Cell::Bytes(b"orders".to_vec()));
+        r[0].1 = Cell::Bytes(b"0f8e-it's".to_vec());
+        let first = keyed_record(&r, Layout::OutboxStreamer, &keys).unwrap();
+        assert_eq!(keyed_record(&r, Layout::OutboxStreamer, &keys).unwrap().id, first.id, "the same key, the same id");
+        assert_eq!(keys.key_of(first.id).as_deref(), Some("0f8e-it's"));
+        r[1].1 = Cell::Null;
+        let e = keyed_record(&r, Layout::OutboxStreamer, &keys).unwrap_err();
+        assert_eq!((e.id, e.column), (Some(first.id), "topic"));
+        assert!(e.to_string().starts_with("row id='0f8e-it''s' column topic"), "{e}");
+        r[0].1 = Cell::Int(4);
+        assert!(keyed_record(&r, Layout::OutboxStreamer, &keys).unwrap_err().reason.contains("changed type"));
     }
 
     #[test]

@@ -20,6 +20,7 @@ mod catchup;
 pub(crate) mod cdc;
 mod checkpoint;
 pub(crate) mod connect;
+mod keyed;
 mod lag;
 mod poll;
 mod setup;
@@ -149,12 +150,13 @@ fn jobs(source: &SourceConfig, ctx: &JobContext<'_>) -> anyhow::Result<Vec<Strea
             );
         } else {
             let heartbeat = Duration::from_millis(settings.status_interval_ms.max(1000));
-            let stored = cdc::Stored { storage: settings.storage, layout };
+            // The job's keys: what one session leaves to finish by key, the next deletes.
+            let stored = cdc::Stored { storage: settings.storage, layout, keys: crate::row_keys::RowKeys::default() };
             let (opts, checkpoint, task_labels, stream_names) =
                 (opts.clone(), checkpoint.clone(), labels.clone(), names.clone());
             let connect = move |lease: OwnerLease| {
-                let (opts, names, checkpoint, labels) =
-                    (opts.clone(), stream_names.clone(), checkpoint.clone(), task_labels.clone());
+                let (opts, names, checkpoint, labels, stored) =
+                    (opts.clone(), stream_names.clone(), checkpoint.clone(), task_labels.clone(), stored.clone());
                 async move {
                     MySource::connect(&labels, &opts, &names, &checkpoint, lease.db_epoch(), heartbeat, stored).await
                 }

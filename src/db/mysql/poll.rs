@@ -37,9 +37,14 @@ pub(crate) struct MyPollTable {
 }
 
 impl MyPollTable {
+    /// Refuses a table read by key (see [`super::keyed`]): polling and the catch-up read rows
+    /// in the order of their id.
     pub(crate) async fn connect(opts: &Opts, table: &str, layout: Layout) -> Result<Self, Error> {
         let mut conn =
             Conn::new(opts.clone()).await.map_err(|e| Error::from_db("connecting to MySQL/MariaDB", e).connecting())?;
+        if layout.mapping().is_some() && super::keyed::is_text(&mut conn, table, layout.id_column()).await? {
+            return Err(super::keyed::no_order(table, layout.id_column()));
+        }
         for setting in ["SET SESSION time_zone = '+00:00'", "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED"] {
             conn.query_drop(setting).await.map_err(|e| Error::from_db("setting up the polling session", e))?;
         }
@@ -76,7 +81,7 @@ pub(super) fn id_index(layout: Layout) -> &'static str {
 }
 
 /// The layout's columns, read by name (see [`super::cdc::record`]).
-fn columns(layout: Layout) -> String {
+pub(super) fn columns(layout: Layout) -> String {
     [Field::Id, Field::Topic, Field::Key, Field::Payload, Field::Headers, Field::Partition, Field::CreatedAt]
         .into_iter()
         .filter_map(|field| layout.column(field))
@@ -87,10 +92,13 @@ fn columns(layout: Layout) -> String {
 }
 
 fn polled(row: Row, layout: Layout) -> Result<PolledRow, Error> {
+    Ok(super::cdc::record(&cells(row), layout))
+}
+
+/// A row's values by column name, as the binlog reader gives them.
+pub(super) fn cells(row: Row) -> Vec<(String, Cell)> {
     let names: Vec<String> = row.columns_ref().iter().map(|c| c.name_str().into_owned()).collect();
-    let values: Vec<(String, Cell)> =
-        names.into_iter().zip(row.unwrap()).map(|(name, value)| (name, cell_of(&value))).collect();
-    Ok(super::cdc::record(&values, layout))
+    names.into_iter().zip(row.unwrap()).map(|(name, value)| (name, cell_of(&value))).collect()
 }
 
 /// The rows `ids` of `table` as they are now (ids not in the table are left out). With

@@ -4,7 +4,7 @@
 
 use anyhow::Context;
 use outbox_mysql::mysql_async::prelude::Queryable;
-use outbox_mysql::mysql_async::{Opts, OptsBuilder};
+use outbox_mysql::mysql_async::{Conn, Opts, OptsBuilder};
 use outbox_mysql::privileges as myprivileges;
 use outbox_mysql::setup as my;
 
@@ -73,7 +73,18 @@ pub(super) async fn setup(source: &SourceConfig, how: &SetupRequest<'_>) -> anyh
                 listed.join(", ")
             ))
             .await?;
-        let mut problems = source.layout().check_tables(&plan.tables, &found, false, false);
+        // A table identified by a text key is read by key — in CDC only (see `super::keyed`).
+        let polled: Vec<String> = crate::job::stream_plans(source)
+            .into_iter()
+            .filter(|(_, settings, _)| settings.mode == crate::config::Mode::Polling)
+            .map(|(_, _, names)| names.table)
+            .collect();
+        let (polled, streamed): (Vec<String>, Vec<String>) =
+            plan.tables.iter().cloned().partition(|t| polled.contains(t));
+        let mut problems = source.layout().check_tables(&streamed, &found, false, true);
+        problems.extend(source.layout().check_tables(&polled, &found, false, false));
+        let keyed = crate::layout::uuid_keyed(source.layout(), &streamed, &found, false);
+        problems.extend(keyed_rows_before_checkpoint(&mut conn, source, &keyed).await?);
         let unique: Vec<String> = conn
             .exec(
                 format!(
@@ -85,7 +96,7 @@ pub(super) async fn setup(source: &SourceConfig, how: &SetupRequest<'_>) -> anyh
                 (source.layout().id_column(),),
             )
             .await?;
-        let generated: Vec<String> = conn
+        let mut generated: Vec<String> = conn
             .exec(
                 format!(
                     "SELECT table_name FROM information_schema.columns \
@@ -96,6 +107,8 @@ pub(super) async fn setup(source: &SourceConfig, how: &SetupRequest<'_>) -> anyh
                 (source.layout().id_column(),),
             )
             .await?;
+        // A key is not numbered, and need not be: nothing orders such a table.
+        generated.extend(keyed);
         problems.extend(source.layout().id_column_problems(&plan.tables, &found, &unique, &generated, false));
         failures.extend(problems.into_iter().map(|(what, fix)| my::CheckFailure { what, fix }));
     }
@@ -202,4 +215,44 @@ pub(super) async fn setup(source: &SourceConfig, how: &SetupRequest<'_>) -> anyh
         if plan.owns_tables { format!(", {}_enqueue()", source.table_prefix) } else { String::new() }
     );
     Ok(true)
+}
+
+/// The tables of `keyed` (identified by a text key) that hold rows while the stream has no
+/// checkpoint yet: the binlog position setup stores starts after them, and such a table cannot
+/// be caught up (nothing orders it), so setup refuses rather than leave them unsent.
+async fn keyed_rows_before_checkpoint(
+    conn: &mut Conn,
+    source: &SourceConfig,
+    keyed: &[String],
+) -> anyhow::Result<Vec<(String, String)>> {
+    let checkpoint = checkpoint_table(&source.table_prefix);
+    let known: Option<i64> = conn
+        .exec_first(
+            "SELECT COUNT(*) FROM information_schema.tables WHERE table_schema = DATABASE() AND table_name = ?",
+            (&checkpoint,),
+        )
+        .await?;
+    let mut problems = Vec::new();
+    for table in keyed {
+        let started: Option<i64> = if known.unwrap_or(0) > 0 {
+            conn.exec_first(format!("SELECT COUNT(*) FROM {} WHERE stream = ?", my::ident(&checkpoint)), (table,))
+                .await?
+        } else {
+            Some(0)
+        };
+        let holds: Option<i64> =
+            conn.query_first(format!("SELECT EXISTS (SELECT 1 FROM {})", my::ident(table))).await?;
+        if started.unwrap_or(0) == 0 && holds.unwrap_or(0) == 1 {
+            let (t, id) = (my::ident(table), my::ident(source.layout().id_column()));
+            problems.push((
+                format!(
+                    "table {table} holds rows and its stream has no binlog position yet: the position setup stores starts after them, and a table identified by the text {id} alone cannot be caught up"
+                ),
+                format!(
+                    "delete the rows already sent (after the old relay stopped: DELETE FROM {t};), or give the table an order so `run` sends them first: ALTER TABLE {t} ADD COLUMN seq BIGINT NOT NULL AUTO_INCREMENT UNIQUE; and set id = \"seq\" in [source.columns]"
+                ),
+            ));
+        }
+    }
+    Ok(problems)
 }

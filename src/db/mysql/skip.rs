@@ -25,6 +25,17 @@ pub(super) async fn skip(source: &SourceConfig, id: StreamId, what: &What) -> an
         );
     }
     let table = outbox_mysql::setup::ident(&names.table);
+    let layout = source.layout();
+    let keyed =
+        layout.mapping().is_some() && super::keyed::is_text(&mut conn, &names.table, layout.id_column()).await?;
+    if keyed && matches!(what, What::Id(_)) {
+        bail!(
+            "{} is identified by the text {} alone, so its rows have no id to skip by; to discard the row a halt names, delete it (DELETE FROM {table} WHERE {} = '<key>') and restart: a bad row no longer in the table is not published",
+            names.table,
+            layout.id_column(),
+            outbox_mysql::setup::ident(layout.id_column())
+        );
+    }
     let cp = Checkpoint::new(&checkpoint);
     let mut opts_tx = TxOpts::default();
     opts_tx.with_isolation_level(IsolationLevel::RepeatableRead).with_consistent_snapshot(true);
@@ -53,13 +64,25 @@ pub(super) async fn skip(source: &SourceConfig, id: StreamId, what: &What) -> an
             let value = |name: &str| status.iter().find(|(n, _)| n.eq_ignore_ascii_case(name)).map(|(_, v)| v.clone());
             let file = value("Binlog_snapshot_file").context("the server reports no binlog snapshot position")?;
             let offset: u64 = value("Binlog_snapshot_position").and_then(|v| v.parse().ok()).unwrap_or(4);
-            let id = outbox_mysql::setup::ident(source.layout().id_column());
-            let ids: Vec<i64> = tx.query(format!("SELECT {id} FROM {table}")).await?;
+            let id = outbox_mysql::setup::ident(layout.id_column());
             let mut deleted = 0;
-            for chunk in ids.chunks(crate::source::DELETE_CHUNK) {
-                tx.query_drop(outbox_mysql::cleanup::delete_by_ids(&names.table, source.layout().id_column(), chunk))
+            if keyed {
+                let keys: Vec<String> = tx.query(format!("SELECT {id} FROM {table}")).await?;
+                for chunk in keys.chunks(crate::source::DELETE_CHUNK) {
+                    tx.exec_drop(
+                        super::keyed::delete_sql(&names.table, layout.id_column(), chunk.len()),
+                        chunk.to_vec(),
+                    )
                     .await?;
-                deleted += tx.affected_rows();
+                    deleted += tx.affected_rows();
+                }
+            } else {
+                let ids: Vec<i64> = tx.query(format!("SELECT {id} FROM {table}")).await?;
+                for chunk in ids.chunks(crate::source::DELETE_CHUNK) {
+                    tx.query_drop(outbox_mysql::cleanup::delete_by_ids(&names.table, layout.id_column(), chunk))
+                        .await?;
+                    deleted += tx.affected_rows();
+                }
             }
             let gtid: Option<Option<String>> = tx.exec_first("SELECT BINLOG_GTID_POS(?, ?)", (&file, offset)).await?;
             tx.exec_drop(cp.skip_to(), (gtid.flatten(), &file, offset, &names.table)).await?;
@@ -67,7 +90,7 @@ pub(super) async fn skip(source: &SourceConfig, id: StreamId, what: &What) -> an
             return Ok(done_message(what, deleted));
         }
         What::Id(row_id) => {
-            let id = outbox_mysql::setup::ident(source.layout().id_column());
+            let id = outbox_mysql::setup::ident(layout.id_column());
             tx.exec_drop(format!("DELETE FROM {table} WHERE {id} = ?"), (row_id,)).await?;
             tx.affected_rows()
         }

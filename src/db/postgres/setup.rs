@@ -88,7 +88,7 @@ pub(super) async fn setup(source: &SourceConfig, how: &SetupRequest<'_>) -> anyh
         let (polled, streamed): (Vec<String>, Vec<String>) = tables.iter().cloned().partition(|t| polled.contains(t));
         let mut problems = source.layout().check_tables(&streamed, &found, true, true);
         problems.extend(source.layout().check_tables(&polled, &found, true, false));
-        let keyed = crate::layout::uuid_keyed(source.layout(), &streamed, &found);
+        let keyed = crate::layout::uuid_keyed(source.layout(), &streamed, &found, true);
         problems.extend(keyed_rows_before_slot(&client, source, &keyed).await?);
         let unique: Vec<String> = client
             .query(
