@@ -132,6 +132,7 @@ pub(crate) fn stream_plans(source: &SourceConfig) -> Vec<(StreamLabels, StreamSe
                 id,
                 table: names.table.clone(),
                 id_column: source.layout().id_column(),
+                quote: if source.kind == crate::config::SourceKind::Postgres { '"' } else { '`' },
                 lease: OwnerLease::embedded(),
             };
             (labels, settings, names)

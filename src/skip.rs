@@ -17,6 +17,9 @@ pub(crate) struct SkipList {
     transactions: BTreeSet<String>,
     /// WAL-only messages by identity (their log position), stored as `m<id>` in `skip_ids`.
     messages: BTreeSet<i64>,
+    /// Rows of a table identified by a key (see `crate::row_keys`), by key → bound, stored as
+    /// `k<key>@bound` in `skip_ids`.
+    keys: BTreeMap<String, String>,
 }
 
 impl SkipList {
@@ -28,6 +31,13 @@ impl SkipList {
             if let Some(message) = part.strip_prefix('m') {
                 let id = message.parse().map_err(|_| format!("skip_ids holds {part:?}, which is not m<message id>"))?;
                 list.messages.insert(id);
+                continue;
+            }
+            if let Some(keyed) = part.strip_prefix('k') {
+                let (key, bound) = keyed
+                    .split_once('@')
+                    .ok_or_else(|| format!("skip_ids holds {part:?}, which is not k<key>@position"))?;
+                list.keys.insert(key.to_string(), bound.trim().to_string());
                 continue;
             }
             let (id, bound) =
@@ -44,6 +54,11 @@ impl SkipList {
     /// The bound of row `id`, if it is to be skipped in transactions committed before it.
     pub(crate) fn bound_of(&self, id: i64) -> Option<&str> {
         self.ids.get(&id).map(String::as_str)
+    }
+
+    /// The bound of the row with key `key` (see [`Self::bound_of`]).
+    pub(crate) fn bound_of_key(&self, key: &str) -> Option<&str> {
+        self.keys.get(key).map(String::as_str)
     }
 
     /// Whether rows without a readable id in transaction `label` are to be skipped.
@@ -68,7 +83,8 @@ impl SkipList {
     pub(crate) fn ids_text(&self) -> Option<String> {
         let rows = self.ids.iter().map(|(id, bound)| format!("{id}@{bound}"));
         let messages = self.messages.iter().map(|id| format!("m{id}"));
-        let all: Vec<String> = rows.chain(messages).collect();
+        let keys = self.keys.iter().map(|(key, bound)| format!("k{key}@{bound}"));
+        let all: Vec<String> = rows.chain(messages).chain(keys).collect();
         (!all.is_empty()).then(|| all.join(";"))
     }
 
@@ -82,6 +98,8 @@ impl SkipList {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum What {
     Id(i64),
+    /// A row of a table identified by a key (a uuid), by that key.
+    Key(String),
     Transaction(String),
     /// A WAL-only message, by its log position as the halt message names it (`0/1A2B3C8`)
     /// and its identity (the `outbox-id` it would carry).
@@ -93,6 +111,24 @@ pub(crate) enum What {
 }
 
 impl What {
+    /// `--id 42`, or `--id 0f8e…` (the key of a row of a table identified by one). A key is
+    /// stored in the skip list as it is, so it may not hold what separates its entries.
+    pub(crate) fn row(id: &str) -> anyhow::Result<Self> {
+        let id = id.trim();
+        if let Ok(n) = id.parse() {
+            return Ok(Self::Id(n));
+        }
+        if id.is_empty()
+            || id.len() > 255
+            || id.chars().any(|c| matches!(c, ';' | '@' | ',' | '\'') || c.is_whitespace())
+        {
+            anyhow::bail!(
+                "--id {id:?}: expected the row id or key the halt message names (a number, or a uuid such as 0f8e…)"
+            );
+        }
+        Ok(Self::Key(id.to_string()))
+    }
+
     /// `--message 0/1A2B3C8` (a PostgreSQL LSN, the message's identity as a number) or
     /// `--message 42` (the `outbox-id` the halt names).
     pub(crate) fn message(at: &str) -> anyhow::Result<Self> {
@@ -116,6 +152,9 @@ impl What {
 pub(crate) fn add(list: &mut SkipList, what: &What, end: &str) {
     match what {
         What::Id(id) => list.add_id(*id, end),
+        What::Key(key) => {
+            list.keys.insert(key.clone(), end.to_string());
+        }
         What::Transaction(label) => list.add_transaction(label),
         What::Message { id, .. } => {
             list.messages.insert(*id);
@@ -128,6 +167,8 @@ pub(crate) fn done_message(what: &What, deleted: u64) -> String {
     match what {
         What::Id(id) if deleted > 0 => format!("row id={id} will not be published; it was deleted from the table"),
         What::Id(id) => format!("row id={id} will not be published (it was not in the table)"),
+        What::Key(key) if deleted > 0 => format!("row id='{key}' will not be published; it was deleted from the table"),
+        What::Key(key) => format!("row id='{key}' will not be published (it was not in the table)"),
         What::Transaction(label) => {
             format!("rows without a readable id in transaction {label} will not be published")
         }
@@ -156,6 +197,12 @@ mod tests {
         assert_eq!(SkipList::parse(None, None).unwrap().ids_text(), None);
         assert!(SkipList::parse(Some("x@1"), None).unwrap_err().contains("\"x@1\""));
         assert!(SkipList::parse(Some("12"), None).unwrap_err().contains("id@position"));
+        let mut k = SkipList::parse(Some("k0f8e-1@0/5;3@0/1"), None).unwrap();
+        assert_eq!((k.bound_of_key("0f8e-1"), k.bound_of(3)), (Some("0/5"), Some("0/1")));
+        add(&mut k, &What::row("abc-2").unwrap(), "0/9");
+        assert_eq!(k.ids_text().as_deref(), Some("3@0/1;k0f8e-1@0/5;kabc-2@0/9"));
+        assert_eq!(What::row(" 42 ").unwrap(), What::Id(42));
+        assert!(What::row("a;b").is_err() && What::row("a@b").is_err() && What::row("").is_err());
         let mut l = SkipList::parse(Some("m77;3@0/1"), None).unwrap();
         assert!(l.skips_message(77) && !l.skips_message(3) && l.bound_of(77).is_none());
         add(&mut l, &What::Message { at: "0/4D".into(), id: 77 }, "0/9");

@@ -70,6 +70,8 @@ pub(crate) struct StreamLabels {
     pub table: String,
     /// The table's row identity column (see [`crate::layout::Layout::id_column`]).
     pub id_column: &'static str,
+    /// How the database quotes an identifier in the statements a halt prints: `"` or `` ` ``.
+    pub quote: char,
     /// Checked before every record and position write; its epoch is stamped on records.
     pub lease: OwnerLease,
 }
@@ -78,6 +80,12 @@ impl StreamLabels {
     /// `<source>.<table>`: the name of the shard-partition's lease and of its `/readyz` line.
     pub(crate) fn key(&self) -> String {
         format!("{}.{}", self.source, self.table)
+    }
+
+    /// `name` quoted as an identifier of the stream's database, for printed statements.
+    pub(crate) fn sql_name(&self, name: &str) -> String {
+        let q = self.quote;
+        format!("{q}{}{q}", name.replace(q, &format!("{q}{q}")))
     }
 
     pub(crate) fn metric_labels(&self) -> [(&'static str, String); 3] {

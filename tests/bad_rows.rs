@@ -37,7 +37,7 @@ async fn postgres_a_halted_row_fixed_or_deleted_in_the_table_clears_the_halt() {
     let bad = insert(&w, None, "broken").await;
     insert(&w, Some(&w.topic), "b").await;
     let log = first.wait_for_halt(ARRIVAL).await;
-    assert!(log.contains(&format!("row id={bad}")) && log.contains(&format!("WHERE id = {bad}")), "{log}");
+    assert!(log.contains(&format!("row id={bad}")) && log.contains(&format!("WHERE \"id\" = {bad}")), "{log}");
     assert!(first.stop());
     // The fix the halt names: correct the row, restart.
     w.db.admin

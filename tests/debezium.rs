@@ -315,7 +315,12 @@ async fn a_backlog_then_a_bad_row_skipped_as_printed<D: Database>(builder: World
     D::execute(&mut conn, &insert::<D>(&table, &"x".repeat(240), "order-0", 100)).await;
     D::execute(&mut conn, &insert::<D>(&table, &w.prefix, "order-0", 10)).await;
     let log = first.wait_for_halt(ARRIVAL).await;
-    assert!(log.contains(&format!("UPDATE {table} SET … WHERE seq = ")), "the halt names the row by seq: {log}");
+    let quoted = if D::KIND == "postgres" {
+        format!("\"{table}\" SET … WHERE \"seq\" = ")
+    } else {
+        format!("`{table}` SET … WHERE `seq` = ")
+    };
+    assert!(log.contains(&format!("UPDATE {quoted}")), "the halt names the row by seq: {log}");
     let command = log.split("`outbox-streamer ").nth(1).and_then(|c| c.split('`').next()).expect("a skip command");
     let args: Vec<&str> = command.split_whitespace().collect();
     assert_eq!(args[..2], ["skip", "--stream"], "{log}");

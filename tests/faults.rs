@@ -512,7 +512,8 @@ pub(crate) async fn bad_row_halts_its_shard_partition<D: Database>(w: World<D>) 
     assert_eq!(errors.len(), 1, "one ERROR, not one per retry:\n{log}");
     assert!(errors[0].contains(&format!("row id={bad}")) && errors[0].contains("column topic"), "{}", errors[0]);
     assert!(
-        errors[0].contains(&format!("WHERE id = {bad}")) && errors[0].contains(&format!("--id {bad}")),
+        errors[0].contains(&format!("WHERE {q}id{q} = {bad}", q = if D::KIND == "postgres" { '"' } else { '`' }))
+            && errors[0].contains(&format!("--id {bad}")),
         "the error names the fix: {}",
         errors[0]
     );

@@ -124,9 +124,10 @@ pub enum Command {
         /// The shard-partition: <source>/<shard>/<partition>, as the halt message names it.
         #[arg(long)]
         stream: String,
-        /// The row id to skip (it is also deleted from the table).
+        /// The row id to skip (it is also deleted from the table): a number, or the key (uuid)
+        /// of a table identified by one, as the halt message names it.
         #[arg(long, conflicts_with_all = ["transaction", "backlog", "message"])]
-        id: Option<i64>,
+        id: Option<String>,
         /// A WAL-only message (`storage = "wal"`) to skip, by the LSN its halt message names.
         #[arg(long, conflicts_with_all = ["transaction", "backlog"])]
         message: Option<String>,
@@ -250,7 +251,7 @@ pub async fn execute(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Skip { stream, id, message, transaction, backlog } => {
             let what = match (id, message, transaction, backlog) {
-                (Some(id), None, None, false) => skip::What::Id(id),
+                (Some(id), None, None, false) => skip::What::row(&id)?,
                 (None, Some(at), None, false) => skip::What::message(&at)?,
                 (None, None, Some(label), false) => skip::What::Transaction(label),
                 (None, None, None, true) => skip::What::Backlog,

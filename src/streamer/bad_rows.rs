@@ -73,11 +73,21 @@ impl<P: Clone + std::fmt::Display + Send + Sync + 'static, K: Sink> Session<'_, 
             ));
         }
         let Some(id) = invalid.id else {
+            // Rows logged before the mapped id column existed: a table read by key given `seq`.
+            let switched = if invalid.column == self.labels.id_column {
+                format!(
+                    "; if {column} was just added (a table read by its uuid given an order), the rows logged before it cannot carry it: run once with mode = \"polling\" until {table} is empty, then without (the next run catches up and streams again)",
+                    column = self.labels.id_column,
+                    table = self.labels.table
+                )
+            } else {
+                String::new()
+            };
             return Err(self.halt(
                 None,
                 &format!("in transaction {}: {invalid}", self.label),
                 &format!(
-                    "restore the table's columns as `outbox-streamer setup --dry-run` shows; rows logged without a readable id cannot be published: discard them with `outbox-streamer skip --stream {}/{} --transaction {}`",
+                    "restore the table's columns as `outbox-streamer setup --dry-run` shows; rows logged without a readable id cannot be published: discard them with `outbox-streamer skip --stream {}/{} --transaction {}`{switched}",
                     self.labels.source, self.labels.id, self.label
                 ),
             ));
@@ -103,29 +113,23 @@ impl<P: Clone + std::fmt::Display + Send + Sync + 'static, K: Sink> Session<'_, 
                     );
                     self.publish(seq, current).await
                 }
-                Some(Err(still)) => match self.key_sql(id) {
-                    // A row identified by a key: there is no skip by id (see `row_keys`).
-                    Some(key) => Err(self.halt(
+                Some(Err(still)) => {
+                    let (table, column) =
+                        (self.labels.sql_name(&self.labels.table), self.labels.sql_name(self.labels.id_column));
+                    // A row identified by a key is named, and skipped, by it (see `row_keys`).
+                    let (value, skip) = match self.keys.as_ref().and_then(|k| k.key_of(id)) {
+                        Some(key) => (sql_literal(&key), key),
+                        None => (id.to_string(), id.to_string()),
+                    };
+                    Err(self.halt(
                         Some(id),
                         &still.to_string(),
                         &format!(
-                            "fix the row (UPDATE {table} SET … WHERE {column} = {key}) or delete it (DELETE FROM {table} WHERE {column} = {key}), then restart; or set on_bad_row = \"dead-letter\"",
-                            table = self.labels.table,
-                            column = self.labels.id_column
+                            "fix the row (UPDATE {table} SET … WHERE {column} = {value}) or delete it (DELETE FROM {table} WHERE {column} = {value}), then restart; or discard it with `outbox-streamer skip --stream {}/{} --id {skip}`; or set on_bad_row = \"dead-letter\"",
+                            self.labels.source, self.labels.id,
                         ),
-                    )),
-                    None => Err(self.halt(
-                        Some(id),
-                        &still.to_string(),
-                        &format!(
-                            "fix the row (UPDATE {table} SET … WHERE {column} = {id}) or delete it, then restart; or discard it with `outbox-streamer skip --stream {}/{} --id {id}`; or set on_bad_row = \"dead-letter\"",
-                            self.labels.source,
-                            self.labels.id,
-                            table = self.labels.table,
-                            column = self.labels.id_column
-                        ),
-                    )),
-                },
+                    ))
+                }
             },
             BadRowPolicy::DeadLetter => {
                 self.tracker.sent(seq, invalid.message_at.is_none().then_some(id));
@@ -191,8 +195,7 @@ impl<P: Clone + std::fmt::Display + Send + Sync + 'static, K: Sink> Session<'_, 
     /// Row `id`'s key as an SQL literal, for a table identified by a key (see
     /// [`Source::row_keys`]).
     pub(super) fn key_sql(&self, id: i64) -> Option<String> {
-        let key = self.keys.as_ref()?.key_of(id)?;
-        Some(format!("'{}'", key.replace('\'', "''")))
+        Some(sql_literal(&self.keys.as_ref()?.key_of(id)?))
     }
 
     /// [`Self::halt`] with the place (`at row id=… of …: `) said by the caller.
@@ -200,4 +203,9 @@ impl<P: Clone + std::fmt::Display + Send + Sync + 'static, K: Sink> Session<'_, 
         self.memory.last_halt = Some(HaltPoint { row: id, ..HaltPoint::default() });
         Error::definite(format!("{place}{reason}"), fix)
     }
+}
+
+/// `text` as an SQL string literal, for the statements a halt prints.
+pub(super) fn sql_literal(text: &str) -> String {
+    format!("'{}'", text.replace('\'', "''"))
 }

@@ -352,6 +352,7 @@ fn start_with(
             id: StreamId { shard: 0, partition: 0 },
             table: "outbox".into(),
             id_column: "id",
+            quote: '"',
             lease: OwnerLease::embedded(),
         };
         let result =

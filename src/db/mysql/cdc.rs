@@ -314,7 +314,10 @@ impl MySource {
             }
             BinlogChange::Insert { values } => {
                 let mut row = match &self.keys {
-                    Some(keys) => keyed_record(&values, self.layout, keys),
+                    Some(keys) => {
+                        let txn = self.open.as_ref().map_or_else(String::new, |o| o.txn.to_string());
+                        keyed_record(&values, self.layout, keys, &txn)
+                    }
                     None => record(&values, self.layout),
                 };
                 if let (Storage::Wal, Some(open)) = (self.storage, self.open.as_ref()) {
@@ -431,17 +434,18 @@ pub(crate) fn record(values: &[(String, Cell)], layout: Layout) -> Result<Outbox
 }
 
 /// [`record`] of a table read by key (see [`super::keyed`]): the id column's text is the key,
-/// and `keys` gives it its surrogate.
+/// and `keys` gives it its surrogate in transaction `txn`.
 pub(crate) fn keyed_record(
     values: &[(String, Cell)],
     layout: Layout,
     keys: &RowKeys,
+    txn: &str,
 ) -> Result<OutboxRecord, InvalidRow> {
     let id_column = layout.id_column();
     match values.iter().find(|(n, _)| n == id_column).map(|(_, c)| c) {
         Some(Cell::Bytes(b)) => {
             let key = String::from_utf8_lossy(b);
-            record_as(values, layout, Some(keys.id_of(&key))).map_err(|e| e.keyed(super::keyed::literal(&key)))
+            record_as(values, layout, Some(keys.id_of(txn, &key))).map_err(|e| e.keyed(super::keyed::literal(&key)))
         }
         Some(Cell::Int(_)) => Err(InvalidRow::new(
             None,
@@ -453,7 +457,11 @@ pub(crate) fn keyed_record(
 }
 
 /// [`record`] with the row's `surrogate` id, or its id column's when `None`.
-fn record_as(values: &[(String, Cell)], layout: Layout, surrogate: Option<i64>) -> Result<OutboxRecord, InvalidRow> {
+pub(super) fn record_as(
+    values: &[(String, Cell)],
+    layout: Layout,
+    surrogate: Option<i64>,
+) -> Result<OutboxRecord, InvalidRow> {
     let cell = |name: &str| values.iter().find(|(n, _)| n == name).map(|(_, c)| c);
     let missing = |id: Option<i64>, column: &'static str| {
         InvalidRow::new(id, column, "is not in the logged row (dropped or renamed, or binlog_row_metadata is not FULL)")
@@ -636,9 +644,7 @@ impl Source for MySource {
         let mut conn = self.sql.lock().await;
         match &self.keys {
             None => super::poll::rows_by_id(&mut conn, &self.table, ids, true, self.layout).await,
-            Some(keys) => {
-                super::keyed::rows_by_key(&mut conn, &self.table, &keys.keys_of(ids), self.layout, keys).await
-            }
+            Some(keys) => super::keyed::rows_by_key(&mut conn, &self.table, &keys.keys_of(ids), self.layout).await,
         }
     }
 
@@ -722,13 +728,17 @@ impl Source for MySource {
         match id {
             None => self.skips.skips_transaction(label),
             Some(id) if message => self.skips.skips_message(id),
-            // A surrogate is no row id an operator could name (`skip --id` is refused).
-            Some(_) if self.keys.is_some() => false,
             Some(id) => {
-                let (Some(bound), Some(txn)) = (self.skips.bound_of(id), self.current.as_ref()) else {
+                // A row read by key is skipped by its key (`skip --id <key>`), never by its
+                // surrogate.
+                let bound = match &self.keys {
+                    Some(keys) => keys.key_of(id).and_then(|key| self.skips.bound_of_key(&key).map(str::to_string)),
+                    None => self.skips.bound_of(id).map(str::to_string),
+                };
+                let (Some(bound), Some(txn)) = (bound, self.current.as_ref()) else {
                     return false;
                 };
-                Position::from_stored(self.flavor, Some(bound), "", 4).is_ok_and(|bound| bound.contains(txn))
+                Position::from_stored(self.flavor, Some(&bound), "", 4).is_ok_and(|bound| bound.contains(txn))
             }
         }
     }
@@ -775,15 +785,19 @@ mod tests {
         let keys = RowKeys::default();
         let mut r = row(Cell::Bytes(b"orders".to_vec()));
         r[0].1 = Cell::Bytes(b"0f8e-it's".to_vec());
-        let first = keyed_record(&r, Layout::OutboxStreamer, &keys).unwrap();
-        assert_eq!(keyed_record(&r, Layout::OutboxStreamer, &keys).unwrap().id, first.id, "the same key, the same id");
+        let first = keyed_record(&r, Layout::OutboxStreamer, &keys, "0-1-1").unwrap();
+        assert_eq!(
+            keyed_record(&r, Layout::OutboxStreamer, &keys, "0-1-1").unwrap().id,
+            first.id,
+            "the same key, the same id"
+        );
         assert_eq!(keys.key_of(first.id).as_deref(), Some("0f8e-it's"));
         r[1].1 = Cell::Null;
-        let e = keyed_record(&r, Layout::OutboxStreamer, &keys).unwrap_err();
+        let e = keyed_record(&r, Layout::OutboxStreamer, &keys, "0-1-1").unwrap_err();
         assert_eq!((e.id, e.column), (Some(first.id), "topic"));
         assert!(e.to_string().starts_with("row id='0f8e-it''s' column topic"), "{e}");
         r[0].1 = Cell::Int(4);
-        assert!(keyed_record(&r, Layout::OutboxStreamer, &keys).unwrap_err().reason.contains("changed type"));
+        assert!(keyed_record(&r, Layout::OutboxStreamer, &keys, "0-1-1").unwrap_err().reason.contains("changed type"));
     }
 
     #[test]

@@ -3,6 +3,7 @@
 //! `crate::row_keys` for the surrogate ids the core sees, and `docs/drop-in.md` for what such a
 //! table cannot have (polling, catch-up, sweep).
 
+use outbox_mysql::binlog::Cell;
 use outbox_mysql::mysql_async::prelude::Queryable;
 use outbox_mysql::mysql_async::{Conn, IsolationLevel, Row, TxOpts, Value};
 use outbox_mysql::setup::ident;
@@ -10,7 +11,6 @@ use outbox_mysql::setup::ident;
 use crate::error::Error;
 use crate::layout::Layout;
 use crate::poll::PolledRow;
-use crate::row_keys::RowKeys;
 use crate::source::within;
 
 /// Whether `table`'s `column` is text (`char`/`varchar`): such an id is a key, not a number (a
@@ -73,7 +73,6 @@ pub(crate) async fn rows_by_key(
     table: &str,
     keys: &[(i64, String)],
     layout: Layout,
-    row_keys: &RowKeys,
 ) -> Result<Vec<PolledRow>, Error> {
     if keys.is_empty() {
         return Ok(Vec::new());
@@ -93,14 +92,16 @@ pub(crate) async fn rows_by_key(
     let rows: Vec<Row> = within(&what, tx.exec(sql, params)).await?;
     within(&what, tx.commit()).await?;
     let mut found: Vec<(i64, PolledRow)> = Vec::with_capacity(rows.len());
+    let id_column = layout.id_column();
     for row in rows {
         let values = super::poll::cells(row);
-        let record = super::cdc::keyed_record(&values, layout, row_keys);
-        let id = match &record {
-            Ok(r) => r.id,
-            Err(invalid) => invalid.id.unwrap_or(i64::MAX),
-        };
-        found.push((id, record));
+        let key = values.iter().find(|(n, _)| n == id_column).and_then(|(_, c)| match c {
+            Cell::Bytes(b) => Some(String::from_utf8_lossy(b).into_owned()),
+            _ => None,
+        });
+        let Some((surrogate, key)) = key.and_then(|key| keys.iter().find(|(_, k)| *k == key)) else { continue };
+        let record = super::cdc::record_as(&values, layout, Some(*surrogate)).map_err(|e| e.keyed(literal(key)));
+        found.push((*surrogate, record));
     }
     found.sort_by_key(|(id, _)| *id);
     Ok(found.into_iter().map(|(_, row)| row).collect())

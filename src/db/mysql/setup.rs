@@ -249,7 +249,7 @@ async fn keyed_rows_before_checkpoint(
                     "table {table} holds rows and its stream has no binlog position yet: the position setup stores starts after them, and a table identified by the text {id} alone cannot be caught up"
                 ),
                 format!(
-                    "delete the rows already sent (after the old relay stopped: DELETE FROM {t};), or give the table an order so `run` sends them first: ALTER TABLE {t} ADD COLUMN seq BIGINT NOT NULL AUTO_INCREMENT UNIQUE; and set id = \"seq\" in [source.columns]"
+                    "delete the rows already sent (with the old relay stopped and the application's writes paused, or rows written meanwhile are lost: DELETE FROM {t};), or give the table an order so `run` sends them first: ALTER TABLE {t} ADD COLUMN seq BIGINT NOT NULL AUTO_INCREMENT UNIQUE; and set id = \"seq\" in [source.columns]"
                 ),
             ));
         }

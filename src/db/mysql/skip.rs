@@ -28,14 +28,16 @@ pub(super) async fn skip(source: &SourceConfig, id: StreamId, what: &What) -> an
     let layout = source.layout();
     let keyed =
         layout.mapping().is_some() && super::keyed::is_text(&mut conn, &names.table, layout.id_column()).await?;
-    if keyed && matches!(what, What::Id(_)) {
-        bail!(
-            "{} is identified by the text {} alone, so its rows have no id to skip by; to discard the row a halt names, delete it (DELETE FROM {table} WHERE {} = '<key>') and restart: a bad row no longer in the table is not published",
+    // A text key may look like a number: it is the key then.
+    let what = &match what {
+        What::Id(id) if keyed => What::Key(id.to_string()),
+        What::Key(key) if !keyed => bail!(
+            "--id {key:?}: {} is identified by the integer {}; give --id the number the halt message names",
             names.table,
-            layout.id_column(),
-            outbox_mysql::setup::ident(layout.id_column())
-        );
-    }
+            layout.id_column()
+        ),
+        what => what.clone(),
+    };
     let cp = Checkpoint::new(&checkpoint);
     let mut opts_tx = TxOpts::default();
     opts_tx.with_isolation_level(IsolationLevel::RepeatableRead).with_consistent_snapshot(true);
@@ -88,6 +90,10 @@ pub(super) async fn skip(source: &SourceConfig, id: StreamId, what: &What) -> an
             tx.exec_drop(cp.skip_to(), (gtid.flatten(), &file, offset, &names.table)).await?;
             tx.commit().await?;
             return Ok(done_message(what, deleted));
+        }
+        What::Key(key) => {
+            tx.exec_drop(super::keyed::delete_sql(&names.table, layout.id_column(), 1), (key,)).await?;
+            tx.affected_rows()
         }
         What::Id(row_id) => {
             let id = outbox_mysql::setup::ident(layout.id_column());

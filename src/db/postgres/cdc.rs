@@ -138,9 +138,10 @@ impl ColumnMap {
         fields.chain(self.headers.iter().filter_map(|(_, c)| c.as_ref().err())).map(String::as_str).collect()
     }
 
-    /// Builds the record of one inserted tuple; a bad value or column names the row and column.
-    /// Values come in text or binary format (see [`PgSource::connect`]); both read the same.
-    pub(crate) fn record(&self, values: &[Value]) -> Result<OutboxRecord, InvalidRow> {
+    /// Builds the record of one inserted tuple of the transaction at `txn`; a bad value or
+    /// column names the row and column. Values come in text or binary format (see
+    /// [`PgSource::connect`]); both read the same.
+    pub(crate) fn record(&self, values: &[Value], txn: Lsn) -> Result<OutboxRecord, InvalidRow> {
         let id = match &self.columns[0] {
             Ok(Some((pos, type_oid))) => values.get(*pos).map(|v| (v, *type_oid)),
             _ => None,
@@ -148,7 +149,7 @@ impl ColumnMap {
         match (id, &self.keys) {
             (Some((Value::Text(t), oid::UUID)), Some(keys)) => {
                 let key = String::from_utf8_lossy(t);
-                let id = keys.id_of(&key);
+                let id = keys.id_of(&txn.to_string(), &key);
                 self.record_as(values, Some(id)).map_err(|e| e.keyed(format!("'{key}'")))
             }
             (Some((_, type_oid)), keys) if (type_oid == oid::UUID) != keys.is_some() => Err(InvalidRow::new(
@@ -635,7 +636,7 @@ impl Source for PgSource {
                         metrics::counter!(crate::metrics::SKIPPED_REPLAYED_ROWS, &self.metric_labels).increment(1);
                         continue;
                     }
-                    SourceEvent::Row(map.record(&values))
+                    SourceEvent::Row(map.record(&values, self.begun))
                 }
                 Change::Commit { end_lsn, .. } => SourceEvent::Commit(end_lsn),
                 Change::KeepAlive { wal_end } => SourceEvent::Idle(wal_end),
@@ -800,13 +801,17 @@ impl Source for PgSource {
         match id {
             None => self.skips.skips_transaction(label),
             Some(id) if message => self.skips.skips_message(id),
-            // A surrogate is no row id an operator could name (`skip --id` is refused).
-            Some(_) if self.keys.is_some() => false,
             Some(id) => {
-                let (Some(bound), Some(&(_, commit))) = (self.skips.bound_of(id), self.xids.back()) else {
+                // A row read by key is skipped by its key (`skip --id <uuid>`), never by its
+                // surrogate.
+                let bound = match &self.keys {
+                    Some(keys) => keys.key_of(id).and_then(|key| self.skips.bound_of_key(&key).map(str::to_string)),
+                    None => self.skips.bound_of(id).map(str::to_string),
+                };
+                let (Some(bound), Some(&(_, commit))) = (bound, self.xids.back()) else {
                     return false;
                 };
-                Lsn::parse(bound).is_ok_and(|bound| commit < bound)
+                Lsn::parse(&bound).is_ok_and(|bound| commit < bound)
             }
         }
     }
@@ -845,16 +850,19 @@ mod tests {
     fn maps_a_row() {
         let map = ColumnMap::new(&relation(), Layout::OutboxStreamer);
         let rec = map
-            .record(&[
-                t("7"),
-                t("orders"),
-                t("\\x6b"),
-                t("\\x7b7d"),
-                t(r#"{"h": "v"}"#),
-                Value::Null,
-                t("1970-01-01 00:00:01+00"),
-                Value::Null,
-            ])
+            .record(
+                &[
+                    t("7"),
+                    t("orders"),
+                    t("\\x6b"),
+                    t("\\x7b7d"),
+                    t(r#"{"h": "v"}"#),
+                    Value::Null,
+                    t("1970-01-01 00:00:01+00"),
+                    Value::Null,
+                ],
+                Lsn(0),
+            )
             .unwrap();
         assert_eq!(rec.id, 7);
         assert_eq!(rec.topic, "orders");
@@ -876,16 +884,19 @@ mod tests {
         jsonb.extend_from_slice(br#"{"h": "v"}"#);
         let one_second_after_unix_epoch = 1_000_000i64 - 946_684_800_000_000;
         let rec = map
-            .record(&[
-                b(&7i64.to_be_bytes()),
-                b(b"orders"),
-                b(b"k"),
-                b(b"{}"),
-                b(&jsonb),
-                b(&2i32.to_be_bytes()),
-                b(&one_second_after_unix_epoch.to_be_bytes()),
-                b(b"ignored"),
-            ])
+            .record(
+                &[
+                    b(&7i64.to_be_bytes()),
+                    b(b"orders"),
+                    b(b"k"),
+                    b(b"{}"),
+                    b(&jsonb),
+                    b(&2i32.to_be_bytes()),
+                    b(&one_second_after_unix_epoch.to_be_bytes()),
+                    b(b"ignored"),
+                ],
+                Lsn(0),
+            )
             .unwrap();
         assert_eq!(rec.id, 7);
         assert_eq!(rec.topic, "orders");
@@ -894,7 +905,8 @@ mod tests {
         assert_eq!(rec.headers, vec![("h".to_string(), b"v".to_vec())]);
         assert_eq!(rec.kafka_partition, Some(2));
         assert_eq!(rec.created_at_micros, Some(1_000_000));
-        let e = map.record(&[b(&[0, 1, 2]), b(b"x"), Value::Null, Value::Null, Value::Null, Value::Null, Value::Null]);
+        let e = map
+            .record(&[b(&[0, 1, 2]), b(b"x"), Value::Null, Value::Null, Value::Null, Value::Null, Value::Null], Lsn(0));
         assert_eq!(e.unwrap_err().column, "id");
     }
 
@@ -902,13 +914,16 @@ mod tests {
     fn bad_values_name_row_and_column() {
         let map = ColumnMap::new(&relation(), Layout::OutboxStreamer);
         let e = map
-            .record(&[t("7"), Value::Null, Value::Null, Value::Null, Value::Null, Value::Null, Value::Null])
+            .record(&[t("7"), Value::Null, Value::Null, Value::Null, Value::Null, Value::Null, Value::Null], Lsn(0))
             .unwrap_err();
         assert_eq!((e.id, e.column), (Some(7), "topic"));
-        let e =
-            map.record(&[t("8"), t("x"), Value::Null, Value::Null, t("[1]"), Value::Null, Value::Null]).unwrap_err();
+        let e = map
+            .record(&[t("8"), t("x"), Value::Null, Value::Null, t("[1]"), Value::Null, Value::Null], Lsn(0))
+            .unwrap_err();
         assert_eq!((e.id, e.column), (Some(8), "headers"));
-        let e = map.record(&[t("9"), t("x"), Value::Null, Value::Null, Value::Null, t("-1"), Value::Null]).unwrap_err();
+        let e = map
+            .record(&[t("9"), t("x"), Value::Null, Value::Null, Value::Null, t("-1"), Value::Null], Lsn(0))
+            .unwrap_err();
         assert_eq!((e.id, e.column), (Some(9), "kafka_partition"));
     }
 
@@ -919,20 +934,20 @@ mod tests {
         let map = ColumnMap::new(&rel, Layout::OutboxStreamer);
         assert!(map.problems()[0].contains("\"payload\""));
         let row = [t("7"), t("orders"), Value::Null, Value::Null, Value::Null, Value::Null, Value::Null];
-        let e = map.record(&row).unwrap_err();
+        let e = map.record(&row, Lsn(0)).unwrap_err();
         assert_eq!((e.id, e.column), (Some(7), "payload"));
         assert!(e.reason.contains("dropped or renamed"));
         let mut rel = relation();
         rel.columns[1].type_oid = oid::INT4;
         let map = ColumnMap::new(&rel, Layout::OutboxStreamer);
         assert!(map.problems()[0].contains("topic"));
-        assert_eq!(map.record(&row).unwrap_err().column, "topic");
+        assert_eq!(map.record(&row, Lsn(0)).unwrap_err().column, "topic");
         // Without created_at a row is still a record (it only feeds the latency metric).
         let mut rel = relation();
         rel.columns.retain(|c| c.name != "created_at");
         let map = ColumnMap::new(&rel, Layout::OutboxStreamer);
         assert!(map.problems().is_empty());
         let row = [t("7"), t("orders"), Value::Null, Value::Null, Value::Null, Value::Null, Value::Null];
-        assert_eq!(map.record(&row).unwrap().created_at_micros, None);
+        assert_eq!(map.record(&row, Lsn(0)).unwrap().created_at_micros, None);
     }
 }

@@ -310,7 +310,7 @@ async fn keyed_rows_before_slot(
                     names.table, names.slot
                 ),
                 format!(
-                    "delete the rows already sent (after the old relay stopped: DELETE FROM {table};), or give the table an order so `run` sends them first: ALTER TABLE {table} ADD COLUMN seq bigint GENERATED ALWAYS AS IDENTITY UNIQUE; and set id = \"seq\" in [source.columns]"
+                    "delete the rows already sent (with the old relay stopped and the application's writes paused, or rows written meanwhile are lost: DELETE FROM {table};), or give the table an order so `run` sends them first: ALTER TABLE {table} ADD COLUMN seq bigint GENERATED ALWAYS AS IDENTITY UNIQUE; and set id = \"seq\" in [source.columns]"
                 ),
             ));
         }

@@ -24,18 +24,20 @@ pub(super) async fn skip(source: &SourceConfig, id: StreamId, what: &What) -> an
         message_waits(&client, &names, at, *id).await?;
     }
     let layout = source.layout();
-    if matches!(what, What::Id(_))
-        && layout.mapping().is_some()
-        && super::keyed::is_uuid(&client, &names.table, layout.id_column()).await?
-    {
-        bail!(
-            "{} is identified by the uuid {} alone, so its rows have no id to skip by; to discard the row a halt names, delete it (DELETE FROM {} WHERE {} = '<uuid>') and restart: a bad row no longer in the table is not published",
+    let keyed = layout.mapping().is_some() && super::keyed::is_uuid(&client, &names.table, layout.id_column()).await?;
+    let what = &match what {
+        What::Id(id) if keyed => bail!(
+            "--id {id}: {} is identified by the uuid {} alone; give --id the uuid the halt message names",
             names.table,
-            layout.id_column(),
-            outbox_postgres::setup::ident(&names.table),
-            outbox_postgres::setup::ident(layout.id_column())
-        );
-    }
+            layout.id_column()
+        ),
+        What::Key(key) if !keyed => bail!(
+            "--id {key:?}: {} is identified by the integer {}; give --id the number the halt message names",
+            names.table,
+            layout.id_column()
+        ),
+        what => what.clone(),
+    };
     let (table, cp) = (outbox_postgres::setup::ident(&names.table), outbox_postgres::setup::ident(&checkpoint));
     let tx = client.build_transaction().isolation_level(tokio_postgres::IsolationLevel::RepeatableRead).start().await?;
     let row = tx
@@ -72,6 +74,12 @@ pub(super) async fn skip(source: &SourceConfig, id: StreamId, what: &What) -> an
         What::Id(row_id) => {
             let id = outbox_postgres::setup::ident(source.layout().id_column());
             tx.execute(&format!("DELETE FROM {table} WHERE {id} = $1::int8"), &[row_id]).await?
+        }
+        What::Key(key) => {
+            let id = outbox_postgres::setup::ident(layout.id_column());
+            tx.execute(&format!("DELETE FROM {table} WHERE {id} = $1::text::uuid"), &[key])
+                .await
+                .with_context(|| format!("--id {key:?}: not a uuid of {}", names.table))?
         }
         What::Transaction(_) | What::Message { .. } => 0,
     };
