@@ -11,9 +11,12 @@
 //! It is forgotten with the process: nothing stores a surrogate (no skip list by id, no catch-up
 //! or sweep by id, which such a table cannot have — see `docs/drop-in.md`).
 //!
-//! Surrogates increase in the order keys are first read, which is commit order; a finish
-//! covers a prefix of what was read, so once it committed every key numbered at or below its
-//! highest surrogate is either deleted or will never be finished, and is forgotten.
+//! Surrogates increase in the order keys are first read. A finish covers a prefix of what was
+//! published; once it committed its own keys are forgotten, and so is every other key numbered
+//! below its highest surrogate — a row of a transaction the replay filter skipped, a rolled-back
+//! one — except a *pinned* one: a row read before it is published (MariaDB holds an XA
+//! transaction's rows from its prepare to its `XA COMMIT`, and transactions committed meanwhile
+//! are numbered after it and finished first).
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
@@ -40,6 +43,8 @@ struct Inner {
     by_key: HashMap<(String, String), i64>,
     /// surrogate → (transaction, key).
     by_id: BTreeMap<i64, (String, String)>,
+    /// Surrogates read but not yet published, kept until their own finish.
+    pinned: std::collections::HashSet<i64>,
 }
 
 impl RowKeys {
@@ -69,13 +74,38 @@ impl RowKeys {
         ids.iter().filter_map(|id| inner.by_id.get(id).map(|(_, k)| (*id, k.clone()))).collect()
     }
 
-    /// Forgets every key numbered at or below `id` (a finish through it committed).
-    pub(crate) fn forget_through(&self, id: i64) {
+    /// Keeps surrogate `id` until it is finished itself (see the module docs).
+    pub(crate) fn pin(&self, id: i64) {
+        self.inner.lock().expect("row keys lock").pinned.insert(id);
+    }
+
+    /// A finish of `ids` committed: forgets them, and every key numbered below the highest of
+    /// them that is not pinned.
+    pub(crate) fn finished(&self, ids: &[i64]) {
         let mut inner = self.inner.lock().expect("row keys lock");
-        let kept = inner.by_id.split_off(&(id.saturating_add(1)));
+        for id in ids {
+            inner.pinned.remove(id);
+        }
+        let Some(&through) = ids.iter().max() else { return };
+        let kept = inner.by_id.split_off(&(through.saturating_add(1)));
         let gone = std::mem::replace(&mut inner.by_id, kept);
-        for scoped in gone.into_values() {
-            inner.by_key.remove(&scoped);
+        for (id, scoped) in gone {
+            if inner.pinned.contains(&id) {
+                inner.by_id.insert(id, scoped);
+            } else {
+                inner.by_key.remove(&scoped);
+            }
+        }
+    }
+
+    /// Forgets `ids`, which will never be published (an XA transaction rolled back).
+    pub(crate) fn forget(&self, ids: &[i64]) {
+        let mut inner = self.inner.lock().expect("row keys lock");
+        for id in ids {
+            inner.pinned.remove(id);
+            if let Some(scoped) = inner.by_id.remove(id) {
+                inner.by_key.remove(&scoped);
+            }
         }
     }
 
@@ -84,6 +114,29 @@ impl RowKeys {
     fn len(&self) -> usize {
         self.inner.lock().expect("row keys lock").by_id.len()
     }
+}
+
+/// The keys of published rows `ids`, to delete them by. A key the job no longer knows is an
+/// invariant broken (see the module docs): said at ERROR, and that row stays in the table —
+/// failing the finish instead would fail it again in every later session.
+pub(crate) fn keys_to_delete(keys: &RowKeys, ids: &[i64], table: &str) -> Vec<String> {
+    let known = keys.keys_of(ids);
+    if known.len() < ids.len() {
+        tracing::error!(
+            table,
+            rows = ids.len() - known.len(),
+            "published rows whose key is no longer known stay in the table (a bug: please report it); delete them once their records are seen in the broker"
+        );
+    }
+    known.into_iter().map(|(_, key)| key).collect()
+}
+
+/// Rows whose key the job no longer knows: never a silent skip or a row left behind. The
+/// session restarts and reads them again from the log, which gives them keys again.
+pub(crate) fn unknown(rows: usize) -> crate::error::Error {
+    crate::error::Error::transient(format!(
+        "the keys of {rows} rows of a table read by key are no longer known; reading them again from the log"
+    ))
 }
 
 #[cfg(test)]
@@ -99,12 +152,29 @@ mod tests {
         let reused = keys.id_of("t2", "a");
         assert!(reused > b && keys.key_of(reused).as_deref() == Some("a"), "a key reused later is another row");
         assert_eq!(keys.keys_of(&[b, 99, a]), vec![(b, "b".to_string()), (a, "a".to_string())]);
-        keys.forget_through(a);
+        keys.finished(&[a]);
         assert_eq!(keys.key_of(a), None);
         assert_eq!(keys.key_of(b).as_deref(), Some("b"));
         let again = keys.id_of("t1", "a");
         assert!(again > reused, "a forgotten key read again is a new row: surrogates are never reused");
-        keys.forget_through(i64::MAX);
+        keys.finished(&[i64::MAX]);
+        assert_eq!(keys.len(), 0);
+    }
+
+    #[test]
+    fn a_pinned_key_outlives_finishes_of_later_rows_until_its_own() {
+        let keys = RowKeys::default();
+        let held = keys.id_of("xa", "h");
+        keys.pin(held);
+        let (later, skipped) = (keys.id_of("t2", "l"), keys.id_of("t0", "s"));
+        keys.finished(&[skipped + 1, later]);
+        assert_eq!(keys.key_of(held).as_deref(), Some("h"), "held across a later finish");
+        assert_eq!(keys.key_of(later), None);
+        keys.finished(&[held]);
+        assert_eq!(keys.len(), 0);
+        let rolled_back = keys.id_of("xa2", "r");
+        keys.pin(rolled_back);
+        keys.forget(&[rolled_back]);
         assert_eq!(keys.len(), 0);
     }
 }

@@ -88,6 +88,13 @@ impl StreamLabels {
         format!("{q}{}{q}", name.replace(q, &format!("{q}{q}")))
     }
 
+    /// `text` as a string literal of the stream's database, for printed statements (MariaDB
+    /// also reads a backslash as an escape).
+    pub(crate) fn sql_literal(&self, text: &str) -> String {
+        let text = if self.quote == '`' { text.replace('\\', "\\\\") } else { text.to_string() };
+        format!("'{}'", text.replace('\'', "''"))
+    }
+
     pub(crate) fn metric_labels(&self) -> [(&'static str, String); 3] {
         [
             ("source", self.source.clone()),

@@ -19,6 +19,7 @@ mod coordination_workload;
 mod database_crash;
 mod database_failover;
 mod debezium;
+mod debezium_text_keys;
 mod debezium_uuid;
 mod exactly_once;
 mod examples;

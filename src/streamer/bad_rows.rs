@@ -118,15 +118,23 @@ impl<P: Clone + std::fmt::Display + Send + Sync + 'static, K: Sink> Session<'_, 
                         (self.labels.sql_name(&self.labels.table), self.labels.sql_name(self.labels.id_column));
                     // A row identified by a key is named, and skipped, by it (see `row_keys`).
                     let (value, skip) = match self.keys.as_ref().and_then(|k| k.key_of(id)) {
-                        Some(key) => (sql_literal(&key), key),
-                        None => (id.to_string(), id.to_string()),
+                        // `skip --id` takes a key it can store; others only the DELETE discards.
+                        Some(key) => {
+                            (self.labels.sql_literal(&key), crate::skip::What::row(&key).is_ok().then_some(key))
+                        }
+                        None => (id.to_string(), Some(id.to_string())),
                     };
+                    let skip = skip.map_or_else(String::new, |skip| {
+                        format!(
+                            "; or discard it with `outbox-streamer skip --stream {}/{} --id {skip}`",
+                            self.labels.source, self.labels.id
+                        )
+                    });
                     Err(self.halt(
                         Some(id),
                         &still.to_string(),
                         &format!(
-                            "fix the row (UPDATE {table} SET … WHERE {column} = {value}) or delete it (DELETE FROM {table} WHERE {column} = {value}), then restart; or discard it with `outbox-streamer skip --stream {}/{} --id {skip}`; or set on_bad_row = \"dead-letter\"",
-                            self.labels.source, self.labels.id,
+                            "fix the row (UPDATE {table} SET … WHERE {column} = {value}) or delete it (DELETE FROM {table} WHERE {column} = {value}), then restart{skip}; or set on_bad_row = \"dead-letter\"",
                         ),
                     ))
                 }
@@ -195,7 +203,7 @@ impl<P: Clone + std::fmt::Display + Send + Sync + 'static, K: Sink> Session<'_, 
     /// Row `id`'s key as an SQL literal, for a table identified by a key (see
     /// [`Source::row_keys`]).
     pub(super) fn key_sql(&self, id: i64) -> Option<String> {
-        Some(sql_literal(&self.keys.as_ref()?.key_of(id)?))
+        Some(self.labels.sql_literal(&self.keys.as_ref()?.key_of(id)?))
     }
 
     /// [`Self::halt`] with the place (`at row id=… of …: `) said by the caller.
@@ -203,9 +211,4 @@ impl<P: Clone + std::fmt::Display + Send + Sync + 'static, K: Sink> Session<'_, 
         self.memory.last_halt = Some(HaltPoint { row: id, ..HaltPoint::default() });
         Error::definite(format!("{place}{reason}"), fix)
     }
-}
-
-/// `text` as an SQL string literal, for the statements a halt prints.
-pub(super) fn sql_literal(text: &str) -> String {
-    format!("'{}'", text.replace('\'', "''"))
 }

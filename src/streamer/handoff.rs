@@ -103,7 +103,11 @@ impl<P: Clone + std::fmt::Display + Send + Sync + 'static, K: Sink> Session<'_, 
             let id = pending.meta.id;
             // A WAL-only message's id is its log position, never a surrogate.
             let keyed = self.keys.as_ref().filter(|_| pending.meta.kind != Kind::Message);
-            let id_text = keyed.and_then(|k| k.key_of(id)).unwrap_or_else(|| id.to_string());
+            let id_text = match keyed {
+                None => id.to_string(),
+                // A surrogate with no key would go out as a number another row may carry too.
+                Some(keys) => keys.key_of(id).ok_or_else(|| lost_key(id))?,
+            };
             let label = pending.label.as_deref().unwrap_or(&self.label);
             let stamp = self.stamp(&id_text, label);
             let out = match &pending.body {
@@ -194,4 +198,10 @@ impl<P: Clone + std::fmt::Display + Send + Sync + 'static, K: Sink> Session<'_, 
         }
         Ok(())
     }
+}
+
+/// A row of a table read by key whose key the job no longer knows: a bug, not the row's fault.
+/// The session restarts and reads the row again from the log, which gives it a key again.
+pub(super) fn lost_key(id: i64) -> Error {
+    Error::transient(format!("the key of row {id} (a surrogate) is no longer known; reading it again from the log"))
 }

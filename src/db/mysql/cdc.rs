@@ -134,8 +134,8 @@ pub(crate) struct MySource {
     /// Set when the table's id column is text (a uuid in `CHAR(36)`): rows are read by key
     /// (see [`super::keyed`]).
     keys: Option<RowKeys>,
-    /// The highest id of the finish running, forgotten by `keys` once it committed.
-    finishing_through: Option<i64>,
+    /// The ids of the finish running, forgotten by `keys` once it committed.
+    finishing: Option<Arc<[i64]>>,
 }
 
 /// How a shard-partition's messages are stored: where (table rows or WAL-only), in which
@@ -286,8 +286,15 @@ impl MySource {
             unstored: None,
             stream,
             keys,
-            finishing_through: None,
+            finishing: None,
         })
+    }
+
+    /// Held rows that will not be published (rolled back, or replayed): their keys are let go.
+    fn unpublished(&self, rows: Vec<PolledRow>) {
+        if let Some(keys) = &self.keys {
+            keys.forget(&rows.iter().filter_map(row_id).collect::<Vec<_>>());
+        }
     }
 
     fn position(&self, done: Position) -> MyPosition {
@@ -327,7 +334,14 @@ impl MySource {
                     self.unstored = Some((first, open.txn));
                 }
                 match self.open.as_mut() {
-                    Some(OpenTxn { xa: Some((_, rows)), .. }) => rows.push(row),
+                    Some(OpenTxn { xa: Some((_, rows)), .. }) => {
+                        // Held until XA COMMIT: later transactions are numbered, published and
+                        // finished before it (see `RowKeys`).
+                        if let (Some(keys), Some(id)) = (&self.keys, row_id(&row)) {
+                            keys.pin(id);
+                        }
+                        rows.push(row);
+                    }
                     Some(OpenTxn { replayed: true, .. }) => {
                         self.replay.skip_row();
                         metrics::counter!(m::SKIPPED_REPLAYED_ROWS, &self.metric_labels).increment(1);
@@ -367,14 +381,16 @@ impl MySource {
             }
             BinlogChange::Commit { position } => {
                 // A one-phase XA commit ends here with the rows it held.
-                if let Some(open) = self.open.take()
-                    && !open.replayed
-                {
-                    if let Some((_, rows)) = open.xa {
-                        self.out.extend(rows.into_iter().map(SourceEvent::Row));
+                if let Some(open) = self.open.take() {
+                    if open.replayed {
+                        self.unpublished(open.xa.map(|(_, rows)| rows).unwrap_or_default());
+                    } else {
+                        if let Some((_, rows)) = open.xa {
+                            self.out.extend(rows.into_iter().map(SourceEvent::Row));
+                        }
+                        let position = self.position(position);
+                        self.out.push_back(SourceEvent::Commit(position));
                     }
-                    let position = self.position(position);
-                    self.out.push_back(SourceEvent::Commit(position));
                 }
             }
             BinlogChange::Prepared { xid, position } => {
@@ -396,11 +412,14 @@ impl MySource {
             BinlogChange::XaOutcome { xid, committed, position } => {
                 let open = self.open.take();
                 let rows = self.holds.release(&xid);
-                if !open.as_ref().is_some_and(|o| o.replayed) {
+                if open.as_ref().is_some_and(|o| o.replayed) {
+                    self.unpublished(rows);
+                } else {
                     if committed {
                         self.out.extend(rows.into_iter().map(SourceEvent::Row));
                     } else if !rows.is_empty() {
                         tracing::info!(xid = %xid, rows = rows.len(), "XA transaction rolled back; its rows are not published");
+                        self.unpublished(rows);
                     }
                     let position = self.position(position);
                     self.out.push_back(SourceEvent::Commit(position));
@@ -531,6 +550,14 @@ fn kind(cell: &Cell) -> &'static str {
     }
 }
 
+/// A row's id, when it could be read.
+fn row_id(row: &PolledRow) -> Option<i64> {
+    match row {
+        Ok(record) => Some(record.id),
+        Err(invalid) => invalid.id,
+    }
+}
+
 /// `1,2,3` for an SQL `IN` list.
 pub(crate) fn id_list(ids: &[i64]) -> String {
     ids.iter().map(i64::to_string).collect::<Vec<_>>().join(",")
@@ -570,8 +597,8 @@ impl Source for MySource {
         let sql = self.sql.clone();
         let (table, statement, epoch) = (self.table.clone(), self.checkpoint.store(), self.epoch);
         let id_column = self.layout.id_column();
-        self.finishing_through = ids.iter().max().copied();
-        let keys = self.keys.as_ref().map(|k| k.keys_of(&ids).into_iter().map(|(_, key)| key).collect::<Vec<_>>());
+        self.finishing = self.keys.is_some().then(|| ids.clone());
+        let keys = self.keys.as_ref().map(|k| crate::row_keys::keys_to_delete(k, &ids, &self.table));
         async move {
             if !store {
                 return Ok(0);
@@ -618,8 +645,8 @@ impl Source for MySource {
         // A prefix a failed session left is finished before anything is read: the reader
         // started before `upto` and must skip what it covers (a no-op once it read past it).
         self.replay.finished(upto.done);
-        if let (Some(keys), Some(through)) = (&self.keys, self.finishing_through.take()) {
-            keys.forget_through(through);
+        if let (Some(keys), Some(ids)) = (&self.keys, self.finishing.take()) {
+            keys.finished(&ids);
         }
     }
 
@@ -644,7 +671,13 @@ impl Source for MySource {
         let mut conn = self.sql.lock().await;
         match &self.keys {
             None => super::poll::rows_by_id(&mut conn, &self.table, ids, true, self.layout).await,
-            Some(keys) => super::keyed::rows_by_key(&mut conn, &self.table, &keys.keys_of(ids), self.layout).await,
+            Some(keys) => {
+                let known = keys.keys_of(ids);
+                if known.len() < ids.len() {
+                    return Err(crate::row_keys::unknown(ids.len() - known.len()));
+                }
+                super::keyed::rows_by_key(&mut conn, &self.table, &known, self.layout).await
+            }
         }
     }
 

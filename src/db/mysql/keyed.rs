@@ -14,7 +14,8 @@ use crate::poll::PolledRow;
 use crate::source::within;
 
 /// Whether `table`'s `column` is text (`char`/`varchar`): such an id is a key, not a number (a
-/// missing table or column is not: the usual checks name it).
+/// missing table or column is not: the usual checks name it). Any other type that is not an
+/// integer (MariaDB's `UUID`, `BINARY(16)`) can be neither, and is an error naming the fix.
 pub(crate) async fn is_text(conn: &mut Conn, table: &str, column: &str) -> Result<bool, Error> {
     let found: Option<String> = conn
         .exec_first(
@@ -24,7 +25,23 @@ pub(crate) async fn is_text(conn: &mut Conn, table: &str, column: &str) -> Resul
         )
         .await
         .map_err(|e| Error::from_db(&format!("reading the type of {table}.{column}"), e))?;
-    Ok(found.is_some_and(|t| is_text_type(&t)))
+    match found {
+        Some(t) if is_text_type(&t) => Ok(true),
+        Some(t) if !is_integer_type(&t) => Err(Error::definite(
+            format!("{table}.{column} identifies rows and has type {t}, which is neither an integer nor a text key"),
+            format!(
+                "keep a uuid id in CHAR(36) (ALTER TABLE {t_} MODIFY {c} CHAR(36) NOT NULL), or give the table an order (ALTER TABLE {t_} ADD COLUMN seq BIGINT NOT NULL AUTO_INCREMENT UNIQUE) and set [source.columns] id = \"seq\"",
+                t_ = ident(table),
+                c = ident(column)
+            ),
+        )),
+        _ => Ok(false),
+    }
+}
+
+/// The `information_schema` data types of integer ids.
+pub(crate) fn is_integer_type(data_type: &str) -> bool {
+    matches!(data_type.to_ascii_lowercase().as_str(), "tinyint" | "smallint" | "mediumint" | "int" | "bigint")
 }
 
 /// The `information_schema` data types read as keys.

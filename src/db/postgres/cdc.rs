@@ -276,8 +276,8 @@ pub(crate) struct PgSource {
     layout: Layout,
     /// Set when the table's id column is a uuid (see the module docs).
     keys: Option<RowKeys>,
-    /// The highest id of the finish running, forgotten by `keys` once it committed.
-    finishing_through: Option<i64>,
+    /// The ids of the finish running, forgotten by `keys` once it committed.
+    finishing: Option<Arc<[i64]>>,
 }
 
 /// How a shard-partition's CDC session runs, from its settings.
@@ -383,7 +383,7 @@ impl PgSource {
             storage,
             layout,
             keys,
-            finishing_through: None,
+            finishing: None,
         })
     }
 
@@ -456,15 +456,7 @@ impl Finish {
         match &self.keys {
             None => self.run_with(&ids, upto, covered).await,
             Some(keys) => {
-                let keys: Vec<String> = keys.keys_of(&ids).into_iter().map(|(_, k)| k).collect();
-                if keys.len() < ids.len() {
-                    tracing::warn!(
-                        table = %self.table,
-                        published = ids.len(),
-                        known = keys.len(),
-                        "published rows whose uuid this process no longer knows stay in the table"
-                    );
-                }
+                let keys: Vec<String> = crate::row_keys::keys_to_delete(keys, &ids, &self.table);
                 self.run_with(&keys, upto, covered).await
             }
         }
@@ -665,7 +657,7 @@ impl Source for PgSource {
         upto: Lsn,
     ) -> impl Future<Output = Result<u64, Error>> + Send + 'static + use<> {
         let covered: Vec<u32> = self.xids.iter().take_while(|(_, lsn)| *lsn < upto).map(|(x, _)| *x).collect();
-        self.finishing_through = ids.iter().max().copied();
+        self.finishing = self.keys.is_some().then(|| ids.clone());
         let finish = Finish {
             sql: self.sql.clone(),
             deleter: self.deleter.clone(),
@@ -679,8 +671,8 @@ impl Source for PgSource {
     fn finished(&mut self, upto: Lsn) {
         self.xids.retain(|(_, lsn)| *lsn >= upto);
         self.replay.finished(upto);
-        if let (Some(keys), Some(through)) = (&self.keys, self.finishing_through.take()) {
-            keys.forget_through(through);
+        if let (Some(keys), Some(ids)) = (&self.keys, self.finishing.take()) {
+            keys.finished(&ids);
         }
         // Only now, with the delete committed, may the slot forget these transactions.
         self.stream.confirm(upto);
@@ -739,7 +731,11 @@ impl Source for PgSource {
         match &self.keys {
             None => super::poll::rows_by_id(&self.sql, &self.names.table, ids, self.layout).await,
             Some(keys) => {
-                super::keyed::rows_by_key(&self.sql, &self.names.table, &keys.keys_of(ids), self.layout).await
+                let known = keys.keys_of(ids);
+                if known.len() < ids.len() {
+                    return Err(crate::row_keys::unknown(ids.len() - known.len()));
+                }
+                super::keyed::rows_by_key(&self.sql, &self.names.table, &known, self.layout).await
             }
         }
     }
