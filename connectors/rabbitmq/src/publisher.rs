@@ -248,18 +248,22 @@ async fn connect(s: &PublisherSettings) -> Result<Link, PublishError> {
     Ok(Link { connection, channel })
 }
 
-/// A published message waiting for its confirm: the outcome, whom to tell, its window place.
-type Pending = (Result<(), PublishError>, oneshot::Sender<Result<(), PublishError>>, OwnedSemaphorePermit);
+/// A published message waiting for its confirm: what the broker said, whom to tell, its
+/// window place, and its `message_id`.
+type Pending =
+    (Result<Said, PublishError>, oneshot::Sender<Result<(), PublishError>>, OwnedSemaphorePermit, Option<ShortString>);
 type Confirming = Pin<Box<dyn Future<Output = Pending> + Send>>;
 
 /// The task: publishes jobs in order and releases confirms in order.
 async fn run(settings: PublisherSettings, mut rx: mpsc::UnboundedReceiver<Job>, broken: Arc<AtomicBool>) {
     let mut link: Option<Link> = None;
     let mut pending: FuturesOrdered<Confirming> = FuturesOrdered::new();
+    let mut returns = Returns::default();
     loop {
         tokio::select! {
             biased;
-            Some((mut outcome, reply, permit)) = pending.next(), if !pending.is_empty() => {
+            Some((said, reply, permit, message_id)) = pending.next(), if !pending.is_empty() => {
+                let mut outcome = returns.settle(message_id.as_ref(), said);
                 if let Err(e) = &mut outcome && e.class != Class::Unroutable {
                     if broken.load(Ordering::Acquire) && e.class != Class::Rejected {
                         // The channel closed for an earlier message: this one is not at fault.
@@ -273,6 +277,7 @@ async fn run(settings: PublisherSettings, mut rx: mpsc::UnboundedReceiver<Job>, 
                     }
                     // The channel is closed, or a confirm never came: start over.
                     link = None;
+                    returns = Returns::default();
                 }
                 let _ = reply.send(outcome);
                 drop(permit);
@@ -307,6 +312,7 @@ async fn run(settings: PublisherSettings, mut rx: mpsc::UnboundedReceiver<Job>, 
                     };
                     let options = BasicPublishOptions { mandatory: true, immediate: false };
                     let name = exchange.as_str().to_string();
+                    let message_id = properties.message_id().clone();
                     let limit = settings.confirm_timeout;
                     let publishing = channel.basic_publish(exchange, routing_key, options, &payload, properties);
                     let Ok(published) = tokio::time::timeout(limit, publishing).await else {
@@ -328,7 +334,7 @@ async fn run(settings: PublisherSettings, mut rx: mpsc::UnboundedReceiver<Job>, 
                                         "RabbitMQ did not confirm the message within {limit:?} (the broker stopped answering, or a resource alarm blocks publishers)"
                                     ))),
                                 };
-                                (outcome, reply, permit)
+                                (outcome, reply, permit, message_id)
                             }));
                         }
                         Err(e) => {
@@ -373,25 +379,71 @@ async fn exchange_exists(settings: &PublisherSettings, link: &mut Option<Link>, 
     answer
 }
 
-fn settled(confirm: Result<Confirmation, lapin::Error>) -> Result<(), PublishError> {
+/// What a message's confirm said: acked or nacked, and the return it carried, if any.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Said {
+    nacked: bool,
+    returned: Option<Returned>,
+}
+
+/// A message the broker returned (unroutable), as a confirm carried it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Returned {
+    /// The returned message's own `message_id`: the confirm that carries a return is not
+    /// always that message's (lapin hands a return to the next confirm it resolves, and a
+    /// broker's `multiple` ack resolves an earlier message first).
+    message_id: Option<ShortString>,
+    text: String,
+}
+
+/// Gives each return to the message it belongs to. Confirms are settled in publish order,
+/// and a message's return comes before its ack, so a return carried by an earlier message's
+/// confirm is kept until that message's turn.
+#[derive(Debug, Default)]
+struct Returns {
+    elsewhere: std::collections::HashMap<ShortString, String>,
+}
+
+impl Returns {
+    /// The outcome of the message `own` from what its confirm said.
+    fn settle(&mut self, own: Option<&ShortString>, said: Result<Said, PublishError>) -> Result<(), PublishError> {
+        let unroutable = |text: String| PublishError { class: Class::Unroutable, exchange: None, text };
+        let Said { nacked, returned } = said?;
+        match returned {
+            Some(r) if r.message_id.is_none() || r.message_id.as_ref() == own => return Err(unroutable(r.text)),
+            Some(Returned { message_id: Some(id), text }) => {
+                self.elsewhere.insert(id, text);
+            }
+            _ => {}
+        }
+        if let Some(text) = own.and_then(|id| self.elsewhere.remove(id)) {
+            return Err(unroutable(text));
+        }
+        if nacked {
+            return Err(PublishError {
+                class: Class::Rejected,
+                text: "RabbitMQ nacked the message: a queue it routes to refused it (full, with x-overflow = reject-publish), or the broker could not store it".into(),
+                exchange: None,
+            });
+        }
+        Ok(())
+    }
+}
+
+fn settled(confirm: Result<Confirmation, lapin::Error>) -> Result<Said, PublishError> {
+    let returned = |r: lapin::message::BasicReturnMessage| Returned {
+        message_id: r.delivery.properties.message_id().clone(),
+        text: format!(
+            "RabbitMQ returned the message: {} {} (exchange {:?}, routing key {:?})",
+            r.reply_code,
+            r.reply_text.as_str(),
+            r.delivery.exchange.as_str(),
+            r.delivery.routing_key.as_str()
+        ),
+    };
     match confirm {
-        Ok(Confirmation::Ack(None)) => Ok(()),
-        Ok(Confirmation::Ack(Some(returned)) | Confirmation::Nack(Some(returned))) => Err(PublishError {
-            class: Class::Unroutable,
-            exchange: None,
-            text: format!(
-                "RabbitMQ returned the message: {} {} (exchange {:?}, routing key {:?})",
-                returned.reply_code,
-                returned.reply_text.as_str(),
-                returned.delivery.exchange.as_str(),
-                returned.delivery.routing_key.as_str()
-            ),
-        }),
-        Ok(Confirmation::Nack(None)) => Err(PublishError {
-            class: Class::Rejected,
-            text: "RabbitMQ nacked the message: a queue it routes to refused it (full, with x-overflow = reject-publish), or the broker could not store it".into(),
-            exchange: None,
-        }),
+        Ok(Confirmation::Ack(r)) => Ok(Said { nacked: false, returned: r.map(returned) }),
+        Ok(Confirmation::Nack(r)) => Ok(Said { nacked: true, returned: r.map(returned) }),
         Ok(Confirmation::NotRequested) => Err(PublishError::transient("the channel is not in confirm mode")),
         Err(e) => Err(PublishError::from(&e)),
     }
@@ -407,5 +459,28 @@ mod tests {
         let text = |v: &str| AMQPValue::LongString(LongString::from(v.as_bytes().to_vec()));
         assert_eq!(table.inner().get("a"), Some(&text("x")));
         assert_eq!(table.inner().get("h"), Some(&AMQPValue::FieldArray(vec![text("1"), text("2")].into())));
+    }
+
+    #[test]
+    fn a_return_carried_by_an_earlier_confirm_fails_its_own_message() {
+        use super::{Returned, Returns, Said};
+        use crate::classify::Class;
+        let id = |s: &str| Some(lapin::types::ShortString::from(s.to_string()));
+        let returned = |s: &str| Some(Returned { message_id: id(s), text: format!("{s} returned") });
+        let mut r = Returns::default();
+        // Message 1's confirm (a `multiple` ack) carries message 2's return.
+        let first = r.settle(id("1").as_ref(), Ok(Said { nacked: false, returned: returned("2") }));
+        assert!(first.is_ok(), "message 1 was routed: {first:?}");
+        let second = r.settle(id("2").as_ref(), Ok(Said { nacked: false, returned: None })).unwrap_err();
+        assert_eq!((second.class, second.text.as_str()), (Class::Unroutable, "2 returned"));
+        // Its own return, and one carried for a later message while this one was nacked.
+        let own = r.settle(id("3").as_ref(), Ok(Said { nacked: false, returned: returned("3") })).unwrap_err();
+        assert_eq!(own.class, Class::Unroutable);
+        let nacked = r.settle(id("4").as_ref(), Ok(Said { nacked: true, returned: returned("5") })).unwrap_err();
+        assert_eq!(nacked.class, Class::Rejected);
+        assert_eq!(
+            r.settle(id("5").as_ref(), Ok(Said { nacked: false, returned: None })).unwrap_err().class,
+            Class::Unroutable
+        );
     }
 }
