@@ -114,8 +114,55 @@ pub enum Offer {
 /// The longest exchange name, routing key or header name AMQP carries.
 const SHORT_STRING_MAX: usize = 255;
 
-/// Resolves with the message's confirm.
-pub type Confirm = oneshot::Receiver<Result<(), PublishError>>;
+/// Resolves with the message's confirm. Seeing a failure here counts it as seen (see
+/// [`Fence`]).
+#[derive(Debug)]
+pub struct Confirm {
+    rx: oneshot::Receiver<Result<(), PublishError>>,
+    fence: Arc<Fence>,
+}
+
+impl Future for Confirm {
+    type Output = Result<Result<(), PublishError>, oneshot::error::RecvError>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<Self::Output> {
+        let polled = Pin::new(&mut self.rx).poll(cx);
+        if let std::task::Poll::Ready(Ok(Err(e))) = &polled
+            && Fence::counts(e)
+        {
+            self.fence.seen.fetch_add(1, Ordering::AcqRel);
+        }
+        polled
+    }
+}
+
+/// Failures the task reported against failures the caller has seen. A message the caller sent
+/// before it saw every earlier failure was sent *after* a failed one without knowing it: it
+/// fails too (transient), so it cannot reach a queue before the failed message is dealt with —
+/// even when the failed message closed its channel with nothing else in flight and the task
+/// would open a new one (the case a dead-letter copy, sent once the failure is seen, needs).
+/// A returned (unroutable) message is not counted: its channel stays open and the messages
+/// after it were routed on their own (see docs/rabbitmq.md).
+#[derive(Debug, Default)]
+struct Fence {
+    failed: std::sync::atomic::AtomicU64,
+    seen: std::sync::atomic::AtomicU64,
+}
+
+impl Fence {
+    /// Tells `reply` that its message failed, counting it.
+    fn fail(&self, reply: oneshot::Sender<Result<(), PublishError>>, e: PublishError) {
+        if Self::counts(&e) {
+            self.failed.fetch_add(1, Ordering::AcqRel);
+        }
+        let _ = reply.send(Err(e));
+    }
+
+    /// Whether a failure fences the messages sent after it (see above).
+    fn counts(e: &PublishError) -> bool {
+        e.class != Class::Unroutable
+    }
+}
 
 /// A message to publish, or a question for the task.
 enum Job {
@@ -132,6 +179,8 @@ struct Publish {
     permit: OwnedSemaphorePermit,
     /// When the caller handed it over (see [`PublisherSettings::max_queued`]).
     queued: Instant,
+    /// The failures the caller had seen when it sent this (see [`Fence`]).
+    seen: u64,
 }
 
 /// See the module docs.
@@ -140,6 +189,7 @@ pub struct Publisher {
     jobs: mpsc::UnboundedSender<Job>,
     window: Arc<Semaphore>,
     broken: Arc<AtomicBool>,
+    fence: Arc<Fence>,
 }
 
 impl Publisher {
@@ -149,8 +199,9 @@ impl Publisher {
         let (jobs, rx) = mpsc::unbounded_channel();
         let window = Arc::new(Semaphore::new(settings.confirm_window.max(1)));
         let broken = Arc::new(AtomicBool::new(false));
-        tokio::spawn(run(settings, rx, broken.clone()));
-        Self { jobs, window, broken }
+        let fence = Arc::new(Fence::default());
+        tokio::spawn(run(settings, rx, broken.clone(), fence.clone()));
+        Self { jobs, window, broken, fence }
     }
 
     /// Queues `m` for publishing; see the module docs.
@@ -192,7 +243,7 @@ impl Publisher {
             Some(t) => properties.with_timestamp(t),
             None => properties,
         };
-        let (reply, confirm) = oneshot::channel();
+        let (reply, rx) = oneshot::channel();
         let job = Job::Publish(Box::new(Publish {
             exchange,
             routing_key,
@@ -201,9 +252,10 @@ impl Publisher {
             reply,
             permit,
             queued: Instant::now(),
+            seen: self.fence.seen.load(Ordering::Acquire),
         }));
         self.jobs.send(job).map_err(|_| Offer::Refused(PublishError::transient("the publisher's task ended")))?;
-        Ok(confirm)
+        Ok(Confirm { rx, fence: self.fence.clone() })
     }
 
     /// Resolves when the confirm window may have room.
@@ -214,6 +266,8 @@ impl Publisher {
     /// A new session begins: messages may be sent again after a failure.
     pub fn reset(&self) {
         self.broken.store(false, Ordering::Release);
+        // Failures of the last session's messages count as seen, awaited or not.
+        self.fence.seen.store(self.fence.failed.load(Ordering::Acquire), Ordering::Release);
     }
 
     /// Whether `exchange` exists (`None`: the broker cannot be asked now).
@@ -255,7 +309,12 @@ type Pending =
 type Confirming = Pin<Box<dyn Future<Output = Pending> + Send>>;
 
 /// The task: publishes jobs in order and releases confirms in order.
-async fn run(settings: PublisherSettings, mut rx: mpsc::UnboundedReceiver<Job>, broken: Arc<AtomicBool>) {
+async fn run(
+    settings: PublisherSettings,
+    mut rx: mpsc::UnboundedReceiver<Job>,
+    broken: Arc<AtomicBool>,
+    fence: Arc<Fence>,
+) {
     let mut link: Option<Link> = None;
     let mut pending: FuturesOrdered<Confirming> = FuturesOrdered::new();
     let mut returns = Returns::default();
@@ -279,7 +338,12 @@ async fn run(settings: PublisherSettings, mut rx: mpsc::UnboundedReceiver<Job>, 
                     link = None;
                     returns = Returns::default();
                 }
-                let _ = reply.send(outcome);
+                match outcome {
+                    Ok(()) => {
+                        let _ = reply.send(Ok(()));
+                    }
+                    Err(e) => fence.fail(reply, e),
+                }
                 drop(permit);
             }
             job = rx.recv() => match job {
@@ -288,25 +352,25 @@ async fn run(settings: PublisherSettings, mut rx: mpsc::UnboundedReceiver<Job>, 
                     let _ = reply.send(exchange_exists(&settings, &mut link, name).await);
                 }
                 Some(Job::Publish(job)) => {
-                    let Publish { exchange, routing_key, payload, properties, reply, permit, queued } = *job;
-                    if broken.load(Ordering::Acquire) {
-                        let _ = reply.send(Err(PublishError::transient("an earlier message of this stream failed")));
+                    let Publish { exchange, routing_key, payload, properties, reply, permit, queued, seen } = *job;
+                    if broken.load(Ordering::Acquire) || seen < fence.failed.load(Ordering::Acquire) {
+                        fence.fail(reply, PublishError::transient("an earlier message of this stream failed"));
                         continue;
                     }
                     if queued.elapsed() > settings.max_queued {
                         broken.store(true, Ordering::Release);
-                        let _ = reply.send(Err(PublishError::transient(format!(
+                        fence.fail(reply, PublishError::transient(format!(
                             "the message waited {:?} to be published, longer than {:?} (the process was paused, or RabbitMQ blocked publishers): it is not sent from this queue",
                             queued.elapsed(),
                             settings.max_queued
-                        ))));
+                        )));
                         continue;
                     }
                     let channel = match usable(&settings, &mut link).await {
                         Ok(channel) => channel,
                         Err(e) => {
                             broken.store(true, Ordering::Release);
-                            let _ = reply.send(Err(e));
+                            fence.fail(reply, e);
                             continue;
                         }
                     };
@@ -320,9 +384,9 @@ async fn run(settings: PublisherSettings, mut rx: mpsc::UnboundedReceiver<Job>, 
                         // even written. Fail loudly and start over on a new connection.
                         broken.store(true, Ordering::Release);
                         link = None;
-                        let _ = reply.send(Err(PublishError::transient(format!(
+                        fence.fail(reply, PublishError::transient(format!(
                             "RabbitMQ did not take the message within {limit:?}: it blocks publishers (a memory or disk alarm: see `rabbitmqctl status`), or stopped answering"
-                        ))));
+                        )));
                         continue;
                     };
                     match published {
@@ -340,7 +404,7 @@ async fn run(settings: PublisherSettings, mut rx: mpsc::UnboundedReceiver<Job>, 
                         Err(e) => {
                             broken.store(true, Ordering::Release);
                             link = None;
-                            let _ = reply.send(Err(PublishError::from(&e).of_exchange(name)));
+                            fence.fail(reply, PublishError::from(&e).of_exchange(name));
                         }
                     }
                 }
