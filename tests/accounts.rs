@@ -340,7 +340,6 @@ async fn mariadb_accounts_as_documented_with_app_role_and_enqueue_procedure() {
     app_conn.disconnect().await.unwrap();
 
     delivered_once(&config, &dir, &topic).await;
-    db.conn.disconnect().await.unwrap();
 }
 
 #[test]

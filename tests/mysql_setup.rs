@@ -48,7 +48,6 @@ async fn setup_creates_tables_checkpoints_and_grants_idempotently() {
     let denied = streamer.query_drop(format!("DROP TABLE {prefix}_0_0")).await;
     assert!(denied.is_err(), "the streamer user must not be able to drop tables");
     streamer.disconnect().await.unwrap();
-    db.conn.disconnect().await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -65,7 +64,6 @@ async fn setup_names_a_missing_replication_grant_and_the_fix() {
     assert!(!err.contains("pw-"), "no password in errors: {err}");
     let tables: Vec<String> = db.conn.query("SHOW TABLES").await.unwrap();
     assert!(tables.is_empty(), "nothing is created when a check fails");
-    db.conn.disconnect().await.unwrap();
 }
 
 /// The admin password can stay out of the process arguments: `setup --help` says how, and
@@ -103,5 +101,4 @@ async fn setup_takes_the_admin_password_from_the_environment() {
     assert!(ok, "setup with the password from the environment failed:\n{err}");
     let tables: Vec<String> = db.conn.query("SHOW TABLES").await.unwrap();
     assert!(tables.contains(&format!("{prefix}_0_0")), "{tables:?}");
-    db.conn.disconnect().await.unwrap();
 }

@@ -36,7 +36,6 @@ async fn mariadb_has_a_full_row_binlog() {
     assert_eq!(current.as_deref(), Some(db.name.as_str()));
     let tables: Vec<String> = db.conn.query("SHOW TABLES").await.unwrap();
     assert!(tables.is_empty());
-    db.conn.disconnect().await.unwrap();
 }
 
 #[tokio::test]

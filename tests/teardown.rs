@@ -344,7 +344,6 @@ async fn mariadb_teardown_refuses_a_running_streamer_keeps_unpublished_rows_and_
     let records = kafka::read_at_least(&topic, 1, 1, ARRIVAL).await;
     assert_eq!(records[0].payload_str(), "after", "the rows discarded before are not sent");
     assert!(streamer.stop());
-    db.conn.disconnect().await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

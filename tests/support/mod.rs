@@ -64,6 +64,19 @@ fn try_services(args: &[&str], vars: &[(&str, &str)]) -> Result<(), String> {
     ))
 }
 
+/// Runs `work` on a thread of its own while holding the services shared: cleanup that a
+/// `Drop` starts and nobody waits for. The test process may end before it does; the next
+/// process sweeps up what is left.
+pub(crate) fn in_the_background(work: impl Future<Output = ()> + Send + 'static) {
+    std::thread::spawn(move || {
+        let Ok(runtime) = tokio::runtime::Builder::new_current_thread().enable_all().build() else { return };
+        runtime.block_on(async move {
+            let _hold = shared_services().await;
+            work.await
+        });
+    });
+}
+
 /// Stops Kafka now and starts it again when dropped, so a failing assertion in between
 /// still leaves Kafka running for the tests after it. Hold the services exclusively.
 pub(crate) struct KafkaOutage;

@@ -4,12 +4,53 @@ use mysql_async::prelude::Queryable;
 
 use super::{env, unique};
 
-/// One test's database, reached as the admin user.
+/// One test's database, reached as the admin user. Dropping it drops the database and its
+/// streamer user in the background (see [`drop_database`]).
 pub(crate) struct MyDb {
     pub name: String,
     pub conn: mysql_async::Conn,
     /// The admin URL pointing at this database.
     pub admin_url: String,
+}
+
+impl Drop for MyDb {
+    fn drop(&mut self) {
+        let name = self.name.clone();
+        super::in_the_background(async move { drop_database(&env("OUTBOX_MYSQL_URL"), &name).await });
+    }
+}
+
+/// Drops test database `name` and its streamer user after ending their sessions, so their
+/// open transactions let go of the tables. Best effort, a few attempts half a second apart
+/// (a transaction a test left prepared holds its tables until it is decided): what is left
+/// only takes disk.
+async fn drop_database(root_url: &str, name: &str) {
+    let Ok(opts) = mysql_async::Opts::from_url(root_url) else { return };
+    for _ in 0..20 {
+        let Ok(mut root) = mysql_async::Conn::new(opts.clone()).await else {
+            tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+            continue;
+        };
+        let user = format!("{name}_s");
+        let sessions: Vec<u64> = root
+            .exec(
+                "SELECT id FROM information_schema.processlist WHERE (db = ? OR user = ?) AND id <> CONNECTION_ID()",
+                (name, &user),
+            )
+            .await
+            .unwrap_or_default();
+        for id in sessions {
+            let _ = root.query_drop(format!("KILL {id}")).await;
+        }
+        let _ = root.query_drop("SET SESSION lock_wait_timeout = 5").await;
+        let dropped = root.query_drop(format!("DROP DATABASE IF EXISTS {name}")).await.is_ok();
+        let _ = root.query_drop(format!("DROP USER IF EXISTS '{user}'@'127.0.0.1'")).await;
+        let _ = root.disconnect().await;
+        if dropped {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    }
 }
 
 impl MyDb {
