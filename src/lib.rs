@@ -26,6 +26,7 @@
 #![forbid(unsafe_code)]
 
 pub(crate) mod ack;
+pub(crate) mod api;
 pub(crate) mod catchup;
 pub mod cli;
 pub(crate) mod config;

@@ -35,6 +35,10 @@ pub(crate) const POLL_ROWS_BELOW_MARK: &str = "outbox_poll_rows_below_mark_total
 pub(crate) const OWNED_STREAMS: &str = "outbox_owned_streams";
 pub(crate) const LEASE_CHANGES: &str = "outbox_lease_changes_total";
 pub(crate) const OWNER_EPOCH: &str = "outbox_owner_epoch";
+pub(crate) const API_REQUESTS: &str = "outbox_api_requests_total";
+pub(crate) const API_MESSAGES: &str = "outbox_api_messages_total";
+pub(crate) const API_OLDEST_PREPARED: &str = "outbox_api_oldest_prepared_seconds";
+pub(crate) const API_CONNECTIONS_REFUSED: &str = "outbox_api_connections_refused_total";
 
 /// Latency buckets in seconds: 1 ms to 30 s.
 const LATENCY_BUCKETS: &[f64] = &[0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0];
@@ -54,6 +58,22 @@ pub(crate) mod state {
 }
 
 pub(crate) fn describe() {
+    describe_counter!(API_REQUESTS, Unit::Count, "message API requests answered, by endpoint and HTTP status");
+    describe_counter!(
+        API_MESSAGES,
+        Unit::Count,
+        "message API messages prepared, committed and rolled back, by token and outcome"
+    );
+    describe_gauge!(
+        API_OLDEST_PREPARED,
+        Unit::Seconds,
+        "age of the oldest message API message still prepared (0 when none is)"
+    );
+    describe_counter!(
+        API_CONNECTIONS_REFUSED,
+        Unit::Count,
+        "message API connections closed at once because api.max_connections were open"
+    );
     describe_counter!(PUBLISHED_RECORDS, Unit::Count, "records acknowledged by Kafka");
     describe_counter!(DELETED_ROWS, Unit::Count, "outbox rows deleted after their records were acknowledged");
     describe_counter!(DEAD_LETTERED_RECORDS, Unit::Count, "bad rows sent to the dead-letter topic");

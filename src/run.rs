@@ -65,6 +65,13 @@ pub(crate) async fn run(mut config: Config) -> anyhow::Result<()> {
             tasks.spawn(task);
         }
     }
+    // The message API serves from the first moment the streamers run: a commit's row waits in
+    // the outbox for its shard-partition's streamer, whichever instance owns it.
+    if let Some(api_tasks) = crate::api::start(&config, stop_rx.clone()).await? {
+        for task in api_tasks {
+            tasks.spawn(task);
+        }
+    }
     match &config.coordination {
         None => {
             for job in &jobs {

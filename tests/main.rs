@@ -10,6 +10,7 @@
 mod support;
 
 mod accounts;
+mod api;
 mod bad_rows;
 mod cleanup_beside_reading;
 mod config_cli;

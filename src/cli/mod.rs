@@ -230,6 +230,7 @@ pub async fn execute(cli: Cli) -> anyhow::Result<ExitCode> {
                 restrict_emit,
                 create_tables,
                 prepared_wait: std::time::Duration::from_secs(prepared_wait),
+                api: None,
             };
             setup::setup(&load()?, &how).await
         }

@@ -11,9 +11,10 @@ pub(crate) async fn setup(config: &Config, how: &SetupRequest<'_>) -> anyhow::Re
     if !how.dry_run {
         crate::same_database::refuse_shared_databases(config).await?;
     }
+    let how = SetupRequest { api: config.api.as_ref(), ..*how };
     let mut ok = true;
     for source in &config.sources {
-        ok &= db::of(source.kind).setup(source, how).await?;
+        ok &= db::of(source.kind).setup(source, &how).await?;
     }
     ok &= progress_topic(config, how.dry_run).await?;
     Ok(if ok { ExitCode::SUCCESS } else { ExitCode::FAILURE })

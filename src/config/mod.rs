@@ -31,10 +31,12 @@
 //! * `stream.rs` — the settings of one shard-partition: `[source.defaults]`,
 //!   `[[source.override]]` and how they resolve.
 //! * `load.rs` — reading the file: TOML, `${VAR}` expansion, environment overrides.
+//! * `api.rs` — `[api]`, the message API's listener, limits and tokens.
 //! * `secrets.rs` — passwords read from an environment variable or a file.
 //! * `validate.rs` — the checks; each error names the setting and the fix.
 //! * `error.rs` — [`ConfigError`].
 
+mod api;
 mod error;
 mod load;
 mod secrets;
@@ -42,6 +44,7 @@ mod sections;
 mod stream;
 mod validate;
 
+pub(crate) use api::ApiConfig;
 pub(crate) use error::ConfigError;
 pub(crate) use sections::{
     Config, CoordinationConfig, DEFAULT_TABLE_PREFIX, KafkaConfig, RabbitConfig, SourceConfig, SourceKind,

@@ -35,6 +35,8 @@ pub(crate) struct Config {
     pub sources: Vec<SourceConfig>,
     /// Absent: this one instance owns every shard-partition (no ZooKeeper needed).
     pub coordination: Option<CoordinationConfig>,
+    /// The transactional message API (docs/api.md); absent: not served.
+    pub api: Option<super::api::ApiConfig>,
 }
 
 #[derive(Debug, Clone, Deserialize)]

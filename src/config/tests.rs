@@ -359,3 +359,45 @@ fn a_table_setting_names_another_outboxs_one_table() {
     assert!(err("layout = \"debezium\"\ntable = \"outbox\"\nshards = 2\npartitions = 1").contains("shards"));
     assert!(err(&format!("{one}\nlayout = \"debezium\"\ntable = \"Out-box\"")).contains("lowercase"));
 }
+
+#[test]
+fn api_settings_are_checked_and_named() {
+    let api = |body: &str| Config::from_toml(&format!("{MINIMAL}\n[api]\nlisten = \"127.0.0.1:8080\"\n{body}"));
+    let token = "[[api.token]]\nname = \"svc\"\nsecret_env = \"S\"\ntopics = [\"orders\"]";
+    let ok = api(&format!("source = \"app\"\n{token}")).unwrap();
+    let a = ok.api.as_ref().unwrap();
+    assert_eq!((a.max_body_bytes, a.max_batch, a.check_after_s), (1024 * 1024, 500, 180));
+    let cases: &[(&str, &str)] = &[
+        ("source = \"nope\"\n[[api.token]]\nname = \"svc\"\nsecret_env = \"S\"\ntopics = [\"o\"]", "api.source"),
+        ("source = \"app\"", "api.token"),
+        (
+            "source = \"app\"\nmax_body_bytes = 10\n[[api.token]]\nname = \"svc\"\nsecret_env = \"S\"\ntopics = [\"o\"]",
+            "api.max_body_bytes",
+        ),
+        ("source = \"app\"\n[[api.token]]\nname = \"svc\"\ntopics = [\"o\"]", "api.token[0].secret_env"),
+        (
+            "source = \"app\"\n[[api.token]]\nname = \"svc\"\nsecret_env = \"S\"\ntopics = [\"o*x\"]",
+            "api.token[0].topics",
+        ),
+        (
+            "source = \"app\"\n[[api.token]]\nname = \"s v c\"\nsecret_env = \"S\"\ntopics = [\"o\"]",
+            "api.token[0].name",
+        ),
+        (
+            "source = \"app\"\n[[api.token]]\nname = \"svc\"\nsecret_env = \"S\"\ntopics = [\"o\"]\nshards = [5]",
+            "api.token[0].shards",
+        ),
+        (
+            "source = \"app\"\n[[api.token]]\nname = \"svc\"\nsecret_env = \"S\"\ntopics = [\"o\"]\ncheckback_urls = [\"https://a.internal\"]",
+            "api.token[0].checkback_urls",
+        ),
+        (
+            "source = \"app\"\n[[api.token]]\nname = \"svc\"\nsecret_env = \"S\"\ntopics = [\"o\"]\n[[api.token]]\nname = \"svc\"\nsecret_env = \"T\"\ntopics = [\"o\"]",
+            "api.token[1].name",
+        ),
+    ];
+    for (body, field) in cases {
+        let e = api(body).unwrap_err().to_string();
+        assert!(e.contains(field), "{body}: {e}");
+    }
+}

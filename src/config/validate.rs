@@ -89,6 +89,9 @@ impl Config {
             ));
         }
         self.metrics.validate()?;
+        if let Some(api) = &self.api {
+            api.validate(&self.sources)?;
+        }
         if let Some(r) = &self.rabbitmq {
             r.validate()?;
         }

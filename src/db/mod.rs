@@ -117,6 +117,15 @@ pub(crate) trait Database: Send + Sync {
     /// Who the server is and which of its databases the source uses, as text that is equal for
     /// two sources exactly when they reach the same database ([`crate::same_database`]).
     fn identify<'a>(&'a self, source: &'a SourceConfig) -> BoxFuture<'a, anyhow::Result<String>>;
+
+    /// The message API's store (`[api] source` names this source): its table, which `setup`
+    /// creates, reached through at most `api.db_connections` sessions of the source's login,
+    /// opened when first needed.
+    fn message_store(
+        &self,
+        source: &SourceConfig,
+        api: &crate::config::ApiConfig,
+    ) -> anyhow::Result<std::sync::Arc<dyn crate::api::MessageStore>>;
 }
 
 /// The login `setup` runs the DDL as, instead of each source's own: a URL, and the password
@@ -143,6 +152,15 @@ pub(crate) struct SetupRequest<'a> {
     pub create_tables: bool,
     /// `--prepared-wait` (PostgreSQL): how long to wait for prepared transactions to be decided.
     pub prepared_wait: Duration,
+    /// `[api]`: the source it names also gets the message API's table and grants.
+    pub api: Option<&'a crate::config::ApiConfig>,
+}
+
+impl SetupRequest<'_> {
+    /// Whether `source` keeps the message API's messages.
+    pub(crate) fn serves_api(&self, source: &SourceConfig) -> bool {
+        self.api.is_some_and(|a| a.source == source.name)
+    }
 }
 
 /// How `teardown` runs.

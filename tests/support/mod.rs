@@ -2,6 +2,7 @@
 //! fresh Kafka topics, a Kafka reader, the streamer as a real child process, and waits on
 //! conditions with deadlines (never sleeps as synchronisation).
 
+pub(crate) mod api;
 pub(crate) mod cluster;
 pub(crate) mod database;
 pub(crate) mod kafka;

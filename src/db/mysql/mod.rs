@@ -16,6 +16,7 @@
 //!  connect.rs   a source's URL, password and TLS turned into mysql_async options
 //! ```
 
+mod api;
 mod catchup;
 pub(crate) mod cdc;
 mod checkpoint;
@@ -105,6 +106,15 @@ impl Database for Mysql {
 
     fn identify<'a>(&'a self, source: &'a SourceConfig) -> BoxFuture<'a, anyhow::Result<String>> {
         Box::pin(connect::identify(source))
+    }
+
+    fn message_store(
+        &self,
+        source: &SourceConfig,
+        api: &crate::config::ApiConfig,
+    ) -> anyhow::Result<Arc<dyn crate::api::MessageStore>> {
+        let opts = streamer_opts(source)?;
+        Ok(api::MyMessages::new(opts, &source.table_prefix, api.db_connections)?)
     }
 }
 

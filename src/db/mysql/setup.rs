@@ -17,6 +17,7 @@ use crate::names::{all_streams, checkpoint_table};
 /// [`crate::db::Database::setup`]).
 pub(super) async fn setup(source: &SourceConfig, how: &SetupRequest<'_>) -> anyhow::Result<bool> {
     let SetupRequest { dry_run, admin, app_roles, create_tables, .. } = *how;
+    let serves_api = how.serves_api(source);
     let streamer = mysql_opts(source, None)?;
     let database = streamer.db_name().unwrap_or_default().to_string();
     let streamer_user = streamer.user().unwrap_or_default().to_string();
@@ -42,6 +43,12 @@ pub(super) async fn setup(source: &SourceConfig, how: &SetupRequest<'_>) -> anyh
         );
         for stmt in my::statements(&plan, true) {
             println!("{stmt};\n");
+        }
+        if serves_api {
+            println!("-- the message API's table ([api] source = {:?}):", source.name);
+            for stmt in super::api::setup_statements(&plan) {
+                println!("{stmt};\n");
+            }
         }
         println!("-- then, per table, a checkpoint row at the server's current binlog position:");
         println!(
@@ -202,6 +209,18 @@ pub(super) async fn setup(source: &SourceConfig, how: &SetupRequest<'_>) -> anyh
         if let Some(risk) = expire_s.and_then(|s| super::wal::retention_risk(s, source.log_retention_min_hours)) {
             eprintln!("source {:?}: warning (storage = \"wal\"): {risk}", source.name);
         }
+    }
+    if serves_api {
+        for stmt in super::api::setup_statements(&plan) {
+            conn.query_drop(&stmt).await.with_context(|| {
+                format!("source {:?}: creating the message API's table (re-running setup completes it)", source.name)
+            })?;
+        }
+        println!(
+            "source {:?}: the message API's table {} is ready; the streamer login may enqueue",
+            source.name,
+            super::api::table(&plan.prefix)
+        );
     }
     conn.disconnect().await.ok();
     println!(

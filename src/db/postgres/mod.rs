@@ -14,8 +14,10 @@
 //!  status.rs       `status`: each slot's state and lag, each table's pending rows
 //!  teardown.rs     `teardown`: what `setup` created, dropped by the rules in `db/teardown.rs`
 //!  connect.rs      a source's URL, password and TLS turned into a `PgTarget`
+//!  api.rs          the message API's table: setup's statements and its `MessageStore`
 //! ```
 
+mod api;
 mod catchup;
 mod cdc;
 mod checkpoint;
@@ -115,6 +117,15 @@ impl Database for Postgres {
 
     fn identify<'a>(&'a self, source: &'a SourceConfig) -> BoxFuture<'a, anyhow::Result<String>> {
         Box::pin(connect::identify(source))
+    }
+
+    fn message_store(
+        &self,
+        source: &SourceConfig,
+        api: &crate::config::ApiConfig,
+    ) -> anyhow::Result<Arc<dyn crate::api::MessageStore>> {
+        let target = connect::pg_target(source, None)?;
+        Ok(api::PgMessages::new(target, &source.table_prefix, api.db_connections))
     }
 }
 

@@ -33,13 +33,20 @@ fn postgres_plan(source: &SourceConfig, streamer: &PgTarget, app_roles: &[String
 
 /// Checks the server, then creates the schema and the slots (see [`crate::db::Database::setup`]).
 pub(super) async fn setup(source: &SourceConfig, how: &SetupRequest<'_>) -> anyhow::Result<bool> {
-    let SetupRequest { dry_run, admin, app_roles, restrict_emit, create_tables, prepared_wait } = *how;
+    let SetupRequest { dry_run, admin, app_roles, restrict_emit, create_tables, prepared_wait, .. } = *how;
+    let serves_api = how.serves_api(source);
     let streamer = pg_target(source, None)?;
     let mut plan = postgres_plan(source, &streamer, app_roles);
     if dry_run {
         println!("-- source {:?}: run in database {:?}", source.name, streamer.database());
         for stmt in pg::schema_statements(&plan) {
             println!("{stmt};\n");
+        }
+        if serves_api {
+            println!("-- the message API's table ([api] source = {:?}):", source.name);
+            for stmt in super::api::setup_statements(&plan) {
+                println!("{stmt};\n");
+            }
         }
         println!("-- outside a transaction block:");
         for stmt in pg::slot_statements(&plan) {
@@ -196,6 +203,17 @@ pub(super) async fn setup(source: &SourceConfig, how: &SetupRequest<'_>) -> anyh
             )
         })?;
         pg::create_slots(&own, &plan).await.map_err(failed)?;
+    }
+    if serves_api {
+        let statements = super::api::setup_statements(&plan);
+        client.batch_execute(&statements.join(";\n")).await.map_err(|e| {
+            anyhow::anyhow!("source {:?}: creating the message API's table: {}", source.name, pg::describe(&e))
+        })?;
+        println!(
+            "source {:?}: the message API's table {} is ready; the streamer login may enqueue",
+            source.name,
+            super::api::table(&plan.prefix)
+        );
     }
     let failures = pg::check_privileges(&client, &plan).await?;
     for f in &failures {

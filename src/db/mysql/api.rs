@@ -1,0 +1,246 @@
+//! The message API's table on MySQL/MariaDB (`<prefix>_api_message`, see
+//! [`crate::api::store`]): the statements `setup` runs, and the [`MessageStore`] the API serves
+//! from, over a pool of the streamer login's sessions (each in UTC, so times read as UTC).
+
+use std::sync::Arc;
+
+use futures::FutureExt;
+use futures::future::BoxFuture;
+use outbox_mysql::mysql_async::prelude::Queryable;
+use outbox_mysql::mysql_async::{self, Opts, OptsBuilder, PoolConstraints, PoolOpts, TxOpts};
+use outbox_mysql::setup::{SetupPlan, ident};
+
+use crate::api::store::{Decided, Decision, MessageStore, MessageView, NewMessage, Prepared, State};
+
+/// MariaDB's and MySQL's error for a duplicate unique key.
+const ER_DUP_ENTRY: u16 = 1062;
+
+/// `<prefix>_api_message`.
+pub(super) fn table(prefix: &str) -> String {
+    format!("{prefix}_api_message")
+}
+
+/// The table with the indexes its queries need (the idempotency key; the check-back's due
+/// messages; the pruning of old decisions), and the streamer accounts' grants: the table,
+/// INSERT on the outbox tables and EXECUTE on the enqueue procedure a commit calls.
+pub(super) fn setup_statements(plan: &SetupPlan) -> Vec<String> {
+    let q = ident(&table(&plan.prefix));
+    let db = ident(&plan.database);
+    let mut sql = vec![format!(
+        "CREATE TABLE IF NOT EXISTS {q} (\n\
+         \x20   id BIGINT NOT NULL AUTO_INCREMENT PRIMARY KEY,\n\
+         \x20   token VARCHAR(64) NOT NULL,\n\
+         \x20   idempotency_key VARCHAR(200) NULL,\n\
+         \x20   state VARCHAR(16) NOT NULL DEFAULT 'prepared',\n\
+         \x20   shard INT NOT NULL,\n\
+         \x20   topic VARCHAR(249) NOT NULL,\n\
+         \x20   msg_key VARBINARY(2048) NULL,\n\
+         \x20   payload LONGBLOB NULL,\n\
+         \x20   headers JSON NULL,\n\
+         \x20   business_key VARCHAR(256) NULL,\n\
+         \x20   checkback_url VARCHAR(2048) NULL,\n\
+         \x20   checks INT NOT NULL DEFAULT 0,\n\
+         \x20   next_check_at TIMESTAMP(6) NULL,\n\
+         \x20   created_at TIMESTAMP(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6),\n\
+         \x20   decided_at TIMESTAMP(6) NULL,\n\
+         \x20   outbox_id BIGINT NULL,\n\
+         \x20   UNIQUE KEY idempotency (token, idempotency_key),\n\
+         \x20   KEY due (state, next_check_at),\n\
+         \x20   KEY decided (state, decided_at),\n\
+         \x20   CONSTRAINT api_message_state CHECK (state IN ('prepared', 'committed', 'rolled_back'))\n\
+         ) ENGINE=InnoDB"
+    )];
+    for account in &plan.streamer_accounts {
+        sql.push(format!("GRANT SELECT, INSERT, UPDATE, DELETE ON {db}.{q} TO {account}"));
+        for t in &plan.tables {
+            sql.push(format!("GRANT INSERT ON {db}.{} TO {account}", ident(t)));
+        }
+        sql.push(format!("GRANT EXECUTE ON PROCEDURE {db}.{} TO {account}", ident(&plan.enqueue_procedure())));
+    }
+    sql
+}
+
+/// The [`MessageStore`] of one MySQL/MariaDB source.
+pub(super) struct MyMessages {
+    pool: mysql_async::Pool,
+    /// Quoted: the table and the enqueue procedure.
+    table: String,
+    enqueue: String,
+}
+
+impl MyMessages {
+    pub(super) fn new(opts: Opts, prefix: &str, sessions: usize) -> anyhow::Result<Arc<Self>> {
+        let constraints = PoolConstraints::new(0, sessions.max(1))
+            .ok_or_else(|| anyhow::anyhow!("api.db_connections: {sessions} is not a pool size"))?;
+        let opts = OptsBuilder::from_opts(opts)
+            .pool_opts(PoolOpts::default().with_constraints(constraints))
+            .init(vec!["SET time_zone = '+00:00'"]);
+        Ok(Arc::new(Self {
+            pool: mysql_async::Pool::new(opts),
+            table: ident(&table(prefix)),
+            enqueue: ident(&format!("{prefix}_enqueue")),
+        }))
+    }
+}
+
+/// RFC 3339 in UTC (the sessions' time zone), as `GET` answers times.
+const UTC_TEXT: &str = "%Y-%m-%dT%H:%i:%s.%fZ";
+
+impl MessageStore for MyMessages {
+    fn prepare<'a>(
+        &'a self,
+        messages: &'a [NewMessage],
+        check_after_s: u64,
+    ) -> BoxFuture<'a, anyhow::Result<Vec<Prepared>>> {
+        async move {
+            let mut conn = self.pool.get_conn().await?;
+            let mut tx = conn.start_transaction(TxOpts::default()).await?;
+            let insert = format!(
+                "INSERT INTO {} (token, idempotency_key, shard, topic, msg_key, payload, headers, business_key, \
+                 checkback_url, next_check_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, NOW(6) + INTERVAL ? SECOND)",
+                self.table
+            );
+            let mut prepared = Vec::with_capacity(messages.len());
+            for m in messages {
+                let params: Vec<mysql_async::Value> = vec![
+                    m.token.clone().into(),
+                    m.idempotency_key.clone().into(),
+                    m.shard.into(),
+                    m.topic.clone().into(),
+                    m.key.clone().into(),
+                    m.payload.clone().into(),
+                    m.headers.clone().into(),
+                    m.business_key.clone().into(),
+                    m.checkback_url.clone().into(),
+                    check_after_s.into(),
+                ];
+                match tx.exec_drop(&insert, params).await {
+                    Ok(()) => {
+                        let id = tx.last_insert_id().ok_or_else(|| anyhow::anyhow!("the server named no new id"))?;
+                        prepared.push(Prepared { id: id as i64, state: State::Prepared, created: true });
+                    }
+                    Err(mysql_async::Error::Server(e)) if e.code == ER_DUP_ENTRY => {
+                        // A locking read: it sees the latest committed row, not the snapshot.
+                        let (id, state): (i64, String) = tx
+                            .exec_first(
+                                format!(
+                                    "SELECT id, state FROM {} WHERE token = ? AND idempotency_key = ? LOCK IN SHARE MODE",
+                                    self.table
+                                ),
+                                (&m.token, &m.idempotency_key),
+                            )
+                            .await?
+                            .ok_or_else(|| anyhow::anyhow!("a duplicate idempotency key whose message is gone"))?;
+                        prepared.push(Prepared { id, state: State::parse(&state)?, created: false });
+                    }
+                    Err(e) => return Err(e.into()),
+                }
+            }
+            tx.commit().await?;
+            Ok(prepared)
+        }
+        .boxed()
+    }
+
+    fn decide<'a>(&'a self, token: &'a str, id: i64, decision: Decision) -> BoxFuture<'a, anyhow::Result<Decided>> {
+        async move {
+            type Row = (String, i32, String, Option<Vec<u8>>, Option<Vec<u8>>, Option<String>);
+            let mut conn = self.pool.get_conn().await?;
+            let mut tx = conn.start_transaction(TxOpts::default()).await?;
+            let row: Option<Row> = tx
+                .exec_first(
+                    format!(
+                        "SELECT state, shard, topic, msg_key, payload, headers FROM {} WHERE id = ? AND token = ? FOR UPDATE",
+                        self.table
+                    ),
+                    (id, token),
+                )
+                .await?;
+            let Some((state, shard, topic, key, payload, headers)) = row else { return Ok(Decided::NotFound) };
+            let state = State::parse(&state)?;
+            if state != State::Prepared {
+                return Ok(if state == decision.state() { Decided::Already } else { Decided::Conflict(state) });
+            }
+            let outbox_id: Option<i64> = match decision {
+                Decision::Commit => {
+                    tx.exec_first(format!("CALL {}(?, ?, ?, ?, ?)", self.enqueue), (topic, key, payload, headers, shard))
+                        .await?
+                }
+                Decision::Rollback => None,
+            };
+            tx.exec_drop(
+                format!(
+                    "UPDATE {} SET state = ?, decided_at = NOW(6), next_check_at = NULL, outbox_id = ?, \
+                     msg_key = NULL, payload = NULL, headers = NULL WHERE id = ?",
+                    self.table
+                ),
+                (decision.state().as_str(), outbox_id, id),
+            )
+            .await?;
+            tx.commit().await?;
+            Ok(Decided::Now)
+        }
+        .boxed()
+    }
+
+    fn get<'a>(&'a self, token: &'a str, id: i64) -> BoxFuture<'a, anyhow::Result<Option<MessageView>>> {
+        async move {
+            type Row = (i64, String, String, Option<String>, i32, String, Option<String>, i32);
+            let mut conn = self.pool.get_conn().await?;
+            let row: Option<Row> = conn
+                .exec_first(
+                    format!(
+                        "SELECT id, state, DATE_FORMAT(created_at, '{UTC_TEXT}'), DATE_FORMAT(decided_at, '{UTC_TEXT}'), \
+                         shard, topic, business_key, checks FROM {} WHERE id = ? AND token = ?",
+                        self.table
+                    ),
+                    (id, token),
+                )
+                .await?;
+            row.map(|(id, state, prepared_at, decided_at, shard, topic, business_key, checks)| {
+                Ok(MessageView {
+                    id,
+                    state: State::parse(&state)?,
+                    prepared_at,
+                    decided_at,
+                    shard: shard as u32,
+                    topic,
+                    business_key,
+                    checks,
+                })
+            })
+            .transpose()
+        }
+        .boxed()
+    }
+
+    fn prune(&self, keep_s: u64, limit: u32) -> BoxFuture<'_, anyhow::Result<u64>> {
+        async move {
+            let mut conn = self.pool.get_conn().await?;
+            conn.exec_drop(
+                format!(
+                    "DELETE FROM {} WHERE state IN ('committed', 'rolled_back') AND decided_at < NOW(6) - INTERVAL ? SECOND LIMIT ?",
+                    self.table
+                ),
+                (keep_s, limit),
+            )
+            .await?;
+            Ok(conn.affected_rows())
+        }
+        .boxed()
+    }
+
+    fn oldest_prepared_age(&self) -> BoxFuture<'_, anyhow::Result<Option<f64>>> {
+        async move {
+            let mut conn = self.pool.get_conn().await?;
+            let age: Option<Option<f64>> = conn
+                .query_first(format!(
+                    "SELECT TIMESTAMPDIFF(MICROSECOND, MIN(created_at), NOW(6)) / 1e6 FROM {} WHERE state = 'prepared'",
+                    self.table
+                ))
+                .await?;
+            Ok(age.flatten())
+        }
+        .boxed()
+    }
+}

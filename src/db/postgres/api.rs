@@ -1,0 +1,297 @@
+//! The message API's table on PostgreSQL (`<prefix>_api_message`, see [`crate::api::store`]):
+//! the statements `setup` runs, and the [`MessageStore`] the API serves from, over a small pool
+//! of the streamer login's sessions.
+
+use std::sync::{Arc, Mutex};
+
+use futures::FutureExt;
+use futures::future::BoxFuture;
+use outbox_postgres::connect::PgTarget;
+use outbox_postgres::setup::{SetupPlan, ident};
+use tokio::sync::Semaphore;
+use tokio_postgres::Client;
+
+use crate::api::store::{Decided, Decision, MessageStore, MessageView, NewMessage, Prepared, State};
+
+/// `<prefix>_api_message`.
+pub(super) fn table(prefix: &str) -> String {
+    format!("{prefix}_api_message")
+}
+
+/// The table, its two partial indexes (the check-back's due messages, the pruning of old
+/// decisions: each covers only the rows its query reads) and the streamer login's grants: the
+/// table, INSERT on the outbox tables and the enqueue (and emit) function a commit calls.
+pub(super) fn setup_statements(plan: &SetupPlan) -> Vec<String> {
+    let t = table(&plan.prefix);
+    let q = ident(&t);
+    let mut sql = vec![
+        format!(
+            "CREATE TABLE IF NOT EXISTS {q} (\n\
+             \x20   id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,\n\
+             \x20   token text NOT NULL,\n\
+             \x20   idempotency_key text NULL,\n\
+             \x20   state text NOT NULL DEFAULT 'prepared' CHECK (state IN ('prepared', 'committed', 'rolled_back')),\n\
+             \x20   shard int NOT NULL,\n\
+             \x20   topic text NOT NULL,\n\
+             \x20   msg_key bytea NULL,\n\
+             \x20   payload bytea NULL,\n\
+             \x20   headers jsonb NULL,\n\
+             \x20   business_key text NULL,\n\
+             \x20   checkback_url text NULL,\n\
+             \x20   checks int NOT NULL DEFAULT 0,\n\
+             \x20   next_check_at timestamptz NULL,\n\
+             \x20   created_at timestamptz NOT NULL DEFAULT now(),\n\
+             \x20   decided_at timestamptz NULL,\n\
+             \x20   outbox_id bigint NULL,\n\
+             \x20   UNIQUE (token, idempotency_key)\n\
+             )"
+        ),
+        format!(
+            "CREATE INDEX IF NOT EXISTS {} ON {q} (next_check_at) WHERE state = 'prepared'",
+            ident(&format!("{t}_due"))
+        ),
+        format!(
+            "CREATE INDEX IF NOT EXISTS {} ON {q} (decided_at) WHERE state <> 'prepared'",
+            ident(&format!("{t}_decided"))
+        ),
+    ];
+    if let Some(role) = &plan.streamer_role {
+        let role = ident(role);
+        sql.push(format!("GRANT SELECT, INSERT, UPDATE, DELETE ON {q} TO {role}"));
+        for s in &plan.streams {
+            sql.push(format!("GRANT INSERT ON {} TO {role}", ident(&s.table)));
+        }
+        sql.push(format!("GRANT EXECUTE ON FUNCTION {} TO {role}", plan.enqueue_signature()));
+        sql.push(format!(
+            "GRANT EXECUTE ON FUNCTION {}(text, bytea, bytea, jsonb, int, int) TO {role}",
+            ident(&plan.emit_function())
+        ));
+    }
+    sql
+}
+
+/// The API's sessions: at most `size`, opened when needed, kept while they work.
+struct Pool {
+    target: PgTarget,
+    idle: Mutex<Vec<Client>>,
+    places: Semaphore,
+}
+
+/// A session taken from the pool; given back when dropped, unless it broke.
+struct Session<'a> {
+    client: Option<Client>,
+    pool: &'a Pool,
+    _place: tokio::sync::SemaphorePermit<'a>,
+}
+
+impl Pool {
+    async fn get(&self) -> anyhow::Result<Session<'_>> {
+        let place = self.places.acquire().await?;
+        let idle = {
+            let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+            idle.retain(|c| !c.is_closed());
+            idle.pop()
+        };
+        let client = match idle {
+            Some(c) => c,
+            None => self.target.connect().await?,
+        };
+        Ok(Session { client: Some(client), pool: self, _place: place })
+    }
+}
+
+impl Session<'_> {
+    fn client(&mut self) -> &mut Client {
+        self.client.as_mut().expect("a session holds its client until dropped")
+    }
+}
+
+impl Drop for Session<'_> {
+    fn drop(&mut self) {
+        if let Some(c) = self.client.take().filter(|c| !c.is_closed()) {
+            self.pool.idle.lock().unwrap_or_else(|e| e.into_inner()).push(c);
+        }
+    }
+}
+
+/// The [`MessageStore`] of one PostgreSQL source.
+pub(super) struct PgMessages {
+    pool: Pool,
+    /// Quoted: the table and the enqueue function.
+    table: String,
+    enqueue: String,
+}
+
+impl PgMessages {
+    pub(super) fn new(target: PgTarget, prefix: &str, sessions: usize) -> Arc<Self> {
+        Arc::new(Self {
+            pool: Pool { target, idle: Mutex::new(Vec::new()), places: Semaphore::new(sessions) },
+            table: ident(&table(prefix)),
+            enqueue: ident(&format!("{prefix}_enqueue")),
+        })
+    }
+}
+
+/// RFC 3339 in UTC, as `GET` answers times.
+const UTC_TEXT: &str = "YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"";
+
+impl MessageStore for PgMessages {
+    fn prepare<'a>(
+        &'a self,
+        messages: &'a [NewMessage],
+        check_after_s: u64,
+    ) -> BoxFuture<'a, anyhow::Result<Vec<Prepared>>> {
+        async move {
+            let mut session = self.pool.get().await?;
+            let tx = session.client().transaction().await?;
+            let insert = tx
+                .prepare(&format!(
+                    "INSERT INTO {} (token, idempotency_key, shard, topic, msg_key, payload, headers, business_key, \
+                     checkback_url, next_check_at) \
+                     VALUES ($1, $2, $3, $4, $5, $6, $7::text::jsonb, $8, $9, now() + $10::float8 * interval '1 second') \
+                     ON CONFLICT (token, idempotency_key) DO NOTHING RETURNING id",
+                    self.table
+                ))
+                .await?;
+            let mut prepared = Vec::with_capacity(messages.len());
+            for m in messages {
+                let shard = m.shard as i32;
+                let row = tx
+                    .query_opt(
+                        &insert,
+                        &[
+                            &m.token,
+                            &m.idempotency_key,
+                            &shard,
+                            &m.topic,
+                            &m.key,
+                            &m.payload,
+                            &m.headers,
+                            &m.business_key,
+                            &m.checkback_url,
+                            &(check_after_s as f64),
+                        ],
+                    )
+                    .await?;
+                prepared.push(match row {
+                    Some(row) => Prepared { id: row.get(0), state: State::Prepared, created: true },
+                    None => {
+                        let row = tx
+                            .query_one(
+                                &format!("SELECT id, state FROM {} WHERE token = $1 AND idempotency_key = $2", self.table),
+                                &[&m.token, &m.idempotency_key],
+                            )
+                            .await?;
+                        Prepared { id: row.get(0), state: State::parse(row.get(1))?, created: false }
+                    }
+                });
+            }
+            tx.commit().await?;
+            Ok(prepared)
+        }
+        .boxed()
+    }
+
+    fn decide<'a>(&'a self, token: &'a str, id: i64, decision: Decision) -> BoxFuture<'a, anyhow::Result<Decided>> {
+        async move {
+            let mut session = self.pool.get().await?;
+            let tx = session.client().transaction().await?;
+            let row = tx
+                .query_opt(
+                    &format!("SELECT state FROM {} WHERE id = $1 AND token = $2 FOR UPDATE", self.table),
+                    &[&id, &token],
+                )
+                .await?;
+            let Some(row) = row else { return Ok(Decided::NotFound) };
+            let state = State::parse(row.get(0))?;
+            if state != State::Prepared {
+                return Ok(if state == decision.state() { Decided::Already } else { Decided::Conflict(state) });
+            }
+            // Every SET expression reads the row as it was, so the enqueue gets the message.
+            let outbox_id = match decision {
+                Decision::Commit => format!("{}(topic, msg_key, payload, headers, shard)", self.enqueue),
+                Decision::Rollback => "NULL".into(),
+            };
+            tx.execute(
+                &format!(
+                    "UPDATE {} SET state = $2, decided_at = now(), next_check_at = NULL, outbox_id = {outbox_id}, \
+                     msg_key = NULL, payload = NULL, headers = NULL WHERE id = $1",
+                    self.table
+                ),
+                &[&id, &decision.state().as_str()],
+            )
+            .await?;
+            tx.commit().await?;
+            Ok(Decided::Now)
+        }
+        .boxed()
+    }
+
+    fn get<'a>(&'a self, token: &'a str, id: i64) -> BoxFuture<'a, anyhow::Result<Option<MessageView>>> {
+        async move {
+            let mut session = self.pool.get().await?;
+            let row = session
+                .client()
+                .query_opt(
+                    &format!(
+                        "SELECT id, state, to_char(created_at AT TIME ZONE 'UTC', '{UTC_TEXT}'), \
+                         to_char(decided_at AT TIME ZONE 'UTC', '{UTC_TEXT}'), shard, topic, business_key, checks \
+                         FROM {} WHERE id = $1 AND token = $2",
+                        self.table
+                    ),
+                    &[&id, &token],
+                )
+                .await?;
+            row.map(|r| {
+                Ok(MessageView {
+                    id: r.get(0),
+                    state: State::parse(r.get(1))?,
+                    prepared_at: r.get(2),
+                    decided_at: r.get(3),
+                    shard: r.get::<_, i32>(4) as u32,
+                    topic: r.get(5),
+                    business_key: r.get(6),
+                    checks: r.get(7),
+                })
+            })
+            .transpose()
+        }
+        .boxed()
+    }
+
+    fn prune(&self, keep_s: u64, limit: u32) -> BoxFuture<'_, anyhow::Result<u64>> {
+        async move {
+            let mut session = self.pool.get().await?;
+            Ok(session
+                .client()
+                .execute(
+                    &format!(
+                        "DELETE FROM {t} WHERE id IN (SELECT id FROM {t} WHERE state <> 'prepared' \
+                         AND decided_at < now() - $1::float8 * interval '1 second' LIMIT $2)",
+                        t = self.table
+                    ),
+                    &[&(keep_s as f64), &i64::from(limit)],
+                )
+                .await?)
+        }
+        .boxed()
+    }
+
+    fn oldest_prepared_age(&self) -> BoxFuture<'_, anyhow::Result<Option<f64>>> {
+        async move {
+            let mut session = self.pool.get().await?;
+            Ok(session
+                .client()
+                .query_one(
+                    &format!(
+                        "SELECT extract(epoch FROM now() - min(created_at))::float8 FROM {} WHERE state = 'prepared'",
+                        self.table
+                    ),
+                    &[],
+                )
+                .await?
+                .get(0))
+        }
+        .boxed()
+    }
+}
