@@ -39,6 +39,7 @@ pub(crate) const API_REQUESTS: &str = "outbox_api_requests_total";
 pub(crate) const API_MESSAGES: &str = "outbox_api_messages_total";
 pub(crate) const API_OLDEST_PREPARED: &str = "outbox_api_oldest_prepared_seconds";
 pub(crate) const API_CONNECTIONS_REFUSED: &str = "outbox_api_connections_refused_total";
+pub(crate) const API_CHECKBACKS: &str = "outbox_api_checkbacks_total";
 
 /// Latency buckets in seconds: 1 ms to 30 s.
 const LATENCY_BUCKETS: &[f64] = &[0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0];
@@ -68,6 +69,11 @@ pub(crate) fn describe() {
         API_OLDEST_PREPARED,
         Unit::Seconds,
         "age of the oldest message API message still prepared (0 when none is)"
+    );
+    describe_counter!(
+        API_CHECKBACKS,
+        Unit::Count,
+        "message API check-backs by outcome: committed, rolled_back, unknown, failed (no usable answer), given_up"
     );
     describe_counter!(
         API_CONNECTIONS_REFUSED,

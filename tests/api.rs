@@ -389,3 +389,153 @@ async fn postgres_the_api_serves_tls_and_demands_a_client_certificate() {
     assert_eq!(w.db.count(&format!("{}_api_message", w.prefix)).await, 1, "only the trusted caller's message");
     assert!(streamer.stop(), "clean stop");
 }
+
+/// Messages left prepared are checked back at their service: its commit and rollback answers
+/// are taken, `unknown` is asked again and then honoured, and a message never decided is given
+/// up after `max_checks` — rolled back or left prepared, as `after_max_checks` says — with an
+/// ERROR; a message without a check-back URL is never asked about. The check-back
+/// authenticates with the token's secret.
+async fn check_back<D: Database>(after: &str) {
+    let caller = api::Caller::start().await;
+    let listen = free_addr();
+    let extra = format!("check_after_s = 1\ncheckback_retry_s = 1\nmax_checks = 3\nafter_max_checks = \"{after}\"");
+    let w = crate::support::world::WorldBuilder::<D>::new("api_cb")
+        .shards(2)
+        .config(&api::config_checking_back(listen, &extra, &caller.prefix()))
+        .build()
+        .await;
+    let streamer = start(&w, "run.log");
+    api::wait_until_serving(listen).await;
+    let svc = Client::new(listen, SVC_SECRET);
+    let topic = &w.topic;
+    let mut ids = std::collections::BTreeMap::new();
+    for key in ["commit-1", "rollback-1", "later-1", "never-1", "silent-1"] {
+        let body = format!(
+            r#"{{"topic": "{topic}", "payload_base64": "{}", "business_key": "{key}", "checkback_url": "{}"}}"#,
+            payload(key),
+            caller.url()
+        );
+        ids.insert(key, svc.prepare(&body).await);
+    }
+    let plain = svc.prepare(&format!(r#"{{"topic": "{topic}", "payload_base64": "{}"}}"#, payload("plain"))).await;
+    let given_up = if after == "rollback" { "rolled_back" } else { "prepared" };
+    let want = [
+        ("commit-1", "committed", 0),
+        ("rollback-1", "rolled_back", 0),
+        ("later-1", "committed", 1),
+        ("never-1", given_up, 3),
+        ("silent-1", given_up, 3),
+    ];
+    wait_until("every checked-back message to reach its state", ARRIVAL, || async {
+        for (key, state, checks) in want {
+            let a = svc.get(&format!("/v1/messages/{}", ids[key])).await;
+            if a.body["state"] != state || a.body["checks"] != checks {
+                return None;
+            }
+        }
+        Some(())
+    })
+    .await;
+    let expected: HashSet<String> = ["commit-1", "later-1"].map(String::from).into();
+    let records = kafka::read_until_payloads(topic, 1, &expected, ARRIVAL).await;
+    let got: Vec<String> = records.iter().map(|r| r.payload_str()).collect();
+    assert_eq!(got.len(), 2, "only the committed ones, once: {got:?}");
+    let asked = caller.ids_asked();
+    assert_eq!(asked.iter().filter(|i| **i == ids["never-1"]).count(), 3, "asked max_checks times: {asked:?}");
+    assert!(!asked.contains(&plain), "a message without a check-back URL is never asked about");
+    let plain_now = svc.get(&format!("/v1/messages/{plain}")).await;
+    assert_eq!((plain_now.body["state"].as_str(), plain_now.body["checks"].as_i64()), (Some("prepared"), Some(0)));
+    let auth = format!("Bearer {SVC_SECRET}");
+    assert!(caller.asked.lock().unwrap().iter().all(|(a, _)| *a == auth), "the check-back authenticates");
+    streamer.wait_for_metric("outbox_api_checkbacks_total", &[("outcome", "given_up")], 2.0, ARRIVAL).await;
+    streamer.wait_for_metric("outbox_api_oldest_prepared_seconds", &[], 1.0, ARRIVAL).await;
+    let log = streamer.log_text();
+    assert!(log.contains("check-backs decided nothing"), "an ERROR names the given-up messages:\n{log}");
+    assert!(!log.contains(SVC_SECRET), "no secret in the log");
+    assert!(streamer.stop(), "clean stop");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn postgres_a_message_left_prepared_is_checked_back_and_rolled_back_after_max_checks() {
+    check_back::<crate::support::pg::PgDb>("rollback").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn mariadb_a_message_left_prepared_is_checked_back_and_left_after_max_checks() {
+    check_back::<crate::support::mysql::MyDb>("leave").await;
+}
+
+/// Two instances under ZooKeeper serve the API over one database: exactly one runs the
+/// check-back; once it is killed, the other takes it over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn postgres_two_instances_run_one_check_back_and_the_survivor_takes_over() {
+    let caller = api::Caller::start().await;
+    let (first, second) = (free_addr(), free_addr());
+    let coordination = crate::support::cluster::coordination(
+        &crate::support::unique("apicb"),
+        &crate::support::env("OUTBOX_ZK_CONNECT"),
+    );
+    let extra = "check_after_s = 1\ncheckback_retry_s = 1";
+    let config = format!("{}\n{coordination}", api::config_checking_back(first, extra, &caller.prefix()));
+    let w = crate::support::world::WorldBuilder::<crate::support::pg::PgDb>::new("api_two")
+        .shards(2)
+        .config(&config)
+        .build()
+        .await;
+    let other = crate::support::cluster::config_with(&w.config, &first.to_string(), &second.to_string(), "second.toml");
+    let a = start(&w, "a.log");
+    let b = Running::start_with_env(&other, &w.dir.join("b.log"), &api::env());
+    api::wait_until_serving(first).await;
+    api::wait_until_serving(second).await;
+    let body = |key: &str| {
+        format!(
+            r#"{{"topic": "{}", "payload_base64": "{}", "business_key": "{key}", "checkback_url": "{}"}}"#,
+            w.topic,
+            payload(key),
+            caller.url()
+        )
+    };
+    let (ca, cb) = (Client::new(first, SVC_SECRET), Client::new(second, SVC_SECRET));
+    let mut ids = Vec::new();
+    for i in 0..6 {
+        let client = if i % 2 == 0 { &ca } else { &cb };
+        ids.push(client.prepare(&body(&format!("commit-{i}"))).await);
+    }
+    let all_committed = |ids: Vec<String>, client: Client| async move {
+        wait_until("every message to be committed by the check-back", ARRIVAL, || async {
+            for id in &ids {
+                if client.get(&format!("/v1/messages/{id}")).await.body["state"] != "committed" {
+                    return None;
+                }
+            }
+            Some(())
+        })
+        .await
+    };
+    all_committed(ids.clone(), ca.clone()).await;
+    let committed = |run: &Running| {
+        let run_metrics = run.metrics_addr();
+        async move {
+            let text = crate::support::metrics::try_get(run_metrics, "/metrics").await.unwrap_or_default();
+            crate::support::metrics::sample(&text, "outbox_api_checkbacks_total", &[("outcome", "committed")])
+                .unwrap_or(0.0)
+        }
+    };
+    let (na, nb) = (committed(&a).await, committed(&b).await);
+    assert_eq!(na + nb, 6.0, "each message decided once: {na} + {nb}");
+    assert!(na == 0.0 || nb == 0.0, "one instance asks: {na} and {nb}");
+    let (survivor, survivor_client) = if na > 0.0 {
+        a.kill();
+        (b, cb)
+    } else {
+        b.kill();
+        (a, ca)
+    };
+    let mut later = Vec::new();
+    for i in 6..9 {
+        later.push(survivor_client.prepare(&body(&format!("commit-{i}"))).await);
+    }
+    all_committed(later, survivor_client.clone()).await;
+    assert!(committed(&survivor).await >= 3.0, "the survivor took the check-back over");
+    assert!(survivor.stop(), "clean stop");
+}

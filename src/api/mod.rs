@@ -14,9 +14,12 @@
 //!                                        <prefix>_<shard>_<partition> ──▶ the streamer
 //! ```
 //!
-//! Served by `run` when `[api]` is set; beside it a task prunes decided messages older than
+//! Served by `run` when `[api]` is set; beside it run the check-back ([`checkback`]: asking the
+//! caller about a message left prepared) and a task that prunes decided messages older than
 //! `keep_decisions_s` and publishes the age of the oldest prepared message.
 
+mod checkback;
+mod client;
 mod request;
 mod routes;
 mod server;
@@ -59,10 +62,14 @@ pub(crate) async fn start(
         .await
         .with_context(|| format!("api.listen: cannot listen on {}", api.listen))?;
     tracing::info!(listen = %api.listen, tls = tls.is_some(), source = %source.name, "serving the message API");
-    let routes = Arc::new(routes::Api::new(api.clone(), tokens, store.clone(), source.shards));
+    let client =
+        client::Client::new(api.checkback_ca_file.as_deref(), Duration::from_millis(api.checkback_timeout_ms))?;
+    let routes = Arc::new(routes::Api::new(api.clone(), tokens.clone(), store.clone(), source.shards));
     let serve: BoxFuture<'static, ()> = Box::pin(server::serve(listener, tls, routes, stop.clone()));
+    let check: BoxFuture<'static, ()> =
+        Box::pin(checkback::run(api.clone(), store.clone(), tokens, client, stop.clone()));
     let keep: BoxFuture<'static, ()> = Box::pin(housekeeping(api.clone(), store, stop));
-    Ok(Some(vec![serve, keep]))
+    Ok(Some(vec![serve, check, keep]))
 }
 
 /// Prunes decided messages past `keep_decisions_s` and publishes the oldest prepared one's age.

@@ -19,6 +19,8 @@
 //!   order. Two deciders of one message are serialised by the row lock: exactly one decides,
 //!   the other sees the decision ([`Decided::Already`] or [`Decided::Conflict`]).
 //! * Every call names the token: a message prepared under another token is not found.
+//! * [`due`](MessageStore::due), [`checked`](MessageStore::checked) and
+//!   [`lead`](MessageStore::lead) serve the check-back ([`super::checkback`]).
 //! * Errors are the database's (unreachable, a constraint) and mean "nothing changed": the
 //!   caller may retry.
 
@@ -132,6 +134,17 @@ pub(crate) fn id_as_string<S: serde::Serializer>(id: &i64, s: S) -> Result<S::Ok
     s.collect_str(id)
 }
 
+/// A prepared message whose check-back is due.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct DueMessage {
+    pub id: i64,
+    pub token: String,
+    pub business_key: String,
+    pub checkback_url: String,
+    /// Check-backs made before this one.
+    pub checks: i32,
+}
+
 /// See the module docs.
 pub(crate) trait MessageStore: Send + Sync {
     /// Stores `messages` as prepared, to be checked back `check_after_s` after now.
@@ -152,4 +165,17 @@ pub(crate) trait MessageStore: Send + Sync {
 
     /// Seconds since the oldest message still prepared was prepared (none: `None`).
     fn oldest_prepared_age(&self) -> BoxFuture<'_, anyhow::Result<Option<f64>>>;
+
+    /// Up to `limit` prepared messages whose check-back is due, longest due first. Only
+    /// messages prepared with a check-back URL ever are.
+    fn due(&self, limit: u32) -> BoxFuture<'_, anyhow::Result<Vec<DueMessage>>>;
+
+    /// Counts a check-back of message `id` that decided nothing; while it is still prepared,
+    /// it is due again `retry_in_s` from now, or never (`None`: left for an operator).
+    fn checked(&self, id: i64, retry_in_s: Option<u64>) -> BoxFuture<'_, anyhow::Result<()>>;
+
+    /// Whether this instance runs the check-back: takes the database's lock of the message
+    /// table when it is free, and keeps it on a session of its own while that lives. At most
+    /// one instance holds it; another takes it over once the holder's session ends.
+    fn lead(&self) -> BoxFuture<'_, anyhow::Result<bool>>;
 }

@@ -48,6 +48,11 @@ impl Tokens {
         Ok(Self(tokens))
     }
 
+    /// The secret of the token named `name`, for the check-back's calls to its service.
+    pub(crate) fn secret_of(&self, name: &str) -> Option<&str> {
+        self.0.iter().find(|t| t.name == name).and_then(|t| std::str::from_utf8(&t.secret).ok())
+    }
+
     /// The token whose secret `authorization` carries (`Bearer <secret>`). Every token's
     /// secret is compared in full, so the time taken says nothing about which bytes matched.
     pub(crate) fn authenticate(&self, authorization: Option<&[u8]>) -> Option<&Token> {

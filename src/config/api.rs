@@ -56,6 +56,35 @@ pub(crate) struct ApiConfig {
     /// A message still prepared this long after it was prepared is checked back.
     #[serde(default = "default_check_after_s")]
     pub check_after_s: u64,
+    /// Check-backs that decide nothing (answered unknown, not answered) before the message is
+    /// given up: rolled back or left for an operator, by `after_max_checks`.
+    #[serde(default = "default_max_checks")]
+    pub max_checks: u32,
+    #[serde(default)]
+    pub after_max_checks: AfterMaxChecks,
+    /// The wait before asking again, doubled after each fruitless check-back (at most an hour,
+    /// or this when longer).
+    #[serde(default = "default_checkback_retry_s")]
+    pub checkback_retry_s: u64,
+    /// How long one check-back call may take.
+    #[serde(default = "default_checkback_timeout_ms")]
+    pub checkback_timeout_ms: u64,
+    /// Messages asked about in one call.
+    #[serde(default = "default_checkback_batch")]
+    pub checkback_batch: u32,
+    /// The CA that signs `https://` check-back servers; the system's roots without it.
+    pub checkback_ca_file: Option<PathBuf>,
+}
+
+/// What becomes of a message after `max_checks` fruitless check-backs.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub(crate) enum AfterMaxChecks {
+    /// It stays prepared, asked no more, for an operator to decide (with an ERROR naming it).
+    #[default]
+    Leave,
+    /// It is rolled back (with an ERROR naming it).
+    Rollback,
 }
 
 /// `[api.tls]`: the server's certificate chain and key (PEM), and optionally the CA whose
@@ -110,6 +139,18 @@ fn default_keep_decisions_s() -> u64 {
 fn default_check_after_s() -> u64 {
     180
 }
+fn default_max_checks() -> u32 {
+    10
+}
+fn default_checkback_retry_s() -> u64 {
+    60
+}
+fn default_checkback_timeout_ms() -> u64 {
+    10_000
+}
+fn default_checkback_batch() -> u32 {
+    100
+}
 
 /// Secrets shorter than this are refused: a bearer token must not be guessable.
 const MIN_SECRET_LEN: usize = 16;
@@ -136,7 +177,11 @@ impl ApiConfig {
                 ),
             ));
         }
-        let ranges: [(&str, u64, u64, u64); 8] = [
+        let ranges: [(&str, u64, u64, u64); 12] = [
+            ("max_checks", u64::from(self.max_checks), 1, 1000),
+            ("checkback_retry_s", self.checkback_retry_s, 1, 86_400),
+            ("checkback_timeout_ms", self.checkback_timeout_ms, 100, 600_000),
+            ("checkback_batch", u64::from(self.checkback_batch), 1, 1000),
             ("max_body_bytes", self.max_body_bytes as u64, 1024, 64 * 1024 * 1024),
             ("max_batch", self.max_batch as u64, 1, 10_000),
             ("max_connections", self.max_connections as u64, 1, 100_000),

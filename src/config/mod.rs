@@ -44,7 +44,7 @@ mod sections;
 mod stream;
 mod validate;
 
-pub(crate) use api::ApiConfig;
+pub(crate) use api::{AfterMaxChecks, ApiConfig};
 pub(crate) use error::ConfigError;
 pub(crate) use sections::{
     Config, CoordinationConfig, DEFAULT_TABLE_PREFIX, KafkaConfig, RabbitConfig, SourceConfig, SourceKind,

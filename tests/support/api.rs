@@ -15,6 +15,11 @@ pub(crate) const OTHER_SECRET: &str = "other-secret-0123456789abcdef";
 /// `[api]` on `listen` for source `test`, with tokens `svc` and `other`; `extra` adds lines to
 /// `[api]` (limits).
 pub(crate) fn config(listen: SocketAddr, extra: &str) -> String {
+    config_checking_back(listen, extra, "http://127.0.0.1:1/cb/")
+}
+
+/// [`config`] with `svc`'s check-back URLs under `prefix`.
+pub(crate) fn config_checking_back(listen: SocketAddr, extra: &str, prefix: &str) -> String {
     format!(
         r#"
 [api]
@@ -26,7 +31,7 @@ source = "test"
 name = "svc"
 secret_env = "TEST_API_SVC"
 topics = ["api-*"]
-checkback_urls = ["http://127.0.0.1:1/cb/"]
+checkback_urls = ["{prefix}"]
 
 [[api.token]]
 name = "other"
@@ -190,4 +195,115 @@ pub(crate) fn request_bytes(method: &str, path: &str, body: &str) -> Vec<u8> {
         body.len()
     )
     .into_bytes()
+}
+
+/// A service's check-back endpoint: answers each message by its business key's first word —
+/// `commit` and `rollback` as said, `later` unknown the first time and commit after, `never`
+/// unknown always, `silent` left out of the answer — and records every question.
+pub(crate) struct Caller {
+    pub addr: SocketAddr,
+    /// Per question: the Authorization header and the ids asked about.
+    pub asked: std::sync::Arc<Asked>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Caller {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl Caller {
+    pub(crate) async fn start() -> Self {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let asked = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let record = asked.clone();
+        let task = tokio::spawn(async move {
+            let seen = std::sync::Arc::new(std::sync::Mutex::new(std::collections::HashSet::new()));
+            loop {
+                let Ok((conn, _)) = listener.accept().await else { continue };
+                let (record, seen) = (record.clone(), seen.clone());
+                tokio::spawn(async move {
+                    let _ = answer(conn, &record, &seen).await;
+                });
+            }
+        });
+        Self { addr, asked, task }
+    }
+
+    /// The URL the messages name.
+    pub(crate) fn url(&self) -> String {
+        format!("http://{}/cb/check", self.addr)
+    }
+
+    /// The prefix `svc` is granted.
+    pub(crate) fn prefix(&self) -> String {
+        format!("http://{}/cb/", self.addr)
+    }
+
+    /// Every id asked about, with repeats.
+    pub(crate) fn ids_asked(&self) -> Vec<String> {
+        self.asked.lock().unwrap().iter().flat_map(|(_, ids)| ids.clone()).collect()
+    }
+}
+
+type Asked = std::sync::Mutex<Vec<(String, Vec<String>)>>;
+
+async fn answer(
+    mut conn: tokio::net::TcpStream,
+    record: &Asked,
+    seen: &std::sync::Mutex<std::collections::HashSet<String>>,
+) -> std::io::Result<()> {
+    let mut data = Vec::new();
+    let mut buf = [0u8; 4096];
+    let (head, mut body) = loop {
+        let n = conn.read(&mut buf).await?;
+        if n == 0 {
+            return Ok(());
+        }
+        data.extend_from_slice(&buf[..n]);
+        if let Some(end) = data.windows(4).position(|w| w == b"\r\n\r\n") {
+            break (String::from_utf8_lossy(&data[..end]).into_owned(), data[end + 4..].to_vec());
+        }
+    };
+    let header = |name: &str| {
+        head.lines().find_map(|l| {
+            l.split_once(':').filter(|(k, _)| k.eq_ignore_ascii_case(name)).map(|(_, v)| v.trim().to_string())
+        })
+    };
+    let length: usize = header("content-length").and_then(|v| v.parse().ok()).unwrap_or(0);
+    while body.len() < length {
+        let n = conn.read(&mut buf).await?;
+        if n == 0 {
+            break;
+        }
+        body.extend_from_slice(&buf[..n]);
+    }
+    let question: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
+    let mut ids = Vec::new();
+    let mut decisions = Vec::new();
+    for m in question["messages"].as_array().cloned().unwrap_or_default() {
+        let id = m["id"].as_str().unwrap_or_default().to_string();
+        let key = m["business_key"].as_str().unwrap_or_default();
+        ids.push(id.clone());
+        let first = seen.lock().unwrap().insert(id.clone());
+        let decision = match key.split('-').next().unwrap_or_default() {
+            "commit" => "commit",
+            "rollback" => "rollback",
+            "later" if first => "unknown",
+            "later" => "commit",
+            "silent" => continue,
+            _ => "unknown",
+        };
+        decisions.push(serde_json::json!({"id": id, "decision": decision}));
+    }
+    record.lock().unwrap().push((header("authorization").unwrap_or_default(), ids));
+    let text = serde_json::json!({ "decisions": decisions }).to_string();
+    let response = format!(
+        "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{text}",
+        text.len()
+    );
+    conn.write_all(response.as_bytes()).await?;
+    conn.shutdown().await
 }

@@ -10,7 +10,7 @@ use outbox_mysql::mysql_async::prelude::Queryable;
 use outbox_mysql::mysql_async::{self, Opts, OptsBuilder, PoolConstraints, PoolOpts, TxOpts};
 use outbox_mysql::setup::{SetupPlan, ident};
 
-use crate::api::store::{Decided, Decision, MessageStore, MessageView, NewMessage, Prepared, State};
+use crate::api::store::{Decided, Decision, DueMessage, MessageStore, MessageView, NewMessage, Prepared, State};
 
 /// MariaDB's and MySQL's error for a duplicate unique key.
 const ER_DUP_ENTRY: u16 = 1062;
@@ -66,19 +66,39 @@ pub(super) struct MyMessages {
     /// Quoted: the table and the enqueue procedure.
     table: String,
     enqueue: String,
+    /// The check-back's lock (`GET_LOCK`, named for the database and table) and the session
+    /// that holds it.
+    opts: Opts,
+    lock_name: String,
+    leader: tokio::sync::Mutex<Option<mysql_async::Conn>>,
+}
+
+/// A `GET_LOCK` name for `text`: itself when it fits the server's 64 characters, else a
+/// stable hash of it (FNV-1a), so every instance names the same lock.
+fn lock_name(text: &str) -> String {
+    if text.chars().count() <= 64 {
+        return text.to_string();
+    }
+    let hash = text.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3));
+    format!("outbox-streamer check-back {hash:016x}")
 }
 
 impl MyMessages {
     pub(super) fn new(opts: Opts, prefix: &str, sessions: usize) -> anyhow::Result<Arc<Self>> {
         let constraints = PoolConstraints::new(0, sessions.max(1))
             .ok_or_else(|| anyhow::anyhow!("api.db_connections: {sessions} is not a pool size"))?;
-        let opts = OptsBuilder::from_opts(opts)
+        let database = opts.db_name().unwrap_or_default().to_string();
+        let opts: Opts = OptsBuilder::from_opts(opts)
             .pool_opts(PoolOpts::default().with_constraints(constraints))
-            .init(vec!["SET time_zone = '+00:00'"]);
+            .init(vec!["SET time_zone = '+00:00'"])
+            .into();
         Ok(Arc::new(Self {
-            pool: mysql_async::Pool::new(opts),
+            pool: mysql_async::Pool::new(opts.clone()),
             table: ident(&table(prefix)),
             enqueue: ident(&format!("{prefix}_enqueue")),
+            lock_name: lock_name(&format!("outbox-streamer check-back {database}.{}", table(prefix))),
+            opts,
+            leader: tokio::sync::Mutex::new(None),
         }))
     }
 }
@@ -112,7 +132,7 @@ impl MessageStore for MyMessages {
                     m.headers.clone().into(),
                     m.business_key.clone().into(),
                     m.checkback_url.clone().into(),
-                    check_after_s.into(),
+                    m.checkback_url.as_ref().map(|_| check_after_s).into(),
                 ];
                 match tx.exec_drop(&insert, params).await {
                     Ok(()) => {
@@ -242,5 +262,87 @@ impl MessageStore for MyMessages {
             Ok(age.flatten())
         }
         .boxed()
+    }
+
+    fn due(&self, limit: u32) -> BoxFuture<'_, anyhow::Result<Vec<DueMessage>>> {
+        async move {
+            let mut conn = self.pool.get_conn().await?;
+            type Row = (i64, String, Option<String>, Option<String>, i32);
+            let rows: Vec<Row> = conn
+                .exec(
+                    format!(
+                        "SELECT id, token, business_key, checkback_url, checks FROM {} \
+                         WHERE state = 'prepared' AND next_check_at <= NOW(6) ORDER BY next_check_at LIMIT ?",
+                        self.table
+                    ),
+                    (limit,),
+                )
+                .await?;
+            Ok(rows
+                .into_iter()
+                .map(|(id, token, business_key, checkback_url, checks)| DueMessage {
+                    id,
+                    token,
+                    business_key: business_key.unwrap_or_default(),
+                    checkback_url: checkback_url.unwrap_or_default(),
+                    checks,
+                })
+                .collect())
+        }
+        .boxed()
+    }
+
+    fn checked(&self, id: i64, retry_in_s: Option<u64>) -> BoxFuture<'_, anyhow::Result<()>> {
+        async move {
+            let mut conn = self.pool.get_conn().await?;
+            conn.exec_drop(
+                format!(
+                    "UPDATE {} SET checks = checks + 1, next_check_at = NOW(6) + INTERVAL ? SECOND \
+                     WHERE id = ? AND state = 'prepared'",
+                    self.table
+                ),
+                (retry_in_s, id),
+            )
+            .await?;
+            Ok(())
+        }
+        .boxed()
+    }
+
+    fn lead(&self) -> BoxFuture<'_, anyhow::Result<bool>> {
+        async move {
+            let mut leader = self.leader.lock().await;
+            if let Some(conn) = leader.as_mut() {
+                // The lock lives as long as its session: a session that answers still holds it.
+                if conn.ping().await.is_ok() {
+                    return Ok(true);
+                }
+                *leader = None;
+            }
+            let mut conn = mysql_async::Conn::new(self.opts.clone()).await?;
+            let held: Option<Option<i64>> = conn.exec_first("SELECT GET_LOCK(?, 0)", (&self.lock_name,)).await?;
+            if held.flatten() == Some(1) {
+                *leader = Some(conn);
+                Ok(true)
+            } else {
+                conn.disconnect().await.ok();
+                Ok(false)
+            }
+        }
+        .boxed()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::lock_name;
+
+    #[test]
+    fn lock_names_fit_the_servers_limit_and_are_stable() {
+        assert_eq!(lock_name("short"), "short");
+        let long = "outbox-streamer check-back a_database_with_a_long_name.a_prefix_of_forty_characters_api_message";
+        assert_eq!(lock_name(long), lock_name(long));
+        assert!(lock_name(long).len() <= 64);
+        assert_ne!(lock_name(long), lock_name(&long.replace("forty", "fifty")));
     }
 }

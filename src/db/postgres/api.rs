@@ -11,7 +11,7 @@ use outbox_postgres::setup::{SetupPlan, ident};
 use tokio::sync::Semaphore;
 use tokio_postgres::Client;
 
-use crate::api::store::{Decided, Decision, MessageStore, MessageView, NewMessage, Prepared, State};
+use crate::api::store::{Decided, Decision, DueMessage, MessageStore, MessageView, NewMessage, Prepared, State};
 
 /// `<prefix>_api_message`.
 pub(super) fn table(prefix: &str) -> String {
@@ -120,14 +120,21 @@ pub(super) struct PgMessages {
     /// Quoted: the table and the enqueue function.
     table: String,
     enqueue: String,
+    /// The check-back's lock (an advisory lock keyed by the table's name) and the session
+    /// that holds it.
+    lock_name: String,
+    leader: tokio::sync::Mutex<Option<Client>>,
 }
 
 impl PgMessages {
     pub(super) fn new(target: PgTarget, prefix: &str, sessions: usize) -> Arc<Self> {
+        let lock_name = format!("outbox-streamer check-back {}.{}", target.database(), table(prefix));
         Arc::new(Self {
             pool: Pool { target, idle: Mutex::new(Vec::new()), places: Semaphore::new(sessions) },
             table: ident(&table(prefix)),
             enqueue: ident(&format!("{prefix}_enqueue")),
+            lock_name,
+            leader: tokio::sync::Mutex::new(None),
         })
     }
 }
@@ -169,7 +176,7 @@ impl MessageStore for PgMessages {
                             &m.headers,
                             &m.business_key,
                             &m.checkback_url,
-                            &(check_after_s as f64),
+                            &m.checkback_url.as_ref().map(|_| check_after_s as f64),
                         ],
                     )
                     .await?;
@@ -291,6 +298,74 @@ impl MessageStore for PgMessages {
                 )
                 .await?
                 .get(0))
+        }
+        .boxed()
+    }
+
+    fn due(&self, limit: u32) -> BoxFuture<'_, anyhow::Result<Vec<DueMessage>>> {
+        async move {
+            let mut session = self.pool.get().await?;
+            let rows = session
+                .client()
+                .query(
+                    &format!(
+                        "SELECT id, token, business_key, checkback_url, checks FROM {} \
+                         WHERE state = 'prepared' AND next_check_at <= now() ORDER BY next_check_at LIMIT $1",
+                        self.table
+                    ),
+                    &[&i64::from(limit)],
+                )
+                .await?;
+            Ok(rows
+                .iter()
+                .map(|r| DueMessage {
+                    id: r.get(0),
+                    token: r.get(1),
+                    business_key: r.get::<_, Option<String>>(2).unwrap_or_default(),
+                    checkback_url: r.get::<_, Option<String>>(3).unwrap_or_default(),
+                    checks: r.get(4),
+                })
+                .collect())
+        }
+        .boxed()
+    }
+
+    fn checked(&self, id: i64, retry_in_s: Option<u64>) -> BoxFuture<'_, anyhow::Result<()>> {
+        async move {
+            let mut session = self.pool.get().await?;
+            session
+                .client()
+                .execute(
+                    &format!(
+                        "UPDATE {} SET checks = checks + 1, next_check_at = now() + $2::float8 * interval '1 second' \
+                         WHERE id = $1 AND state = 'prepared'",
+                        self.table
+                    ),
+                    &[&id, &retry_in_s.map(|s| s as f64)],
+                )
+                .await?;
+            Ok(())
+        }
+        .boxed()
+    }
+
+    fn lead(&self) -> BoxFuture<'_, anyhow::Result<bool>> {
+        async move {
+            let mut leader = self.leader.lock().await;
+            if let Some(client) = leader.as_ref() {
+                // The lock lives as long as its session: a session that answers still holds it.
+                if client.simple_query("SELECT 1").await.is_ok() {
+                    return Ok(true);
+                }
+                *leader = None;
+            }
+            let client = self.pool.target.connect().await?;
+            let held: bool =
+                client.query_one("SELECT pg_try_advisory_lock(hashtext($1))", &[&self.lock_name]).await?.get(0);
+            if held {
+                *leader = Some(client);
+            }
+            Ok(held)
         }
         .boxed()
     }
