@@ -259,6 +259,11 @@ mod tests {
         super::OWNED_STREAMS,
         super::LEASE_CHANGES,
         super::OWNER_EPOCH,
+        super::API_REQUESTS,
+        super::API_MESSAGES,
+        super::API_OLDEST_PREPARED,
+        super::API_CONNECTIONS_REFUSED,
+        super::API_CHECKBACKS,
     ];
 
     /// Every metric is in docs/metrics.md, and the Grafana dashboard uses only real names.

@@ -401,7 +401,7 @@ async fn check_back<D: Database>(after: &str) {
     let extra = format!("check_after_s = 1\ncheckback_retry_s = 1\nmax_checks = 3\nafter_max_checks = \"{after}\"");
     let w = crate::support::world::WorldBuilder::<D>::new("api_cb")
         .shards(2)
-        .config(&api::config_checking_back(listen, &extra, &caller.prefix()))
+        .config(&api::config_checking_back(listen, &extra, &[&caller.prefix()]))
         .build()
         .await;
     let streamer = start(&w, "run.log");
@@ -451,6 +451,13 @@ async fn check_back<D: Database>(after: &str) {
     streamer.wait_for_metric("outbox_api_oldest_prepared_seconds", &[], 1.0, ARRIVAL).await;
     let log = streamer.log_text();
     assert!(log.contains("check-backs decided nothing"), "an ERROR names the given-up messages:\n{log}");
+    let (_, status, _) = crate::support::streamer::run_cli_code(&w.config, &["status"]);
+    let shown =
+        if after == "rollback" { "1 prepared (the oldest".to_string() } else { "3 prepared (the oldest".to_string() };
+    assert!(status.contains(&format!("message API (source \"test\"): {shown}")), "status shows the API:\n{status}");
+    let decided = if after == "rollback" { "2 committed and 3 rolled back" } else { "2 committed and 1 rolled back" };
+    assert!(status.contains(decided), "{status}");
+    assert_eq!(status.contains("2 given up by the check-back"), after == "leave", "{status}");
     assert!(!log.contains(SVC_SECRET), "no secret in the log");
     assert!(streamer.stop(), "clean stop");
 }
@@ -476,7 +483,7 @@ async fn postgres_two_instances_run_one_check_back_and_the_survivor_takes_over()
         &crate::support::env("OUTBOX_ZK_CONNECT"),
     );
     let extra = "check_after_s = 1\ncheckback_retry_s = 1";
-    let config = format!("{}\n{coordination}", api::config_checking_back(first, extra, &caller.prefix()));
+    let config = format!("{}\n{coordination}", api::config_checking_back(first, extra, &[&caller.prefix()]));
     let w = crate::support::world::WorldBuilder::<crate::support::pg::PgDb>::new("api_two")
         .shards(2)
         .config(&config)

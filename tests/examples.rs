@@ -14,12 +14,18 @@ const ARRIVAL: Duration = Duration::from_secs(120);
 
 /// Runs `examples/<lang>/run <file>` with `env`; panics with its output if it fails.
 async fn run_example(lang: &str, file: &str, env: Vec<(&'static str, String)>) -> String {
+    run_example_with(lang, &[file], env).await
+}
+
+/// Runs `examples/<lang>/run <args…>` (the file, then its arguments) with `env`; panics with
+/// its output if it fails.
+async fn run_example_with(lang: &str, args: &[&str], env: Vec<(&'static str, String)>) -> String {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples").join(lang).join("run");
-    let file = file.to_string();
+    let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
     tokio::task::spawn_blocking(move || {
-        let out = Command::new(&script).arg(&file).envs(env).output().expect("running the example");
+        let out = Command::new(&script).args(&args).envs(env).output().expect("running the example");
         let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-        assert!(out.status.success(), "{} {file} failed:\n{text}", script.display());
+        assert!(out.status.success(), "{} {args:?} failed:\n{text}", script.display());
         text
     })
     .await
@@ -143,5 +149,71 @@ async fn python_and_java_examples_enqueue_into_mariadb() {
     check(&records, "customer-py", "python", &py_out);
     check(&records, "customer-java", "java", &java_out);
     w.wait_drained(&w.table(0, 0)).await;
+    assert!(streamer.stop());
+}
+
+/// The message API's example services (`api_orders.py`, `ApiOrders.java`), whose orders live in
+/// SQLite: an order committed is published, one whose local work failed is rolled back and never
+/// published, and one whose program exits between its local work and the commit call is
+/// committed by the check-back, which the example's own endpoint answers from its SQLite table.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn python_and_java_message_api_services_commit_roll_back_and_answer_the_check_back() {
+    use crate::support::api;
+    let listen = crate::support::metrics::free_addr();
+    let (py_listen, java_listen) = (crate::support::metrics::free_addr(), crate::support::metrics::free_addr());
+    let prefixes = [format!("http://{py_listen}/cb/"), format!("http://{java_listen}/cb/")];
+    let prefixes: Vec<&str> = prefixes.iter().map(String::as_str).collect();
+    let extra = "check_after_s = 1\ncheckback_retry_s = 1";
+    let w =
+        World::postgres("api_ex").shards(2).config(&api::config_checking_back(listen, extra, &prefixes)).build().await;
+    let streamer =
+        crate::support::streamer::Running::start_with_env(&w.config, &w.dir.join("streamer.log"), &api::env());
+    api::wait_until_serving(listen).await;
+    let mut endpoints = Vec::new();
+    let mut printed = String::new();
+    for (lang, file, endpoint, tag) in
+        [("python", "api_orders.py", py_listen, "py"), ("java", "ApiOrders.java", java_listen, "java")]
+    {
+        let env = |order: &str| {
+            vec![
+                ("OUTBOX_API_URL", format!("http://{listen}")),
+                ("OUTBOX_API_TOKEN", api::SVC_SECRET.to_string()),
+                ("OUTBOX_EXAMPLE_TOPIC", w.topic.clone()),
+                ("OUTBOX_EXAMPLE_DB", w.dir.join(format!("orders-{tag}.sqlite")).display().to_string()),
+                ("OUTBOX_EXAMPLE_ORDER", format!("{tag}-{order}")),
+                ("OUTBOX_EXAMPLE_CHECKBACK_URL", format!("http://{endpoint}/cb/check")),
+                ("OUTBOX_EXAMPLE_LISTEN", endpoint.to_string()),
+            ]
+        };
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples").join(lang).join("run");
+        let log = std::fs::File::create(w.dir.join(format!("endpoint-{tag}.log"))).unwrap();
+        endpoints.push(
+            Command::new(&script)
+                .args([file, "serve"])
+                .envs(env("serve"))
+                .stdout(log.try_clone().unwrap())
+                .stderr(log)
+                .spawn()
+                .expect("starting the example's check-back endpoint"),
+        );
+        for mode in ["commit", "rollback", "crash"] {
+            let mut env = env(mode);
+            env.push(("OUTBOX_EXAMPLE_MODE", mode.to_string()));
+            printed.push_str(&run_example_with(lang, &[file, mode], env).await);
+        }
+    }
+    assert!(printed.contains("commit: 200 committed"), "{printed}");
+    assert!(printed.contains("rollback: 200 rolled_back"), "{printed}");
+    assert!(printed.contains("exiting before the commit call"), "{printed}");
+    let records = kafka::read_at_least(&w.topic, 1, 4, ARRIVAL).await;
+    let mut keys: Vec<String> = records.iter().map(|r| r.key_str()).collect();
+    keys.sort();
+    assert_eq!(keys, ["java-commit", "java-crash", "py-commit", "py-crash"], "the rolled-back orders never arrive");
+    let crashed = records.iter().find(|r| r.key_str() == "py-crash").unwrap();
+    assert_eq!(crashed.header("trace-id"), "py-py-crash");
+    for mut endpoint in endpoints {
+        let _ = endpoint.kill();
+        let _ = endpoint.wait();
+    }
     assert!(streamer.stop());
 }

@@ -145,6 +145,22 @@ pub(crate) struct DueMessage {
     pub checks: i32,
 }
 
+/// What `status` shows of the message table. Counts stop at [`SUMMARY_COUNT_CAP`].
+#[derive(Debug, Clone, Default, PartialEq)]
+pub(crate) struct Summary {
+    pub prepared: i64,
+    /// Prepared messages the check-back gave up on (left for an operator).
+    pub given_up: i64,
+    pub committed: i64,
+    pub rolled_back: i64,
+    /// Check-backs made of the messages still prepared.
+    pub checks: i64,
+    pub oldest_prepared_s: Option<f64>,
+}
+
+/// Each count of a [`Summary`] stops here (shown as this number and `+`).
+pub(crate) const SUMMARY_COUNT_CAP: i64 = 1_000_000;
+
 /// See the module docs.
 pub(crate) trait MessageStore: Send + Sync {
     /// Stores `messages` as prepared, to be checked back `check_after_s` after now.
@@ -173,6 +189,9 @@ pub(crate) trait MessageStore: Send + Sync {
     /// Counts a check-back of message `id` that decided nothing; while it is still prepared,
     /// it is due again `retry_in_s` from now, or never (`None`: left for an operator).
     fn checked(&self, id: i64, retry_in_s: Option<u64>) -> BoxFuture<'_, anyhow::Result<()>>;
+
+    /// What `status` shows: counts by state (each capped) and the oldest prepared message's age.
+    fn summary(&self) -> BoxFuture<'_, anyhow::Result<Summary>>;
 
     /// Whether this instance runs the check-back: takes the database's lock of the message
     /// table when it is free, and keeps it on a session of its own while that lives. At most

@@ -180,9 +180,49 @@ pub(super) async fn status(
         }
         print_table(&rows, config.coordination.is_some());
         print_reasons(&rows);
+        if let Some(line) = api_line(config).await {
+            println!("{line}");
+        }
         print_verdict(&rows, code);
     }
     Ok(ExitCode::from(code))
+}
+
+/// With `[api]`: what the message table holds, as one line (or why it cannot be read).
+async fn api_line(config: &Config) -> Option<String> {
+    let api = config.api.as_ref()?;
+    let source = config.sources.iter().find(|s| s.name == api.source)?;
+    let read = async {
+        let store = db::of(source.kind).message_store(source, api)?;
+        store.summary().await
+    };
+    let n = |count: i64| {
+        if count >= crate::api::store::SUMMARY_COUNT_CAP { format!("{count}+") } else { count.to_string() }
+    };
+    Some(match read.await {
+        Ok(s) => format!(
+            "message API (source {:?}): {} prepared{}{}; {} committed and {} rolled back in the last {} s",
+            source.name,
+            n(s.prepared),
+            s.oldest_prepared_s
+                .map(|age| format!(" (the oldest {age:.0} s ago, {} check-backs so far)", s.checks))
+                .unwrap_or_default(),
+            if s.given_up > 0 {
+                format!(
+                    ", {} given up by the check-back and waiting for an operator (GET /v1/messages/<id>)",
+                    s.given_up
+                )
+            } else {
+                String::new()
+            },
+            n(s.committed),
+            n(s.rolled_back),
+            api.keep_decisions_s
+        ),
+        Err(e) => {
+            format!("message API (source {:?}): cannot read its table: {e:#}; has setup run with [api]?", source.name)
+        }
+    })
 }
 
 /// Fills each row's owner from ZooKeeper and asks each owner what its shard-partitions do.

@@ -15,11 +15,12 @@ pub(crate) const OTHER_SECRET: &str = "other-secret-0123456789abcdef";
 /// `[api]` on `listen` for source `test`, with tokens `svc` and `other`; `extra` adds lines to
 /// `[api]` (limits).
 pub(crate) fn config(listen: SocketAddr, extra: &str) -> String {
-    config_checking_back(listen, extra, "http://127.0.0.1:1/cb/")
+    config_checking_back(listen, extra, &["http://127.0.0.1:1/cb/"])
 }
 
-/// [`config`] with `svc`'s check-back URLs under `prefix`.
-pub(crate) fn config_checking_back(listen: SocketAddr, extra: &str, prefix: &str) -> String {
+/// [`config`] with `svc`'s check-back URLs under `prefixes`.
+pub(crate) fn config_checking_back(listen: SocketAddr, extra: &str, prefixes: &[&str]) -> String {
+    let prefix = prefixes.join("\", \"");
     format!(
         r#"
 [api]

@@ -10,7 +10,9 @@ use outbox_mysql::mysql_async::prelude::Queryable;
 use outbox_mysql::mysql_async::{self, Opts, OptsBuilder, PoolConstraints, PoolOpts, TxOpts};
 use outbox_mysql::setup::{SetupPlan, ident};
 
-use crate::api::store::{Decided, Decision, DueMessage, MessageStore, MessageView, NewMessage, Prepared, State};
+use crate::api::store::{
+    Decided, Decision, DueMessage, MessageStore, MessageView, NewMessage, Prepared, SUMMARY_COUNT_CAP, State, Summary,
+};
 
 /// MariaDB's and MySQL's error for a duplicate unique key.
 const ER_DUP_ENTRY: u16 = 1062;
@@ -328,6 +330,34 @@ impl MessageStore for MyMessages {
                 conn.disconnect().await.ok();
                 Ok(false)
             }
+        }
+        .boxed()
+    }
+
+    fn summary(&self) -> BoxFuture<'_, anyhow::Result<Summary>> {
+        async move {
+            let mut conn = self.pool.get_conn().await?;
+            let count = |state: &str| {
+                format!(
+                    "(SELECT COUNT(*) FROM (SELECT 1 FROM {} WHERE state = '{state}' LIMIT {SUMMARY_COUNT_CAP}) c)",
+                    self.table
+                )
+            };
+            type Row = (i64, i64, i64, i64, i64, Option<f64>);
+            let row: Option<Row> = conn
+                .query_first(format!(
+                    "SELECT {}, {}, {}, \
+                     (SELECT COUNT(*) FROM {t} WHERE state = 'prepared' AND next_check_at IS NULL AND checks > 0), \
+                     (SELECT CAST(COALESCE(SUM(checks), 0) AS SIGNED) FROM {t} WHERE state = 'prepared'), \
+                     (SELECT TIMESTAMPDIFF(MICROSECOND, MIN(created_at), NOW(6)) / 1e6 FROM {t} WHERE state = 'prepared')",
+                    count("prepared"),
+                    count("committed"),
+                    count("rolled_back"),
+                    t = self.table
+                ))
+                .await?;
+            let (prepared, committed, rolled_back, given_up, checks, oldest_prepared_s) = row.unwrap_or_default();
+            Ok(Summary { prepared, given_up, committed, rolled_back, checks, oldest_prepared_s })
         }
         .boxed()
     }

@@ -11,7 +11,9 @@ use outbox_postgres::setup::{SetupPlan, ident};
 use tokio::sync::Semaphore;
 use tokio_postgres::Client;
 
-use crate::api::store::{Decided, Decision, DueMessage, MessageStore, MessageView, NewMessage, Prepared, State};
+use crate::api::store::{
+    Decided, Decision, DueMessage, MessageStore, MessageView, NewMessage, Prepared, SUMMARY_COUNT_CAP, State, Summary,
+};
 
 /// `<prefix>_api_message`.
 pub(super) fn table(prefix: &str) -> String {
@@ -366,6 +368,43 @@ impl MessageStore for PgMessages {
                 *leader = Some(client);
             }
             Ok(held)
+        }
+        .boxed()
+    }
+
+    fn summary(&self) -> BoxFuture<'_, anyhow::Result<Summary>> {
+        async move {
+            let mut session = self.pool.get().await?;
+            let count = |state: &str| {
+                format!(
+                    "(SELECT count(*) FROM (SELECT 1 FROM {} WHERE state = '{state}' LIMIT {SUMMARY_COUNT_CAP}) c)",
+                    self.table
+                )
+            };
+            let row = session
+                .client()
+                .query_one(
+                    &format!(
+                        "SELECT {}, {}, {}, \
+                         (SELECT count(*) FROM {t} WHERE state = 'prepared' AND next_check_at IS NULL AND checks > 0), \
+                         (SELECT coalesce(sum(checks), 0)::bigint FROM {t} WHERE state = 'prepared'), \
+                         (SELECT extract(epoch FROM now() - min(created_at))::float8 FROM {t} WHERE state = 'prepared')",
+                        count("prepared"),
+                        count("committed"),
+                        count("rolled_back"),
+                        t = self.table
+                    ),
+                    &[],
+                )
+                .await?;
+            Ok(Summary {
+                prepared: row.get(0),
+                committed: row.get(1),
+                rolled_back: row.get(2),
+                given_up: row.get(3),
+                checks: row.get(4),
+                oldest_prepared_s: row.get(5),
+            })
         }
         .boxed()
     }
