@@ -53,10 +53,13 @@ async fn commit_order_and_decisions<D: Database>() {
     D::enqueue(&mut db, &w.prefix, &Row::new(topic, "B"), 0).await;
     let a = svc.decide(&m1, "commit").await;
     assert_eq!((a.status, a.body["state"].as_str()), (200, Some("committed")), "{a:?}");
+    let m1_outbox_id = a.body["outbox_id"].as_str().expect("a commit names its outbox-id").to_string();
     let a = svc.decide(&m2, "rollback").await;
     assert_eq!((a.status, a.body["state"].as_str()), (200, Some("rolled_back")), "{a:?}");
     D::enqueue(&mut db, &w.prefix, &Row::new(topic, "C"), 0).await;
-    assert_eq!(svc.decide(&m1, "commit").await.status, 200, "committing twice is fine");
+    let again = svc.decide(&m1, "commit").await;
+    assert_eq!(again.status, 200, "committing twice is fine");
+    assert_eq!(again.body["outbox_id"].as_str(), Some(m1_outbox_id.as_str()), "{again:?}");
     assert_eq!(svc.decide(&m2, "rollback").await.status, 200, "rolling back twice is fine");
     let a = svc.decide(&m1, "rollback").await;
     assert_eq!(a.status, 409, "{a:?}");
@@ -111,6 +114,7 @@ async fn commit_order_and_decisions<D: Database>() {
     let m1_record = records.iter().find(|r| r.payload_str() == "M1").unwrap();
     assert_eq!(m1_record.key_str(), "k1");
     assert_eq!(m1_record.header("trace"), "t1");
+    assert_eq!(m1_record.header("outbox-id"), m1_outbox_id, "the commit's answer names the record's outbox-id");
     for s in 0..2 {
         let table = w.table(s, 0);
         wait_until("the published rows to be deleted", ARRIVAL, || async {

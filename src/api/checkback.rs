@@ -162,7 +162,7 @@ async fn ask(client: &Client, url: &str, secret: &str, batch: &[&DueMessage]) ->
 async fn decided(store: &dyn MessageStore, message: &DueMessage, decision: Decision) -> anyhow::Result<()> {
     let outcome = store.decide(&message.token, message.id, decision).await?;
     metrics::counter!(m::API_CHECKBACKS, "outcome" => decision.state().as_str()).increment(1);
-    if outcome == Decided::Now {
+    if matches!(outcome, Decided::Now { .. }) {
         metrics::counter!(m::API_MESSAGES, "token" => message.token.clone(), "outcome" => decision.state().as_str())
             .increment(1);
         tracing::info!(id = message.id, token = %message.token, decision = decision.state().as_str(), "message API: a check-back decided a message");
@@ -182,7 +182,7 @@ async fn fruitless(api: &ApiConfig, store: &dyn MessageStore, message: &DueMessa
         AfterMaxChecks::Rollback => {
             store.checked(message.id, None).await?;
             let outcome = store.decide(&message.token, message.id, Decision::Rollback).await?;
-            if outcome == Decided::Now {
+            if matches!(outcome, Decided::Now { .. }) {
                 metrics::counter!(m::API_MESSAGES, "token" => message.token.clone(), "outcome" => "rolled_back")
                     .increment(1);
             }

@@ -5,7 +5,7 @@
 //! | request | answer |
 //! |---|---|
 //! | `POST /v1/messages` (one message, or `{"messages": [...]}`) | 201 with the ids (200 when every idempotency key named an earlier message) |
-//! | `POST /v1/messages/{id}/commit` | 200 committed (also when it already was); 409 when rolled back; 202 with `?async=true` |
+//! | `POST /v1/messages/{id}/commit` | 200 committed (also when it already was), with the `outbox_id` its record carries; 409 when rolled back; 202 with `?async=true` |
 //! | `POST /v1/messages/{id}/rollback` | 200 rolled back (also when it already was); 409 when committed; 202 with `?async=true` |
 //! | `GET /v1/messages/{id}` | 200 with its state |
 
@@ -246,8 +246,12 @@ async fn decide(api: &Api, token: &Token, id: i64, decision: Decision, asynchron
         .map_err(|e| unavailable(if decision == Decision::Commit { "commit" } else { "rollback" }, &e))?;
     count(&token.name, decision, outcome);
     match outcome {
-        Decided::Now | Decided::Already => {
-            Ok(answer(StatusCode::OK, json!({ "id": id.to_string(), "state": decision.state().as_str() })))
+        Decided::Now { outbox_id } | Decided::Already { outbox_id } => {
+            let mut body = json!({ "id": id.to_string(), "state": decision.state().as_str() });
+            if let Some(outbox_id) = outbox_id {
+                body["outbox_id"] = json!(outbox_id.to_string());
+            }
+            Ok(answer(StatusCode::OK, body))
         }
         Decided::Conflict(state) => Err(Refusal::new(
             409,
@@ -262,7 +266,7 @@ async fn decide(api: &Api, token: &Token, id: i64, decision: Decision, asynchron
 }
 
 fn count(token: &str, decision: Decision, outcome: Decided) {
-    if outcome == Decided::Now {
+    if matches!(outcome, Decided::Now { .. }) {
         metrics::counter!(m::API_MESSAGES, "token" => token.to_string(), "outcome" => decision.state().as_str())
             .increment(1);
     }

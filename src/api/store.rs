@@ -102,10 +102,10 @@ pub(crate) struct Prepared {
 /// The outcome of [`MessageStore::decide`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Decided {
-    /// This call took the decision.
-    Now,
-    /// The message was already in the decision's state.
-    Already,
+    /// This call took the decision; a commit names the outbox row it wrote (its `outbox-id`).
+    Now { outbox_id: Option<i64> },
+    /// The message was already in the decision's state (and, committed, in that row).
+    Already { outbox_id: Option<i64> },
     /// The message was decided the other way: the state it is in.
     Conflict(State),
     /// No message of this id under this token.

@@ -166,22 +166,26 @@ impl MessageStore for MyMessages {
 
     fn decide<'a>(&'a self, token: &'a str, id: i64, decision: Decision) -> BoxFuture<'a, anyhow::Result<Decided>> {
         async move {
-            type Row = (String, i32, String, Option<Vec<u8>>, Option<Vec<u8>>, Option<String>);
+            type Row = (String, i32, String, Option<Vec<u8>>, Option<Vec<u8>>, Option<String>, Option<i64>);
             let mut conn = self.pool.get_conn().await?;
             let mut tx = conn.start_transaction(TxOpts::default()).await?;
             let row: Option<Row> = tx
                 .exec_first(
                     format!(
-                        "SELECT state, shard, topic, msg_key, payload, headers FROM {} WHERE id = ? AND token = ? FOR UPDATE",
+                        "SELECT state, shard, topic, msg_key, payload, headers, outbox_id FROM {} WHERE id = ? AND token = ? FOR UPDATE",
                         self.table
                     ),
                     (id, token),
                 )
                 .await?;
-            let Some((state, shard, topic, key, payload, headers)) = row else { return Ok(Decided::NotFound) };
+            let Some((state, shard, topic, key, payload, headers, written)) = row else { return Ok(Decided::NotFound) };
             let state = State::parse(&state)?;
             if state != State::Prepared {
-                return Ok(if state == decision.state() { Decided::Already } else { Decided::Conflict(state) });
+                return Ok(if state == decision.state() {
+                    Decided::Already { outbox_id: written }
+                } else {
+                    Decided::Conflict(state)
+                });
             }
             let outbox_id: Option<i64> = match decision {
                 Decision::Commit => {
@@ -200,7 +204,7 @@ impl MessageStore for MyMessages {
             )
             .await?;
             tx.commit().await?;
-            Ok(Decided::Now)
+            Ok(Decided::Now { outbox_id })
         }
         .boxed()
     }

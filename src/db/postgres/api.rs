@@ -207,31 +207,36 @@ impl MessageStore for PgMessages {
             let tx = session.client().transaction().await?;
             let row = tx
                 .query_opt(
-                    &format!("SELECT state FROM {} WHERE id = $1 AND token = $2 FOR UPDATE", self.table),
+                    &format!("SELECT state, outbox_id FROM {} WHERE id = $1 AND token = $2 FOR UPDATE", self.table),
                     &[&id, &token],
                 )
                 .await?;
             let Some(row) = row else { return Ok(Decided::NotFound) };
             let state = State::parse(row.get(0))?;
             if state != State::Prepared {
-                return Ok(if state == decision.state() { Decided::Already } else { Decided::Conflict(state) });
+                return Ok(if state == decision.state() {
+                    Decided::Already { outbox_id: row.get(1) }
+                } else {
+                    Decided::Conflict(state)
+                });
             }
             // Every SET expression reads the row as it was, so the enqueue gets the message.
             let outbox_id = match decision {
                 Decision::Commit => format!("{}(topic, msg_key, payload, headers, shard)", self.enqueue),
                 Decision::Rollback => "NULL".into(),
             };
-            tx.execute(
-                &format!(
-                    "UPDATE {} SET state = $2, decided_at = now(), next_check_at = NULL, outbox_id = {outbox_id}, \
-                     msg_key = NULL, payload = NULL, headers = NULL WHERE id = $1",
-                    self.table
-                ),
-                &[&id, &decision.state().as_str()],
-            )
-            .await?;
+            let row = tx
+                .query_one(
+                    &format!(
+                        "UPDATE {} SET state = $2, decided_at = now(), next_check_at = NULL, outbox_id = {outbox_id}, \
+                         msg_key = NULL, payload = NULL, headers = NULL WHERE id = $1 RETURNING outbox_id",
+                        self.table
+                    ),
+                    &[&id, &decision.state().as_str()],
+                )
+                .await?;
             tx.commit().await?;
-            Ok(Decided::Now)
+            Ok(Decided::Now { outbox_id: row.get(0) })
         }
         .boxed()
     }
