@@ -37,7 +37,10 @@ fn payload(text: &str) -> String {
 /// prepared at once and its messages go in the order they are committed.
 async fn commit_order_and_decisions<D: Database>() {
     let (w, listen) = world::<D>("api", "").await;
-    let streamer = start(&w, "run.log");
+    // Everything at debug: still no payload, key, header or business key in the log.
+    let mut env = api::env();
+    env.push(("RUST_LOG", "debug".to_string()));
+    let streamer = Running::start_with_env(&w.config, &w.dir.join("run.log"), &env);
     api::wait_until_serving(listen).await;
     let svc = Client::new(listen, SVC_SECRET);
     let topic = &w.topic;
@@ -45,7 +48,7 @@ async fn commit_order_and_decisions<D: Database>() {
     D::enqueue(&mut db, &w.prefix, &Row::new(topic, "A"), 0).await;
     let m1 = svc
         .prepare(&format!(
-            r#"{{"topic": "{topic}", "key": "k1", "payload_base64": "{}", "headers": {{"trace": "t1"}}, "business_key": "order-1"}}"#,
+            r#"{{"topic": "{topic}", "key": "k1", "payload_base64": "{}", "headers": {{"trace": "t1", "x": "header-value-never-logged"}}, "business_key": "business-key-never-logged"}}"#,
             payload("M1")
         ))
         .await;
@@ -70,7 +73,7 @@ async fn commit_order_and_decisions<D: Database>() {
     let got = svc.get(&format!("/v1/messages/{m1}")).await;
     assert_eq!(got.status, 200, "{got:?}");
     assert_eq!(got.body["state"], "committed");
-    assert_eq!(got.body["business_key"], "order-1");
+    assert_eq!(got.body["business_key"], "business-key-never-logged");
     assert!(got.body["decided_at"].as_str().is_some_and(|t| t.ends_with('Z')), "{got:?}");
     assert_eq!(svc.get(&format!("/v1/messages/{m2}")).await.body["state"], "rolled_back");
 
@@ -101,16 +104,33 @@ async fn commit_order_and_decisions<D: Database>() {
         assert_eq!(svc.decide(id, "commit").await.status, 200);
     }
 
-    let records = kafka::read_at_least(topic, 1, 8, ARRIVAL).await;
+    // An asynchronous commit: 202 at once, committed right after; an unknown id and the other
+    // decision get what a synchronous call would.
+    let a1 = svc.prepare(&format!(r#"{{"topic": "{topic}", "payload_base64": "{}"}}"#, payload("A1"))).await;
+    let a = svc.post(&format!("/v1/messages/{a1}/commit?async=true"), "").await;
+    assert_eq!((a.status, a.body["state"].as_str()), (202, Some("deciding")), "{a:?}");
+    wait_until("the asynchronous commit", ARRIVAL, || async {
+        (svc.get(&format!("/v1/messages/{a1}")).await.body["state"] == "committed").then_some(())
+    })
+    .await;
+    assert_eq!(svc.post("/v1/messages/999999999/commit?async=true", "").await.status, 404);
+    assert_eq!(svc.post(&format!("/v1/messages/{a1}/rollback?async=true"), "").await.status, 409);
+    assert_eq!(svc.post(&format!("/v1/messages/{a1}/commit?async=true"), "").await.status, 200);
+
+    let records = kafka::read_at_least(topic, 1, 9, ARRIVAL).await;
     let payloads: Vec<String> = records.iter().map(|r| r.payload_str()).collect();
     let shard0: Vec<&str> = records
         .iter()
         .filter(|r| r.header("outbox-shard") == "0")
         .map(|r| r.payload.as_deref().map_or("", |p| std::str::from_utf8(p).unwrap()))
         .collect();
-    assert_eq!(shard0, ["A", "B", "M1", "C", "I1", "X2", "X1"], "shard 0 in commit order, once each: {payloads:?}");
+    assert_eq!(
+        shard0,
+        ["A", "B", "M1", "C", "I1", "X2", "X1", "A1"],
+        "shard 0 in commit order, once each: {payloads:?}"
+    );
     assert!(payloads.contains(&"Y1".to_string()), "{payloads:?}");
-    assert_eq!(records.len(), 8, "nothing else, nothing twice: {payloads:?}");
+    assert_eq!(records.len(), 9, "nothing else, nothing twice: {payloads:?}");
     let m1_record = records.iter().find(|r| r.payload_str() == "M1").unwrap();
     assert_eq!(m1_record.key_str(), "k1");
     assert_eq!(m1_record.header("trace"), "t1");
@@ -121,6 +141,10 @@ async fn commit_order_and_decisions<D: Database>() {
             (w.db.count(&table).await == 0).then_some(())
         })
         .await;
+    }
+    let log = streamer.log_text();
+    for secret in ["header-value-never-logged", "business-key-never-logged", SVC_SECRET] {
+        assert!(!log.contains(secret), "{secret} is in the debug log");
     }
     assert!(streamer.stop(), "clean stop");
 }
@@ -211,7 +235,7 @@ async fn mariadb_a_commit_racing_a_rollback_has_one_winner_and_a_kill_loses_noth
 /// `max_connections` at once; the API keeps serving throughout.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn postgres_bad_requests_get_their_4xx_and_stalled_connections_are_closed() {
-    let limits = "max_body_bytes = 2048\nmax_batch = 3\nmax_connections = 4\nheader_timeout_ms = 3000";
+    let limits = "max_body_bytes = 2048\nmax_batch = 3\nmax_connections = 4\nheader_timeout_ms = 3000\nrequest_timeout_ms = 1500\ndb_connections = 2";
     let (w, listen) = world::<crate::support::pg::PgDb>("api_bad", limits).await;
     let streamer = start(&w, "run.log");
     api::wait_until_serving(listen).await;
@@ -293,6 +317,26 @@ async fn postgres_bad_requests_get_their_4xx_and_stalled_connections_are_closed(
     assert_eq!(other.get(&format!("/v1/messages/{id}")).await.status, 404);
     assert_eq!(other.decide(&id, "commit").await.status, 404);
     assert_eq!(svc.get(&format!("/v1/messages/{id}")).await.body["state"], "prepared");
+
+    // A message whose row another session holds: its commit times out (503) — and leaves no
+    // session of the API stuck behind the lock: every other call is answered meanwhile.
+    let locked = svc.prepare(&ok).await;
+    let holder = w.db.connect().await;
+    holder.batch_execute("BEGIN").await.unwrap();
+    holder
+        .execute(
+            &format!("SELECT 1 FROM {}_api_message WHERE id = $1 FOR UPDATE", w.prefix),
+            &[&locked.parse::<i64>().unwrap()],
+        )
+        .await
+        .unwrap();
+    assert_eq!(svc.decide(&locked, "commit").await.status, 503, "a commit held up by a lock times out");
+    for _ in 0..5 {
+        assert_eq!(svc.get(&format!("/v1/messages/{id}")).await.status, 200, "other calls are answered");
+        svc.prepare(&ok).await;
+    }
+    holder.batch_execute("ROLLBACK").await.unwrap();
+    assert_eq!(svc.decide(&locked, "commit").await.status, 200, "the commit goes through once the lock is gone");
 
     // An idle connection is closed after header_timeout_ms; a fifth one beyond the four
     // idle ones is closed at once; once they are gone the API answers again.
@@ -549,4 +593,29 @@ async fn postgres_two_instances_run_one_check_back_and_the_survivor_takes_over()
     all_committed(later, survivor_client.clone()).await;
     assert!(committed(&survivor).await >= 3.0, "the survivor took the check-back over");
     assert!(survivor.stop(), "clean stop");
+}
+
+/// On a MariaDB database whose default collation ignores case, accents and trailing spaces,
+/// idempotency keys that differ only so are different messages.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mariadb_idempotency_keys_are_compared_byte_for_byte() {
+    let listen = free_addr();
+    let w = crate::support::world::WorldBuilder::<crate::support::mysql::MyDb>::new("api_keys")
+        .shards(2)
+        .before_setup("ALTER DATABASE CHARACTER SET utf8mb4 COLLATE utf8mb4_general_ci")
+        .config(&api::config(listen, ""))
+        .build()
+        .await;
+    let streamer = start(&w, "run.log");
+    api::wait_until_serving(listen).await;
+    let svc = Client::new(listen, SVC_SECRET);
+    let mut ids = HashSet::new();
+    for key in ["Order-7", "order-7", "ordér-7", "order-7 "] {
+        let body = format!(r#"{{"topic": "{}", "idempotency_key": "{key}"}}"#, w.topic);
+        let a = svc.post("/v1/messages", &body).await;
+        assert_eq!((a.status, a.body["created"].as_bool()), (201, Some(true)), "{key:?}: {a:?}");
+        ids.insert(a.id());
+    }
+    assert_eq!(ids.len(), 4, "four keys, four messages");
+    assert!(streamer.stop(), "clean stop");
 }

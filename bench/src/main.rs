@@ -33,6 +33,7 @@
 // forbids it outright).
 #![forbid(unsafe_code)]
 
+mod api;
 mod charts;
 mod check;
 mod db;
@@ -150,6 +151,11 @@ pub(crate) struct BenchArgs {
     /// Writer connections.
     #[arg(long, default_value_t = 4)]
     pub writers: usize,
+    /// The writers are message API callers (docs/api.md): each prepares and commits one message
+    /// per round trip over a kept-alive HTTP connection to the streamer's `[api]`; the report
+    /// adds the round trip's p50 and p99. Table storage, the outbox-streamer layout.
+    #[arg(long)]
+    pub api: bool,
     #[arg(long, default_value_t = 1)]
     pub rows_per_txn: usize,
     #[arg(long, default_value_t = 200)]

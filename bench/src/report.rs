@@ -64,6 +64,10 @@ pub(crate) struct Report {
     pub drain_s: Option<f64>,
     /// Latency at every percent, 0 to 100 (for the distribution chart).
     pub latency_quantiles_ms: Vec<f64>,
+    /// `--api`: the prepare + commit round trip of one message, p50 and p99 (absent in reports
+    /// before 2026-12-07 and in runs without `--api`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api_round_trip_ms: Option<(f64, f64)>,
 }
 
 /// Pairs of CDC and polling runs of the same database and load: (load label, cdc, polling).
@@ -123,6 +127,9 @@ pub(crate) fn write_suite(suite: &str, reports: &[Report], out: &Path) -> anyhow
 
 pub(crate) fn print_markdown(r: &Report) {
     print!("{}{}", markdown_header(), markdown_row(r));
+    if let Some((p50, p99)) = r.api_round_trip_ms {
+        println!("\nmessage API: prepare + commit round trip p50 {p50:.2} ms, p99 {p99:.2} ms ({} callers)", r.writers);
+    }
     if !r.db_cpu_shared_with.is_empty() {
         println!("\n\\* {}", neighbours::note(&r.db_cpu_shared_with));
     }
@@ -161,7 +168,8 @@ fn markdown_row(r: &Report) -> String {
             + match (r.sink, r.mode) {
                 (BenchSink::Rabbitmq, BenchMode::Cdc | BenchMode::Polling) => " → RabbitMQ",
                 _ => "",
-            },
+            }
+            + if r.api_round_trip_ms.is_some() { " (api)" } else { "" },
         target,
         r.messages,
         r.throughput_msgs_per_s,

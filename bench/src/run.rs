@@ -65,6 +65,18 @@ pub(crate) async fn bench(mut args: BenchArgs, streamer: &Path) -> anyhow::Resul
             "--shared-keys needs each row's id inside its transaction; with --db mariadb --storage wal the id is known only after COMMIT (its GTID)"
         );
     }
+    if args.api
+        && (args.mode == BenchMode::Ceiling
+            || args.tw_tkms.is_some()
+            || args.shared_keys
+            || args.backlog.is_some()
+            || args.rows_per_txn > 1
+            || (args.db == DbKind::Mariadb && args.storage == BenchStorage::Wal))
+    {
+        bail!(
+            "--api needs a streamer (--mode cdc or polling) and our layout, one message per round trip (--rows-per-txn 1), no backlog or --shared-keys, and on MariaDB table storage (a commit must answer the record's outbox-id)"
+        );
+    }
     let env = |name: &str| {
         std::env::var(name).with_context(|| format!("{name} is not set; run `eval \"$(scripts/services env)\"` first"))
     };
@@ -182,6 +194,14 @@ async fn run(
             ),
         },
     );
+    let api = match args.api {
+        true => Some((crate::api::free_addr()?, crate::api::secret())),
+        false => None,
+    };
+    let config_text = match &api {
+        Some((listen, _)) => config_text + &crate::api::config(*listen, args.writers),
+        None => config_text,
+    };
     let config_path = dir.write(CONFIG_FILE, &config_text).context("writing the streamer's config")?;
     let tables: Vec<String> = (0..args.partitions).map(|p| format!("{run_id}_0_{p}")).collect();
     if args.tw_tkms.is_some() {
@@ -225,6 +245,9 @@ async fn run(
         if let Some(url) = rabbitmq_url {
             command.env(RABBITMQ_URL_VAR, url);
         }
+        if let Some((_, secret)) = &api {
+            command.env(crate::api::SECRET_VAR, secret);
+        }
         let child = command.stdout(Stdio::null()).stderr(log).spawn().context("starting the streamer")?;
         streamer = Some(Streamer(Some(child)));
         if db.kind == DbKind::Postgres && args.mode == BenchMode::Cdc {
@@ -258,6 +281,10 @@ async fn run(
     let wal_before = if backlog.is_some() { backlog_wal_before } else { db.log_bytes().await? };
     let db = Arc::new(db.clone());
     let txn_rate = (args.rate > 0).then(|| args.rate as f64 / args.rows_per_txn as f64 / args.writers as f64);
+    if let Some((listen, secret)) = &api {
+        crate::api::wait_serving(*listen, secret).await?;
+    }
+    let round_trips = Arc::new(std::sync::Mutex::new(Vec::new()));
     let mut writers = Vec::new();
     for writer in 0..if backlog.is_some() { 0 } else { args.writers } {
         let plan = load::WriterPlan {
@@ -273,10 +300,14 @@ async fn run(
             wal: args.storage == BenchStorage::Wal,
         };
         let (db, progress, tw_tkms) = (db.clone(), progress.clone(), args.tw_tkms);
+        let (api, round_trips) = (api.clone(), round_trips.clone());
         writers.push(tokio::spawn(async move {
-            match tw_tkms {
-                Some(c) => tkms::run_writer(&db, c, plan, progress).await,
-                None => db.run_writer(plan, progress).await,
+            match (api, tw_tkms) {
+                (Some((listen, secret)), _) => {
+                    crate::api::run_caller(listen, secret, plan, progress, round_trips).await
+                }
+                (None, Some(c)) => tkms::run_writer(&db, c, plan, progress).await,
+                (None, None) => db.run_writer(plan, progress).await,
             }
         }));
     }
@@ -346,6 +377,10 @@ async fn run(
         backlog: args.backlog,
         drain_s: None,
         latency_quantiles_ms: Vec::new(),
+        api_round_trip_ms: api.as_ref().map(|_| {
+            let p = check::percentiles(std::mem::take(&mut *round_trips.lock().unwrap_or_else(|e| e.into_inner())));
+            (p.p50, p.p99)
+        }),
     };
     let stat = |suffix: &str| {
         poll_stats

@@ -44,8 +44,8 @@ struct MessageBody {
     key_base64: Option<String>,
     /// RabbitMQ's word for the key.
     routing_key: Option<String>,
-    /// Sent as its JSON text.
-    payload: Option<serde_json::Value>,
+    /// Sent exactly as written: its JSON text, unparsed (no key reordered, no number rounded).
+    payload: Option<Box<serde_json::value::RawValue>>,
     payload_base64: Option<String>,
     headers: Option<BTreeMap<String, String>>,
     shard: Option<u32>,
@@ -57,7 +57,7 @@ struct MessageBody {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct BatchBody {
-    messages: Vec<serde_json::Value>,
+    messages: Vec<Box<serde_json::value::RawValue>>,
 }
 
 /// Reads `body` as one message or a batch; `batch` tells which it was, for the answer's shape.
@@ -83,9 +83,9 @@ pub(crate) fn parse(
             ));
         }
         let mut messages = Vec::with_capacity(batch.messages.len());
-        for (i, m) in batch.messages.into_iter().enumerate() {
+        for (i, m) in batch.messages.iter().enumerate() {
             messages.push(
-                message(m, token, shards)
+                message(m.get().as_bytes(), token, shards)
                     .map_err(|r| Refusal::new(r.status, format!("messages[{i}]: {}", r.message)))?,
             );
         }
@@ -95,15 +95,15 @@ pub(crate) fn parse(
         }
         Ok((messages, true))
     } else {
-        Ok((vec![message(value, token, shards)?], false))
+        Ok((vec![message(body, token, shards)?], false))
     }
 }
 
 /// One message, checked against the token's grant.
-fn message(value: serde_json::Value, token: &Token, shards: u32) -> Result<NewMessage, Refusal> {
+fn message(text: &[u8], token: &Token, shards: u32) -> Result<NewMessage, Refusal> {
     let bad = |message: String| Refusal::new(400, message);
     let m: MessageBody =
-        serde_json::from_value(value).map_err(|e| bad(format!("{e}; see docs/api.md for the fields")))?;
+        serde_json::from_slice(text).map_err(|e| bad(format!("{e}; see docs/api.md for the fields")))?;
     let topic = match (m.topic, m.exchange) {
         (Some(t), None) => t,
         (None, Some(e)) => e,
@@ -128,8 +128,8 @@ fn message(value: serde_json::Value, token: &Token, shards: u32) -> Result<NewMe
     }
     let payload = match (m.payload, m.payload_base64) {
         (Some(_), Some(_)) => return Err(bad("give payload or payload_base64, not both".into())),
-        (None | Some(serde_json::Value::Null), None) => None,
-        (Some(json), None) => Some(serde_json::to_vec(&json).map_err(|e| bad(format!("payload: {e}")))?),
+        (None, None) => None,
+        (Some(json), None) => Some(json.get().as_bytes().to_vec()),
         (None, Some(b)) => Some(
             base64::engine::general_purpose::STANDARD
                 .decode(b)
@@ -154,6 +154,9 @@ fn message(value: serde_json::Value, token: &Token, shards: u32) -> Result<NewMe
                         "header {name:?}: names starting with outbox- are the streamer's own (outbox-id, outbox-shard, …); rename it"
                     )));
                 }
+            }
+            if let Some(name) = h.iter().find(|(_, v)| v.contains('\0')).map(|(k, _)| k) {
+                return Err(bad(format!("header {name:?}: a value may not hold a NUL character (\\u0000)")));
             }
             Some(serde_json::to_string(&h).map_err(|e| bad(format!("headers: {e}")))?)
         }
@@ -230,7 +233,7 @@ mod tests {
             .unwrap();
         assert_eq!(m.topic, "orders");
         assert_eq!(m.key.as_deref(), Some(&b"alice"[..]));
-        assert_eq!(m.payload.as_deref(), Some(&br#"{"total":42}"#[..]));
+        assert_eq!(m.payload.as_deref(), Some(&br#"{"total": 42}"#[..]), "the payload's text as sent");
         assert_eq!(m.headers.as_deref(), Some(r#"{"trace":"t1"}"#));
         assert_eq!((m.shard, m.token.as_str()), (0, "svc"));
         let m = one(r#"{"exchange": "pay.eu", "routing_key": "r", "payload_base64": "AAEC", "shard": 1}"#).unwrap();
@@ -239,6 +242,9 @@ mod tests {
             ("pay.eu", Some(&b"r"[..]), Some(&[0u8, 1, 2][..]))
         );
         assert_eq!(one(r#"{"topic": "orders", "payload": null}"#).unwrap().payload, None);
+        let exact = r#"{"z":1,"a":2,"big":12345678901234567890123,"e":1e2}"#;
+        let m = one(&format!(r#"{{"topic": "orders", "payload": {exact}}}"#)).unwrap();
+        assert_eq!(m.payload.as_deref(), Some(exact.as_bytes()), "no key reordered, no number rounded");
     }
 
     #[test]
@@ -248,6 +254,7 @@ mod tests {
             ("{", 400, "not JSON"),
             (r#"{"payload": 1}"#, 400, "topic is missing"),
             (r#"{"topic": "orders", "colour": 1}"#, 400, "unknown field `colour`"),
+            (r#"{"topic": "orders", "topic": "pay.x"}"#, 400, "duplicate field `topic`"),
             (r#"{"topic": "orders", "exchange": "orders"}"#, 400, "not both"),
             (r#"{"topic": ""}"#, 400, "topic must be"),
             (r#"{"topic": "orders", "key": "a", "key_base64": "YQ=="}"#, 400, "one of key"),
@@ -255,12 +262,23 @@ mod tests {
             (r#"{"topic": "orders", "payload": 1, "payload_base64": "YQ=="}"#, 400, "not both"),
             (r#"{"topic": "orders", "headers": {"outbox-id": "1"}}"#, 400, "streamer's own"),
             (r#"{"topic": "orders", "headers": {"a": 1}}"#, 400, "invalid type"),
+            (r#"{"topic": "orders", "headers": {"a": "x\u0000y"}}"#, 400, "NUL"),
             (r#"{"topic": "orders", "shard": 2}"#, 400, "shard 2 does not exist"),
             (r#"{"topic": "orders", "shard": -1}"#, 400, "invalid value"),
             (r#"{"topic": "payments"}"#, 403, "may not prepare to topic"),
             (r#"{"topic": "orders", "business_key": ""}"#, 400, "business_key must be"),
             (r#"{"topic": "orders", "checkback_url": "https://svc.internal/cb/x"}"#, 400, "needs a business_key"),
             (r#"{"topic": "orders", "business_key": "b", "checkback_url": "https://evil/cb/"}"#, 403, "checkback_urls"),
+            (
+                r#"{"topic": "orders", "business_key": "b", "checkback_url": "https://svc.internal/cb/../admin"}"#,
+                403,
+                "checkback_urls",
+            ),
+            (
+                r#"{"topic": "orders", "business_key": "b", "checkback_url": "https://svc.internal/cb/%2e%2e/admin"}"#,
+                403,
+                "checkback_urls",
+            ),
         ];
         for (body, status, words) in cases {
             let r = one(body).unwrap_err();

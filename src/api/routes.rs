@@ -32,7 +32,12 @@ pub(crate) struct Api {
     store: Arc<dyn MessageStore>,
     /// The source's shard count.
     shards: u32,
+    /// Places for asynchronous decisions still to run.
+    deciding: Arc<tokio::sync::Semaphore>,
 }
+
+/// Asynchronous decisions waiting to run, per database session of the API.
+const ASYNC_PER_SESSION: usize = 64;
 
 impl std::fmt::Debug for Api {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -42,7 +47,8 @@ impl std::fmt::Debug for Api {
 
 impl Api {
     pub(crate) fn new(settings: ApiConfig, tokens: Tokens, store: Arc<dyn MessageStore>, shards: u32) -> Self {
-        Self { settings, tokens, store, shards }
+        let deciding = Arc::new(tokio::sync::Semaphore::new(settings.db_connections * ASYNC_PER_SESSION));
+        Self { settings, tokens, store, shards, deciding }
     }
 
     pub(crate) fn settings(&self) -> &ApiConfig {
@@ -100,9 +106,12 @@ fn route(method: &Method, path: &str) -> Result<Route, Refusal> {
     })?;
     let allow = |allowed: &str| Refusal::new(405, format!("{method} is not allowed on {path}: use {allowed}"));
     let id = |text: &str| {
-        text.parse::<i64>().ok().filter(|id| *id > 0 && text.bytes().all(|b| b.is_ascii_digit())).ok_or_else(|| {
-            Refusal::new(404, format!("no message {text:?}: ids are the positive integers prepare answers"))
-        })
+        text.parse::<i64>()
+            .ok()
+            .filter(|id| *id > 0 && !text.starts_with('0') && text.bytes().all(|b| b.is_ascii_digit()))
+            .ok_or_else(|| {
+                Refusal::new(404, format!("no message {text:?}: ids are the positive integers prepare answers"))
+            })
     };
     let segments: Vec<&str> = rest.split('/').collect();
     match segments.as_slice() {
@@ -219,9 +228,25 @@ async fn prepare(api: &Api, token: &Token, request: Request<Incoming>) -> Result
 }
 
 async fn decide(api: &Api, token: &Token, id: i64, decision: Decision, asynchronous: bool) -> Result<Answer, Refusal> {
-    if asynchronous {
+    // An asynchronous decision is answered 202 only for a message it can decide: the rest get
+    // what a synchronous call would. At most `ASYNC_PER_SESSION` × `db_connections` wait to
+    // run; past that, a decision is taken before the answer, which slows the callers down.
+    let place = match asynchronous {
+        true => api.deciding.clone().try_acquire_owned().ok(),
+        false => None,
+    };
+    if let Some(place) = place {
+        match api.store.get(&token.name, id).await.map_err(|e| unavailable("reading a message", &e))? {
+            None => return Err(not_found(id)),
+            Some(view) if view.state == super::store::State::Prepared => {}
+            Some(view) if view.state == decision.state() => {
+                return Ok(answer(StatusCode::OK, json!({ "id": id.to_string(), "state": view.state.as_str() })));
+            }
+            Some(view) => return Err(conflict(id, view.state, decision)),
+        }
         let (store, name) = (api.store.clone(), token.name.clone());
         tokio::spawn(async move {
+            let _place = place;
             // Failing here leaves the message prepared: the check-back decides it.
             match store.decide(&name, id, decision).await {
                 Ok(outcome) => count(&name, decision, outcome),
@@ -272,6 +297,17 @@ fn count(token: &str, decision: Decision, outcome: Decided) {
     }
 }
 
+fn conflict(id: i64, state: super::store::State, decision: Decision) -> Refusal {
+    Refusal::new(
+        409,
+        format!(
+            "message {id} is {} already: it cannot be {}",
+            state.as_str(),
+            decision.state().as_str().replace('_', " ")
+        ),
+    )
+}
+
 fn not_found(id: i64) -> Refusal {
     Refusal::new(404, format!("no message {id} of this token (decided messages are kept for api.keep_decisions_s)"))
 }
@@ -301,6 +337,7 @@ mod tests {
             (Method::GET, "/v1/messages/-1", 404),
             (Method::GET, "/v1/messages/+1", 404),
             (Method::GET, "/v1/messages/0", 404),
+            (Method::GET, "/v1/messages/012", 404),
             (Method::GET, "/v1/messages/99999999999999999999", 404),
             (Method::POST, "/v1/messages/12/abort", 404),
             (Method::GET, "/metrics", 404),

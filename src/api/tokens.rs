@@ -68,6 +68,14 @@ impl Tokens {
     }
 }
 
+/// Whether the part of a URL after its allowed prefix stays under that prefix.
+fn stays_under_prefix(rest: &str) -> bool {
+    let lower = rest.to_ascii_lowercase();
+    !lower.contains("..")
+        && !["%2e", "%2f", "%5c"].iter().any(|encoded| lower.contains(encoded))
+        && !rest.contains(|c: char| c == '\\' || c.is_whitespace() || c.is_control())
+}
+
 /// Compares two byte strings in time that depends on their lengths only.
 fn same_bytes(a: &[u8], b: &[u8]) -> bool {
     if a.len() != b.len() {
@@ -90,9 +98,10 @@ impl Token {
         self.shards.as_ref().is_none_or(|s| s.contains(&shard))
     }
 
-    /// Whether `url` starts with one of the token's check-back prefixes.
+    /// Whether `url` starts with one of the token's check-back prefixes and its rest cannot
+    /// lead out of it: no `..`, no encoded dot, slash or backslash, no backslash, no space.
     pub(crate) fn allows_checkback(&self, url: &str) -> bool {
-        self.checkback_urls.iter().any(|p| url.starts_with(p.as_str()))
+        self.checkback_urls.iter().any(|p| url.strip_prefix(p.as_str()).is_some_and(stays_under_prefix))
     }
 
     #[cfg(test)]
@@ -176,5 +185,13 @@ mod tests {
         assert!(b.allows_topic("anything") && b.allows_shard(7));
         assert!(b.allows_checkback("https://b.internal/cb/orders"));
         assert!(!b.allows_checkback("https://b.internal.evil/cb/") && !b.allows_checkback("https://b.internal/other"));
+        for escape in [
+            "https://b.internal/cb/../admin",
+            "https://b.internal/cb/%2E%2e/admin",
+            "https://b.internal/cb/x%2F..",
+            "https://b.internal/cb/\\..\\x",
+        ] {
+            assert!(!b.allows_checkback(escape), "{escape}");
+        }
     }
 }

@@ -171,6 +171,9 @@ const QUIET_ZOOKEEPER_SESSIONS: &str = "zookeeper_client=off";
 /// turns the first back on; returned messages stay off.
 const QUIET_RABBITMQ_CLIENT: &str = "lapin=off";
 const NO_RETURNED_MESSAGES: &str = "lapin::returned_messages=off";
+/// tokio-postgres logs every statement's parameters at debug level — the message API's
+/// payloads, keys and headers among them, which are never logged. Off, whatever `RUST_LOG` says.
+const NO_QUERY_PARAMETERS: &str = "tokio_postgres::query=off";
 
 /// Installs the tracing subscriber (`RUST_LOG` filters, default `info`) for `command`.
 pub fn init_logging(format: LogFormat, command: &Command) {
@@ -184,6 +187,7 @@ pub fn init_logging(format: LogFormat, command: &Command) {
         filter = filter.add_directive(QUIET_RABBITMQ_CLIENT.parse().expect("a valid directive"));
     }
     filter = filter.add_directive(NO_RETURNED_MESSAGES.parse().expect("a valid directive"));
+    filter = filter.add_directive(NO_QUERY_PARAMETERS.parse().expect("a valid directive"));
     if !matches!(command, Command::Run) && !rust_log.contains("zookeeper_client") {
         filter = filter.add_directive(QUIET_ZOOKEEPER_SESSIONS.parse().expect("a valid directive"));
     }

@@ -24,15 +24,18 @@ pub(super) fn table(prefix: &str) -> String {
 
 /// The table with the indexes its queries need (the idempotency key; the check-back's due
 /// messages; the pruning of old decisions), and the streamer accounts' grants: the table,
-/// INSERT on the outbox tables and EXECUTE on the enqueue procedure a commit calls.
+/// INSERT on the outbox tables and EXECUTE on the enqueue procedure a commit calls. The token
+/// and the idempotency key are binary strings, compared byte for byte whatever the database's
+/// default collation: under a case-, accent- or trailing-space-blind one, `Order-7`, `order-7`
+/// and `order-7 ` would be one idempotency key, and tokens `svc` and `SVC` one owner.
 pub(super) fn setup_statements(plan: &SetupPlan) -> Vec<String> {
     let q = ident(&table(&plan.prefix));
     let db = ident(&plan.database);
     let mut sql = vec![format!(
         "CREATE TABLE IF NOT EXISTS {q} (\n\
          \x20   id BIGINT NOT NULL AUTO_INCREMENT PRIMARY KEY,\n\
-         \x20   token VARCHAR(64) NOT NULL,\n\
-         \x20   idempotency_key VARCHAR(200) NULL,\n\
+         \x20   token VARBINARY(64) NOT NULL,\n\
+         \x20   idempotency_key VARBINARY(200) NULL,\n\
          \x20   state VARCHAR(16) NOT NULL DEFAULT 'prepared',\n\
          \x20   shard INT NOT NULL,\n\
          \x20   topic VARCHAR(249) NOT NULL,\n\
@@ -50,7 +53,7 @@ pub(super) fn setup_statements(plan: &SetupPlan) -> Vec<String> {
          \x20   KEY due (state, next_check_at),\n\
          \x20   KEY decided (state, decided_at),\n\
          \x20   CONSTRAINT api_message_state CHECK (state IN ('prepared', 'committed', 'rolled_back'))\n\
-         ) ENGINE=InnoDB"
+         ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin"
     )];
     for account in &plan.streamer_accounts {
         sql.push(format!("GRANT SELECT, INSERT, UPDATE, DELETE ON {db}.{q} TO {account}"));
@@ -86,13 +89,17 @@ fn lock_name(text: &str) -> String {
 }
 
 impl MyMessages {
-    pub(super) fn new(opts: Opts, prefix: &str, sessions: usize) -> anyhow::Result<Arc<Self>> {
+    pub(super) fn new(opts: Opts, prefix: &str, sessions: usize, request_timeout_ms: u64) -> anyhow::Result<Arc<Self>> {
         let constraints = PoolConstraints::new(0, sessions.max(1))
             .ok_or_else(|| anyhow::anyhow!("api.db_connections: {sessions} is not a pool size"))?;
         let database = opts.db_name().unwrap_or_default().to_string();
         let opts: Opts = OptsBuilder::from_opts(opts)
             .pool_opts(PoolOpts::default().with_constraints(constraints))
-            .init(vec!["SET time_zone = '+00:00'"])
+            .init(vec![
+                "SET time_zone = '+00:00'".to_string(),
+                // A request abandoned at its timeout does not leave its session waiting on a lock.
+                format!("SET SESSION innodb_lock_wait_timeout = {}", request_timeout_ms.div_ceil(1000).max(1)),
+            ])
             .into();
         Ok(Arc::new(Self {
             pool: mysql_async::Pool::new(opts.clone()),

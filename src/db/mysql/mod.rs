@@ -114,7 +114,7 @@ impl Database for Mysql {
         api: &crate::config::ApiConfig,
     ) -> anyhow::Result<Arc<dyn crate::api::MessageStore>> {
         let opts = streamer_opts(source)?;
-        Ok(api::MyMessages::new(opts, &source.table_prefix, api.db_connections)?)
+        Ok(api::MyMessages::new(opts, &source.table_prefix, api.db_connections, api.request_timeout_ms)?)
     }
 }
 

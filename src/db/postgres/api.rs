@@ -72,14 +72,19 @@ pub(super) fn setup_statements(plan: &SetupPlan) -> Vec<String> {
     sql
 }
 
-/// The API's sessions: at most `size`, opened when needed, kept while they work.
+/// The API's sessions: at most `size`, opened when needed, kept while they work. Each runs
+/// with `statement_timeout` (a request's time) and checks every second that its client is
+/// still there, so a statement whose request was abandoned does not outlive it.
 struct Pool {
     target: PgTarget,
     idle: Mutex<Vec<Client>>,
     places: Semaphore,
+    statement_timeout_ms: u64,
 }
 
-/// A session taken from the pool; given back when dropped, unless it broke.
+/// A session taken from the pool. Given back by [`Session::done`] once what it ran has
+/// finished; dropped otherwise (an error, or a request abandoned at its timeout while a
+/// statement may still run or wait for a lock): a session is never handed out mid-statement.
 struct Session<'a> {
     client: Option<Client>,
     pool: &'a Pool,
@@ -96,7 +101,13 @@ impl Pool {
         };
         let client = match idle {
             Some(c) => c,
-            None => self.target.connect().await?,
+            None => {
+                let c = self.target.connect().await?;
+                c.batch_execute(&format!("SET statement_timeout = {}", self.statement_timeout_ms)).await?;
+                // PostgreSQL 14 and later; older servers notice a gone client only when they answer.
+                let _ = c.batch_execute("SET client_connection_check_interval = 1000").await;
+                c
+            }
         };
         Ok(Session { client: Some(client), pool: self, _place: place })
     }
@@ -104,12 +115,11 @@ impl Pool {
 
 impl Session<'_> {
     fn client(&mut self) -> &mut Client {
-        self.client.as_mut().expect("a session holds its client until dropped")
+        self.client.as_mut().expect("a session holds its client until done or dropped")
     }
-}
 
-impl Drop for Session<'_> {
-    fn drop(&mut self) {
+    /// What the session ran has finished: it goes back to the pool.
+    fn done(mut self) {
         if let Some(c) = self.client.take().filter(|c| !c.is_closed()) {
             self.pool.idle.lock().unwrap_or_else(|e| e.into_inner()).push(c);
         }
@@ -129,10 +139,10 @@ pub(super) struct PgMessages {
 }
 
 impl PgMessages {
-    pub(super) fn new(target: PgTarget, prefix: &str, sessions: usize) -> Arc<Self> {
+    pub(super) fn new(target: PgTarget, prefix: &str, sessions: usize, statement_timeout_ms: u64) -> Arc<Self> {
         let lock_name = format!("outbox-streamer check-back {}.{}", target.database(), table(prefix));
         Arc::new(Self {
-            pool: Pool { target, idle: Mutex::new(Vec::new()), places: Semaphore::new(sessions) },
+            pool: Pool { target, idle: Mutex::new(Vec::new()), places: Semaphore::new(sessions), statement_timeout_ms },
             table: ident(&table(prefix)),
             enqueue: ident(&format!("{prefix}_enqueue")),
             lock_name,
@@ -196,6 +206,7 @@ impl MessageStore for PgMessages {
                 });
             }
             tx.commit().await?;
+            session.done();
             Ok(prepared)
         }
         .boxed()
@@ -211,14 +222,18 @@ impl MessageStore for PgMessages {
                     &[&id, &token],
                 )
                 .await?;
-            let Some(row) = row else { return Ok(Decided::NotFound) };
-            let state = State::parse(row.get(0))?;
-            if state != State::Prepared {
-                return Ok(if state == decision.state() {
-                    Decided::Already { outbox_id: row.get(1) }
-                } else {
-                    Decided::Conflict(state)
-                });
+            let decided = match &row {
+                None => Some(Decided::NotFound),
+                Some(row) => match State::parse(row.get(0))? {
+                    State::Prepared => None,
+                    state if state == decision.state() => Some(Decided::Already { outbox_id: row.get(1) }),
+                    state => Some(Decided::Conflict(state)),
+                },
+            };
+            if let Some(decided) = decided {
+                tx.rollback().await?;
+                session.done();
+                return Ok(decided);
             }
             // Every SET expression reads the row as it was, so the enqueue gets the message.
             let outbox_id = match decision {
@@ -236,6 +251,7 @@ impl MessageStore for PgMessages {
                 )
                 .await?;
             tx.commit().await?;
+            session.done();
             Ok(Decided::Now { outbox_id: row.get(0) })
         }
         .boxed()
@@ -256,6 +272,7 @@ impl MessageStore for PgMessages {
                     &[&id, &token],
                 )
                 .await?;
+            session.done();
             row.map(|r| {
                 Ok(MessageView {
                     id: r.get(0),
@@ -276,7 +293,7 @@ impl MessageStore for PgMessages {
     fn prune(&self, keep_s: u64, limit: u32) -> BoxFuture<'_, anyhow::Result<u64>> {
         async move {
             let mut session = self.pool.get().await?;
-            Ok(session
+            let pruned = session
                 .client()
                 .execute(
                     &format!(
@@ -286,7 +303,9 @@ impl MessageStore for PgMessages {
                     ),
                     &[&(keep_s as f64), &i64::from(limit)],
                 )
-                .await?)
+                .await?;
+            session.done();
+            Ok(pruned)
         }
         .boxed()
     }
@@ -294,7 +313,7 @@ impl MessageStore for PgMessages {
     fn oldest_prepared_age(&self) -> BoxFuture<'_, anyhow::Result<Option<f64>>> {
         async move {
             let mut session = self.pool.get().await?;
-            Ok(session
+            let age = session
                 .client()
                 .query_one(
                     &format!(
@@ -304,7 +323,9 @@ impl MessageStore for PgMessages {
                     &[],
                 )
                 .await?
-                .get(0))
+                .get(0);
+            session.done();
+            Ok(age)
         }
         .boxed()
     }
@@ -323,6 +344,7 @@ impl MessageStore for PgMessages {
                     &[&i64::from(limit)],
                 )
                 .await?;
+            session.done();
             Ok(rows
                 .iter()
                 .map(|r| DueMessage {
@@ -351,6 +373,7 @@ impl MessageStore for PgMessages {
                     &[&id, &retry_in_s.map(|s| s as f64)],
                 )
                 .await?;
+            session.done();
             Ok(())
         }
         .boxed()
@@ -402,6 +425,7 @@ impl MessageStore for PgMessages {
                     &[],
                 )
                 .await?;
+            session.done();
             Ok(Summary {
                 prepared: row.get(0),
                 committed: row.get(1),

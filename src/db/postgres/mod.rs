@@ -125,7 +125,7 @@ impl Database for Postgres {
         api: &crate::config::ApiConfig,
     ) -> anyhow::Result<Arc<dyn crate::api::MessageStore>> {
         let target = connect::pg_target(source, None)?;
-        Ok(api::PgMessages::new(target, &source.table_prefix, api.db_connections))
+        Ok(api::PgMessages::new(target, &source.table_prefix, api.db_connections, api.request_timeout_ms))
     }
 }
 
