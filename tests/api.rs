@@ -619,3 +619,63 @@ async fn mariadb_idempotency_keys_are_compared_byte_for_byte() {
     assert_eq!(ids.len(), 4, "four keys, four messages");
     assert!(streamer.stop(), "clean stop");
 }
+
+/// `teardown` leaves the message API's table while it holds a prepared message — and with it
+/// the enqueue routine a commit needs — and drops it (revoking its grants on MariaDB) with
+/// `--drop-pending`.
+async fn teardown_keeps_prepared_messages<D: Database>() {
+    let listen = free_addr();
+    let w = crate::support::world::WorldBuilder::<D>::new("api_td")
+        .shards(2)
+        .config(&api::config(listen, ""))
+        .build()
+        .await;
+    let streamer = start(&w, "run.log");
+    api::wait_until_serving(listen).await;
+    let svc = Client::new(listen, SVC_SECRET);
+    let body = |p: &str| format!(r#"{{"topic": "{}", "payload_base64": "{}"}}"#, w.topic, payload(p));
+    svc.prepare(&body("left")).await;
+    let sent = svc.prepare(&body("sent")).await;
+    assert_eq!(svc.decide(&sent, "commit").await.status, 200);
+    kafka::read_at_least(&w.topic, 1, 1, ARRIVAL).await;
+    let table = w.table(0, 0);
+    wait_until("the committed row to be deleted", ARRIVAL, || async { (w.db.count(&table).await == 0).then_some(()) })
+        .await;
+    assert!(streamer.stop(), "clean stop");
+    let teardown = |flags: &[&str]| {
+        let mut args = vec!["teardown", "--admin-url", w.db.admin_url()];
+        args.extend_from_slice(flags);
+        let (ok, out, err) = crate::support::streamer::run_cli(&w.config, &args);
+        (ok, format!("{out}{err}"))
+    };
+    let api_table = format!("{}_api_message", w.prefix);
+    // A stopped streamer's binlog dump threads may linger a moment on MariaDB.
+    let (ok, out) = wait_until("the stopped streamer's sessions to end", ARRIVAL, || async {
+        let (ok, out) = teardown(&["--yes"]);
+        (!out.contains("a streamer is running")).then_some((ok, out))
+    })
+    .await;
+    assert!(!ok, "{out}");
+    assert!(out.contains(&format!("left message API table \"{api_table}\" (1 message still prepared)")), "{out}");
+    assert!(
+        out.contains(&format!("table \"{api_table}\" remains and still needs them")),
+        "the enqueue routine stays:\n{out}"
+    );
+    let (ok, out) = teardown(&["--yes", "--drop-pending"]);
+    assert!(ok, "{out}");
+    assert!(out.contains(&format!("dropped message API table \"{api_table}\" (1 message still prepared)")), "{out}");
+    if D::KIND == "mysql" {
+        assert!(out.contains(&format!("on \"{api_table}\"")), "its grants are revoked:\n{out}");
+    }
+    assert!(out.contains("teardown complete: nothing that setup creates is left"), "{out}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_teardown_keeps_the_message_table_while_a_message_is_prepared() {
+    teardown_keeps_prepared_messages::<crate::support::pg::PgDb>().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mariadb_teardown_keeps_the_message_table_while_a_message_is_prepared() {
+    teardown_keeps_prepared_messages::<crate::support::mysql::MyDb>().await;
+}

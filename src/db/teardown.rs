@@ -103,6 +103,11 @@ pub(crate) enum Object {
         grantee: String,
         table: String,
     },
+    /// The message API's table, with the messages still prepared in it.
+    MessageTable {
+        name: String,
+        prepared: i64,
+    },
     /// A ZooKeeper node and everything below it.
     ZooKeeper {
         path: String,
@@ -124,6 +129,13 @@ impl fmt::Display for Object {
             Object::Function(signature) => write!(f, "function {signature}"),
             Object::Routine { kind, name } => write!(f, "{} {name:?}", kind.to_lowercase()),
             Object::Grants { grantee, table } => write!(f, "grants to {grantee} on {table:?}"),
+            Object::MessageTable { name, prepared: 0 } => write!(f, "message API table {name:?} (none prepared)"),
+            Object::MessageTable { name, prepared: 1 } => {
+                write!(f, "message API table {name:?} (1 message still prepared)")
+            }
+            Object::MessageTable { name, prepared } => {
+                write!(f, "message API table {name:?} ({prepared} messages still prepared)")
+            }
             Object::ZooKeeper { path, nodes: 1 } => write!(f, "ZooKeeper node {path}"),
             Object::ZooKeeper { path, nodes } => write!(f, "ZooKeeper node {path} and the {} below it", nodes - 1),
         }
@@ -185,6 +197,22 @@ pub(crate) fn recounted(objects: Vec<Object>, rows: i64) -> Vec<Object> {
 /// Why a table that holds rows stays (the table's line says how many).
 pub(crate) const PENDING_REASON: &str = "its rows were never published; run the streamer until they are sent \
      (`status` shows them pending), or add --drop-pending to discard them";
+
+/// The verdict on the message API's table holding `prepared` undecided messages: like an
+/// outbox table's, it stays while a streamer (which serves the API) runs, or while it holds
+/// prepared messages unless `--drop-pending`. While it stays, so does the enqueue routine a
+/// commit calls.
+pub(crate) fn message_table_verdict(prepared: i64, source_busy: Option<&str>, drop_pending: bool) -> Verdict {
+    match source_busy {
+        Some(why) => Verdict::Leave(why.to_string()),
+        None if prepared > 0 && !drop_pending => Verdict::Leave(PREPARED_REASON.into()),
+        None => Verdict::Drop,
+    }
+}
+
+/// Why a message API table with prepared messages stays.
+pub(crate) const PREPARED_REASON: &str = "its prepared messages are not decided yet; run the streamer and commit or \
+     roll them back (or let the check-back decide them), or add --drop-pending to discard them";
 
 /// The verdict on the source's shared objects (checkpoint table, enqueue function), given the
 /// tables that remain after this run (left shard-partitions' and strays).

@@ -374,6 +374,71 @@ impl MessageStore for MyMessages {
     }
 }
 
+/// `teardown` of the message API's table (see [`crate::db::teardown::message_table_verdict`]):
+/// `None` when there is none. The grants on it are revoked once it is dropped (MariaDB and
+/// MySQL keep table grants after `DROP TABLE`).
+pub(super) async fn tear_down(
+    conn: &mut mysql_async::Conn,
+    plan: &outbox_mysql::teardown::TeardownPlan,
+    source_busy: Option<&str>,
+    options: crate::db::teardown::Options,
+) -> Vec<crate::db::teardown::Line> {
+    use crate::db::teardown::{Line, Object, Verdict, message_table_verdict};
+    use outbox_mysql::teardown::TableGrant;
+    let name = table(&plan.table_prefix);
+    let q = format!("{}.{}", ident(&plan.database), ident(&name));
+    let exists: Result<Option<i64>, _> = conn
+        .exec_first(
+            "SELECT COUNT(*) FROM information_schema.tables WHERE table_schema = ? AND table_name = ?",
+            (&plan.database, &name),
+        )
+        .await;
+    match exists {
+        Ok(Some(n)) if n > 0 => {}
+        Ok(_) => return Vec::new(),
+        Err(e) => return vec![Line::Note(format!("cannot look for the message API table {name:?}: {e}"))],
+    }
+    let count = format!("SELECT COUNT(*) FROM {q} WHERE state = 'prepared'");
+    let prepared: i64 = match conn.query_first(&count).await {
+        Ok(n) => n.unwrap_or(0),
+        Err(e) => {
+            return vec![Line::Leave(vec![Object::MessageTable { name, prepared: 0 }], super::teardown::reason(&e))];
+        }
+    };
+    let object = |prepared| Object::MessageTable { name: name.clone(), prepared };
+    match (message_table_verdict(prepared, source_busy, options.drop_pending), options.act) {
+        (Verdict::Leave(why), _) => return vec![Line::Leave(vec![object(prepared)], why)],
+        (Verdict::Drop, false) => return vec![Line::Drop(vec![object(prepared)])],
+        (Verdict::Drop, true) => {}
+    }
+    if let Err(e) = conn.query_drop(format!("DROP TABLE {q}")).await {
+        return vec![Line::Leave(vec![object(prepared)], super::teardown::reason(&e))];
+    }
+    let mut lines = vec![Line::Drop(vec![object(prepared)])];
+    let grants: Result<Vec<TableGrant>, _> = conn
+        .exec_map(
+            "SELECT User, Host, Table_name, Table_priv FROM mysql.tables_priv WHERE Db = ? AND Table_name = ?",
+            (&plan.database, &name),
+            |(user, host, table, privileges)| TableGrant { user, host, table, privileges },
+        )
+        .await;
+    match grants {
+        Ok(grants) => {
+            for grant in grants {
+                let object = Object::Grants { grantee: grant.grantee(), table: grant.table.clone() };
+                lines.push(match outbox_mysql::teardown::revoke(conn, plan, &grant).await {
+                    Ok(()) => Line::Drop(vec![object]),
+                    Err(e) => Line::Leave(vec![object], super::teardown::reason(&e)),
+                });
+            }
+        }
+        Err(e) => lines.push(Line::Note(format!(
+            "cannot read mysql.tables_priv ({e}): grants on {name:?} are not revoked; SHOW GRANTS for the streamer's login and REVOKE them"
+        ))),
+    }
+    lines
+}
+
 #[cfg(test)]
 mod tests {
     use super::lock_name;

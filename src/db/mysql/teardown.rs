@@ -1,6 +1,7 @@
 //! Teardown of a MySQL/MariaDB source: each shard-partition's table with its checkpoint row
-//! ([`outbox_mysql::teardown::drop_table`]) and then the grants on it, then the enqueue
-//! routine, the checkpoint table and its grants.
+//! ([`outbox_mysql::teardown::drop_table`]) and then the grants on it, then the message API's
+//! table and its grants when there is one (`api.rs`), then the enqueue routine, the checkpoint
+//! table and its grants.
 
 use anyhow::Context;
 use outbox_mysql::mysql_async::{Conn, Error as MyError};
@@ -99,6 +100,15 @@ pub(super) async fn tear_down(
         }
     }
     remaining.extend(found.strays.iter().cloned());
+    // The message API's table before the enqueue routine: a prepared message left in it still
+    // needs the routine to be committed.
+    let api_lines = super::api::tear_down(&mut conn, &plan, source_busy.as_deref(), options).await;
+    if api_lines.iter().any(
+        |l| matches!(l, Line::Leave(objects, _) if objects.iter().any(|o| matches!(o, Object::MessageTable { .. }))),
+    ) {
+        remaining.push(super::api::table(prefix));
+    }
+    section.lines.extend(api_lines);
     let on_checkpoint = grants_on(&plan.checkpoint_table);
     shared(&mut conn, &plan, &found, &on_checkpoint, &remaining, source_busy.as_deref(), options, &mut section).await;
     for stray in &found.strays {
@@ -195,7 +205,7 @@ async fn shared(
 }
 
 /// A failed statement as a reason to leave an object, with what to do for the usual causes.
-fn reason(e: &MyError) -> String {
+pub(super) fn reason(e: &MyError) -> String {
     let text = plan::db_reason(e);
     let code = match e {
         MyError::Server(s) => Some(s.code),

@@ -438,3 +438,55 @@ impl MessageStore for PgMessages {
         .boxed()
     }
 }
+
+/// `teardown` of the message API's table (see [`crate::db::teardown::message_table_verdict`]):
+/// `None` when there is none. Counted and dropped under an exclusive lock, so no message is
+/// prepared between the count and the drop.
+pub(super) async fn tear_down(
+    client: &mut Client,
+    prefix: &str,
+    source_busy: Option<&str>,
+    options: crate::db::teardown::Options,
+) -> Option<crate::db::teardown::Line> {
+    use crate::db::teardown::{Line, Object, Verdict, message_table_verdict};
+    let name = table(prefix);
+    let q = ident(&name);
+    let exists: bool = match client.query_one("SELECT to_regclass($1) IS NOT NULL", &[&q]).await {
+        Ok(row) => row.get(0),
+        Err(e) => return Some(Line::Note(format!("cannot look for the message API table {name:?}: {e}"))),
+    };
+    if !exists {
+        return None;
+    }
+    let count = format!("SELECT count(*) FROM {q} WHERE state = 'prepared'");
+    let prepared: i64 = match client.query_one(&count, &[]).await {
+        Ok(row) => row.get(0),
+        Err(e) => {
+            return Some(Line::Leave(vec![Object::MessageTable { name, prepared: 0 }], super::teardown::reason(&e)));
+        }
+    };
+    let object = |prepared| Object::MessageTable { name: name.clone(), prepared };
+    let verdict = message_table_verdict(prepared, source_busy, options.drop_pending);
+    match (verdict, options.act) {
+        (Verdict::Leave(why), _) => Some(Line::Leave(vec![object(prepared)], why)),
+        (Verdict::Drop, false) => Some(Line::Drop(vec![object(prepared)])),
+        (Verdict::Drop, true) => {
+            let dropped = async {
+                let tx = client.transaction().await?;
+                tx.batch_execute(&format!("LOCK TABLE {q} IN ACCESS EXCLUSIVE MODE")).await?;
+                let now: i64 = tx.query_one(&count, &[]).await?.get(0);
+                if now > 0 && !options.drop_pending {
+                    return Ok(Err(now));
+                }
+                tx.batch_execute(&format!("DROP TABLE {q}")).await?;
+                tx.commit().await?;
+                Ok::<_, tokio_postgres::Error>(Ok(now))
+            };
+            Some(match dropped.await {
+                Ok(Ok(now)) => Line::Drop(vec![object(now)]),
+                Ok(Err(now)) => Line::Leave(vec![object(now)], crate::db::teardown::PREPARED_REASON.into()),
+                Err(e) => Line::Leave(vec![object(prepared)], super::teardown::reason(&e)),
+            })
+        }
+    }
+}

@@ -1,5 +1,6 @@
 //! Teardown of a PostgreSQL source: each shard-partition's table, publication, slot and
-//! checkpoint row together ([`outbox_postgres::teardown::drop_stream`]), then the enqueue
+//! checkpoint row together ([`outbox_postgres::teardown::drop_stream`]), then the message API's
+//! table when there is one (`api.rs`), then the enqueue
 //! function's overloads and the checkpoint table.
 
 use anyhow::Context;
@@ -90,6 +91,14 @@ pub(super) async fn tear_down(
     }
     let stray_tables: Vec<String> = found.strays.iter().filter(|s| s.kind == "table").map(|s| s.name.clone()).collect();
     remaining.extend(stray_tables);
+    // The message API's table before the enqueue function: a prepared message left in it still
+    // needs the function to be committed.
+    if let Some(line) = super::api::tear_down(&mut client, prefix, source_busy.as_deref(), options).await {
+        if matches!(line, Line::Leave(..)) {
+            remaining.push(super::api::table(prefix));
+        }
+        section.lines.push(line);
+    }
     shared(&mut client, &plan, &found, &remaining, source_busy.as_deref(), options, &mut section).await;
     for stray in &found.strays {
         let object = match stray.kind {
@@ -208,7 +217,7 @@ async fn shared(
 }
 
 /// A failed statement as a reason to leave an object, with what to do for the usual causes.
-fn reason(e: &tokio_postgres::Error) -> String {
+pub(super) fn reason(e: &tokio_postgres::Error) -> String {
     let text = plan::db_reason(e);
     let fix = match e.code().map(|c| c.code()) {
         Some("55P03") => "; a transaction of the application or a streamer holds the table: try again when it ends",
