@@ -763,3 +763,33 @@ async fn postgres_tw_tkms_messages_reach_rabbitmq_as_stored() {
     w.wait_drained(&table).await;
     assert!(streamer.stop());
 }
+
+/// The message API on a RabbitMQ shard-partition: a message prepared with an exchange and a
+/// routing key reaches the queue bound to them once committed; a rolled-back one never does.
+#[tokio::test]
+async fn postgres_a_message_api_commit_reaches_a_rabbitmq_queue_by_exchange_and_routing_key() {
+    use crate::support::api::{self, Client, OTHER_SECRET};
+    let listen = crate::support::metrics::free_addr();
+    let w = World::postgres("rmq_api").shards(2).config(&config()).config(&api::config(listen, "")).build().await;
+    let (_conn, ch) = channel().await;
+    declare_exchange(&ch, &w.topic).await;
+    let mut consumer = bound_queue(&ch, &w.topic, "orders.eu").await;
+    let streamer =
+        crate::support::streamer::Running::start_with_env(&w.config, &w.dir.join("streamer.log"), &api::env());
+    api::wait_until_serving(listen).await;
+    let other = Client::new(listen, OTHER_SECRET);
+    let message = |text: &str| {
+        format!(r#"{{"exchange": "{}", "routing_key": "orders.eu", "payload": {text}, "shard": 1}}"#, w.topic)
+    };
+    let dropped = other.prepare(&message(r#"{"n": 1}"#)).await;
+    let sent = other.prepare(&message(r#"{"n": 2}"#)).await;
+    assert_eq!(other.decide(&dropped, "rollback").await.status, 200);
+    assert_eq!(other.decide(&sent, "commit").await.status, 200);
+    let d = tokio::time::timeout(DEADLINE, consumer.next()).await.expect("a message in time").unwrap().unwrap();
+    assert_eq!(d.data, br#"{"n": 2}"#, "only the committed message, as written");
+    assert_eq!(d.routing_key.as_str(), "orders.eu");
+    assert_eq!(header(&d, "outbox-shard"), "1");
+    d.ack(BasicAckOptions::default()).await.unwrap();
+    w.wait_drained(&w.table(1, 0)).await;
+    assert!(streamer.stop());
+}
