@@ -169,7 +169,17 @@ async fn python_and_java_message_api_services_commit_roll_back_and_answer_the_ch
     let streamer =
         crate::support::streamer::Running::start_with_env(&w.config, &w.dir.join("streamer.log"), &api::env());
     api::wait_until_serving(listen).await;
-    let mut endpoints = Vec::new();
+    /// The examples' check-back endpoints, killed however the test ends.
+    struct Endpoints(Vec<std::process::Child>);
+    impl Drop for Endpoints {
+        fn drop(&mut self) {
+            for endpoint in &mut self.0 {
+                let _ = endpoint.kill();
+                let _ = endpoint.wait();
+            }
+        }
+    }
+    let mut endpoints = Endpoints(Vec::new());
     let mut printed = String::new();
     for (lang, file, endpoint, tag) in
         [("python", "api_orders.py", py_listen, "py"), ("java", "ApiOrders.java", java_listen, "java")]
@@ -187,7 +197,7 @@ async fn python_and_java_message_api_services_commit_roll_back_and_answer_the_ch
         };
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples").join(lang).join("run");
         let log = std::fs::File::create(w.dir.join(format!("endpoint-{tag}.log"))).unwrap();
-        endpoints.push(
+        endpoints.0.push(
             Command::new(&script)
                 .args([file, "serve"])
                 .envs(env("serve"))
@@ -211,9 +221,6 @@ async fn python_and_java_message_api_services_commit_roll_back_and_answer_the_ch
     assert_eq!(keys, ["java-commit", "java-crash", "py-commit", "py-crash"], "the rolled-back orders never arrive");
     let crashed = records.iter().find(|r| r.key_str() == "py-crash").unwrap();
     assert_eq!(crashed.header("trace-id"), "py-py-crash");
-    for mut endpoint in endpoints {
-        let _ = endpoint.kill();
-        let _ = endpoint.wait();
-    }
+    drop(endpoints);
     assert!(streamer.stop());
 }
