@@ -78,6 +78,24 @@ pub(crate) fn in_the_background(work: impl Future<Output = ()> + Send + 'static)
     });
 }
 
+/// Makes up to `attempts` of `attempt`, one per `every` (the first at once), until one returns
+/// true; returns whether one did. For best-effort cleanup that a lingering session or a
+/// restarting server may refuse for a moment — a retry schedule, never a test's wait.
+pub(crate) async fn retry_paced<F, Fut>(attempts: u32, every: Duration, mut attempt: F) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let mut pace = tokio::time::interval(every);
+    for _ in 0..attempts {
+        pace.tick().await;
+        if attempt().await {
+            return true;
+        }
+    }
+    false
+}
+
 /// Stops Kafka now and starts it again when dropped, so a failing assertion in between
 /// still leaves Kafka running for the tests after it. Hold the services exclusively.
 pub(crate) struct KafkaOutage;

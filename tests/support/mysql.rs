@@ -26,12 +26,9 @@ impl Drop for MyDb {
 /// only takes disk.
 async fn drop_database(root_url: &str, name: &str) {
     let Ok(opts) = mysql_async::Opts::from_url(root_url) else { return };
-    for _ in 0..20 {
-        let Ok(mut root) = mysql_async::Conn::new(opts.clone()).await else {
-            tokio::time::sleep(std::time::Duration::from_millis(500)).await;
-            continue;
-        };
-        let user = format!("{name}_s");
+    let user = format!("{name}_s");
+    super::retry_paced(20, std::time::Duration::from_millis(500), || async {
+        let Ok(mut root) = mysql_async::Conn::new(opts.clone()).await else { return false };
         let sessions: Vec<u64> = root
             .exec(
                 "SELECT id FROM information_schema.processlist WHERE (db = ? OR user = ?) AND id <> CONNECTION_ID()",
@@ -46,11 +43,9 @@ async fn drop_database(root_url: &str, name: &str) {
         let dropped = root.query_drop(format!("DROP DATABASE IF EXISTS {name}")).await.is_ok();
         let _ = root.query_drop(format!("DROP USER IF EXISTS '{user}'@'127.0.0.1'")).await;
         let _ = root.disconnect().await;
-        if dropped {
-            return;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
-    }
+        dropped
+    })
+    .await;
 }
 
 impl MyDb {

@@ -66,11 +66,8 @@ pub(crate) async fn fresh_db() -> PgDb {
 /// be restarting the server); a database left behind is dropped by the next test process
 /// ([`drop_stale_once`]).
 async fn drop_database(root_url: &str, name: &str, attempts: u32) {
-    for _ in 0..attempts {
-        let Ok((root, conn)) = tokio_postgres::connect(root_url, NoTls).await else {
-            tokio::time::sleep(std::time::Duration::from_millis(500)).await;
-            continue;
-        };
+    super::retry_paced(attempts, std::time::Duration::from_millis(500), || async {
+        let Ok((root, conn)) = tokio_postgres::connect(root_url, NoTls).await else { return false };
         tokio::spawn(conn);
         let _ = root
             .execute(
@@ -84,12 +81,13 @@ async fn drop_database(root_url: &str, name: &str, attempts: u32) {
             let gids: Vec<String> = rows.iter().map(|r| r.get(0)).collect();
             roll_back_prepared(&with_database(root_url, name), &gids).await;
         }
-        if root.batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)")).await.is_ok() {
-            let _ = root.batch_execute(&format!("DROP ROLE IF EXISTS {name}_streamer")).await;
-            return;
+        if root.batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)")).await.is_err() {
+            return false;
         }
-        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
-    }
+        let _ = root.batch_execute(&format!("DROP ROLE IF EXISTS {name}_streamer")).await;
+        true
+    })
+    .await;
 }
 
 /// Slots of earlier test processes' databases pin WAL forever, and their databases take
