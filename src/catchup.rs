@@ -91,6 +91,7 @@ impl Drain<'_> {
             in_snapshot,
             rows_sent: rows_sent.clone(),
             metric_labels: self.labels.metric_labels(),
+            quiet: None,
         };
         let source = PollSource::new(reader, cleaner, settings);
         run_session(self.labels, self.settings, source, self.producer, self.message_timeout, self.stop, self.memory)

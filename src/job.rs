@@ -162,6 +162,7 @@ pub(crate) fn poll_settings(settings: &StreamSettings, labels: &StreamLabels) ->
         in_snapshot: false,
         rows_sent: Default::default(),
         metric_labels: labels.metric_labels(),
+        quiet: None,
     }
 }
 

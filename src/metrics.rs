@@ -32,6 +32,7 @@ pub(crate) const CATCHUP_ROWS: &str = "outbox_catchup_rows_total";
 pub(crate) const HISTORY_CHANGES: &str = "outbox_database_history_changes_total";
 pub(crate) const POLL_QUERY_SECONDS: &str = "outbox_poll_query_seconds";
 pub(crate) const POLL_ROWS_BELOW_MARK: &str = "outbox_poll_rows_below_mark_total";
+pub(crate) const POLL_WATCH_PROBES: &str = "outbox_poll_watch_probes_total";
 pub(crate) const OWNED_STREAMS: &str = "outbox_owned_streams";
 pub(crate) const LEASE_CHANGES: &str = "outbox_lease_changes_total";
 pub(crate) const OWNER_EPOCH: &str = "outbox_owner_epoch";
@@ -154,6 +155,11 @@ pub(crate) fn describe() {
         Unit::Count,
         "polling: rows found below the low-water mark by the periodic rescan from the lowest id"
     );
+    describe_counter!(
+        POLL_WATCH_PROBES,
+        Unit::Count,
+        "polling: statements of the quiet-table watch, by outcome (ok, failed); while it fails, idle tables are read one by one"
+    );
     describe_gauge!(OWNED_STREAMS, Unit::Count, "shard-partitions this instance holds the ZooKeeper lease of");
     describe_counter!(
         LEASE_CHANGES,
@@ -256,6 +262,7 @@ mod tests {
         super::POLL_QUERY_SECONDS,
         super::KAFKA_TXN_COMMIT_SECONDS,
         super::POLL_ROWS_BELOW_MARK,
+        super::POLL_WATCH_PROBES,
         super::OWNED_STREAMS,
         super::LEASE_CHANGES,
         super::OWNER_EPOCH,

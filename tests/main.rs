@@ -37,6 +37,7 @@ mod mysql_wal;
 mod mysql_xa;
 mod polling;
 mod polling_mysql;
+mod polling_quiet;
 mod postgres_cdc;
 mod postgres_errors;
 mod postgres_faults;

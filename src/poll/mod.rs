@@ -41,6 +41,10 @@
 //! take an id commits after a batch was read — later. Within one transaction rows keep their
 //! order. The benchmark counts these out-of-commit-order deliveries.
 
+mod quiet;
+
+pub(crate) use quiet::{ConnectProbe, QuietTable, QuietWatch, TableProbe, Watched};
+
 /// The PostgreSQL polling query, public for the test that checks its plan with stale
 /// statistics; the polling table itself is in `db/postgres/poll.rs`.
 pub mod postgres {
@@ -52,7 +56,9 @@ use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use tokio::sync::mpsc;
 
@@ -152,6 +158,10 @@ pub struct PollSettings {
     pub rows_sent: Arc<AtomicU64>,
     /// `source`, `shard`, `partition` for the query-time histogram.
     pub metric_labels: [(&'static str, String); 3],
+    /// The source's watch of quiet tables (see [`quiet`]): after a rescan that found nothing,
+    /// this source waits for it instead of reading its table every `interval`. `None` (a
+    /// catch-up's drain) reads every `interval`.
+    pub quiet: Option<QuietTable>,
 }
 
 /// A polling position: how many rows this session had read when a batch ended. Nothing is
@@ -228,6 +238,8 @@ pub struct PollSource<T: PollTable> {
     next_poll_at: Instant,
     probe: Option<Probe>,
     sees_writers: bool,
+    /// The last rescan found nothing: the next waits for the quiet-table watch.
+    quiet: bool,
     /// [`PollSettings::in_snapshot`]: rows finished before this session read anything (an
     /// earlier session's acknowledged prefix, rows a committed Kafka transaction holds). They
     /// are deleted, but the snapshot still shows them: reads leave them out.
@@ -277,6 +289,7 @@ impl<T: PollTable> PollSource<T> {
             next_poll_at: now,
             probe: None,
             sees_writers: true,
+            quiet: false,
             finished_unread: std::collections::HashSet::new(),
         }
     }
@@ -304,7 +317,7 @@ impl<T: PollTable> PollSource<T> {
             }
             Request { after: self.last_read, upto, limit, rescan: false, settle: None, probe: false, below_mark: None }
         } else {
-            tokio::time::sleep_until(self.next_poll_at.into()).await;
+            self.wait_for_rescan().await;
             self.last_rescan = Instant::now();
             let below_mark = (self.low_water > BEFORE_EVERY_ID
                 && self.last_full_rescan.elapsed() >= self.settings.full_rescan_every)
@@ -325,6 +338,26 @@ impl<T: PollTable> PollSource<T> {
         self.requests.send(req).await.map_err(|_| Error::transient("the polling reader stopped"))?;
         self.request_out = true;
         Ok(true)
+    }
+
+    /// Waits until the next rescan is due: `interval` after a read that found rows; after one
+    /// that found none, until the quiet-table watch sees rows (or [`quiet::QUIET_READ_EVERY`]
+    /// has passed since this source last read, or the watch does not work). Cancel-safe.
+    async fn wait_for_rescan(&self) {
+        let registered = match &self.settings.quiet {
+            Some(table) if self.quiet => table.quiet(self.low_water, self.settings.interval),
+            _ => None,
+        };
+        match registered {
+            Some(mut quiet) => {
+                let read_by = self.last_rescan + quiet::QUIET_READ_EVERY;
+                tokio::select! {
+                    () = quiet.rows() => {}
+                    () = tokio::time::sleep_until(read_by) => {}
+                }
+            }
+            None => tokio::time::sleep_until(self.next_poll_at).await,
+        }
     }
 
     fn on_response(&mut self, mut resp: Response) -> Option<SourceEvent<PollPosition>> {
@@ -358,6 +391,8 @@ impl<T: PollTable> PollSource<T> {
             }
         }
         if resp.rescan {
+            // A drain ends at its first empty rescan instead; a snapshot never shows new rows.
+            self.quiet = read_none && self.settings.drain_upto.is_none() && !self.settings.in_snapshot;
             self.move_low_water(resp.settled, full, last_id);
             match resp.writers {
                 Some(Writers::Known(writers)) if self.probe.is_none() => {
@@ -442,7 +477,8 @@ async fn serve<T: PollTable>(
     let started = Instant::now();
     let rows = table.oldest(req.after, req.upto, req.limit).await?;
     metrics::histogram!(crate::metrics::POLL_QUERY_SECONDS, labels).record(started.elapsed().as_secs_f64());
-    let writers = if req.probe { Some(table.writers().await?) } else { None };
+    // A read that found nothing sets no mark: the writers are asked at the next that finds rows.
+    let writers = if req.probe && !rows.is_empty() { Some(table.writers().await?) } else { None };
     Ok(Response { rows, rescan: req.rescan, below_mark: req.below_mark, settled, writers })
 }
 

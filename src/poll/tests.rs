@@ -116,6 +116,7 @@ fn source_rescanning_every(db: &Fake, batch: u32, drain_upto: Option<i64>, every
         in_snapshot: false,
         rows_sent: Arc::default(),
         metric_labels: [("source", "s".into()), ("shard", "0".into()), ("partition", "0".into())],
+        quiet: None,
     };
     PollSource::new(db.clone(), db.clone(), settings)
 }
@@ -330,4 +331,141 @@ async fn a_drain_stops_at_its_bound_and_reports_drained() {
     assert_eq!(end, None, "drained");
     assert_eq!(src.settings.rows_sent.load(Ordering::Relaxed), 3);
     assert_eq!(db.0.lock().unwrap().rows.len(), 2, "rows above the bound stay for the stream");
+}
+
+/// The quiet-table watch of the tests: answers from the fake table, counts its statements, and
+/// fails while told to.
+#[derive(Clone, Default)]
+struct Watch {
+    probes: Arc<AtomicU64>,
+    failing: Arc<std::sync::atomic::AtomicBool>,
+}
+
+struct FakeProbe {
+    db: Fake,
+    watch: Watch,
+}
+
+impl TableProbe for FakeProbe {
+    fn holding<'a>(&'a mut self, tables: &'a [Watched]) -> futures::future::BoxFuture<'a, Result<Vec<bool>, Error>> {
+        Box::pin(async move {
+            if self.watch.failing.load(Ordering::SeqCst) {
+                return Err(Error::transient("the watch's server is down"));
+            }
+            self.watch.probes.fetch_add(1, Ordering::SeqCst);
+            let db = self.db.0.lock().unwrap();
+            Ok(tables.iter().map(|w| db.rows.range(w.above.saturating_add(1)..).any(|(_, (c, _))| *c)).collect())
+        })
+    }
+}
+
+impl Watch {
+    fn source(&self, db: &Fake) -> PollSource<Fake> {
+        let (db2, watch) = (db.clone(), self.clone());
+        let connect: ConnectProbe = Arc::new(move || {
+            let (db, watch) = (db2.clone(), watch.clone());
+            Box::pin(async move {
+                if watch.failing.load(Ordering::SeqCst) {
+                    return Err(Error::transient("the watch's server is down"));
+                }
+                Ok(Box::new(FakeProbe { db, watch }) as Box<dyn TableProbe>)
+            })
+        });
+        let mut src = source(db, 100, None);
+        src.settings.quiet = Some(QuietWatch::new("s", connect).table("outbox_0_0"));
+        src
+    }
+
+    fn probes(&self) -> u64 {
+        self.probes.load(Ordering::SeqCst)
+    }
+}
+
+/// Runs the source for `d` of (paused, auto-advancing) time, expecting nothing to read.
+async fn quiet_for(src: &mut PollSource<Fake>, d: Duration) {
+    assert!(tokio::time::timeout(d, src.next()).await.is_err(), "nothing to read");
+}
+
+/// An idle table is not read every interval: the watch asks about it, and a commit wakes the
+/// source at the next probe.
+#[tokio::test(start_paused = true)]
+async fn a_quiet_table_is_watched_not_read_and_a_commit_wakes_its_source() {
+    let db = Fake::default();
+    let watch = Watch::default();
+    let mut src = watch.source(&db);
+    quiet_for(&mut src, Duration::from_secs(1)).await;
+    assert_eq!(db.reads().len(), 1, "one rescan found nothing, then the watch took over");
+    assert!(watch.probes() >= 100, "the watch probed every 1 ms interval: {}", watch.probes());
+    db.insert("a", 1);
+    db.commit("a");
+    assert_eq!(next_batch(&mut src).await, vec![1]);
+    assert_eq!(db.reads().len(), 2, "one read, for the row the watch saw");
+}
+
+/// A quiet source still reads its own table every `QUIET_READ_EVERY` (its slot is maintained
+/// then, and rows below the mark, which the watch does not look at, are found).
+#[tokio::test(start_paused = true)]
+async fn a_quiet_source_still_reads_its_table_every_few_seconds() {
+    let db = Fake::default();
+    let watch = Watch::default();
+    let mut src = watch.source(&db);
+    quiet_for(&mut src, quiet::QUIET_READ_EVERY * 2 + Duration::from_millis(500)).await;
+    assert_eq!(db.reads().len(), 3, "the first rescan and one per QUIET_READ_EVERY: {:?}", db.reads());
+}
+
+/// A watch that fails wakes its sources and lets them poll on their own (nothing is late) until
+/// it works again; then they are quiet again.
+#[tokio::test(start_paused = true)]
+async fn while_the_watch_fails_sources_poll_on_their_own() {
+    let db = Fake::default();
+    let watch = Watch::default();
+    watch.failing.store(true, Ordering::SeqCst);
+    let mut src = watch.source(&db);
+    quiet_for(&mut src, Duration::from_millis(200)).await;
+    let polled = db.reads().len();
+    assert!(polled > 50, "polled every 1 ms interval while the watch failed: {polled}");
+    db.insert("a", 1);
+    db.commit("a");
+    assert_eq!(next_batch(&mut src).await, vec![1], "found by the source's own read");
+    watch.failing.store(false, Ordering::SeqCst);
+    quiet_for(&mut src, Duration::from_secs(6)).await;
+    let settled = db.reads().len();
+    quiet_for(&mut src, Duration::from_secs(1)).await;
+    assert!(db.reads().len() - settled <= 1, "quiet again once the watch works: {} reads", db.reads().len() - settled);
+    assert!(watch.probes() > 100, "the watch probes again: {}", watch.probes());
+}
+
+/// Two quiet tables of one source are asked about in one statement, each above its own mark.
+#[tokio::test(start_paused = true)]
+async fn quiet_tables_of_a_source_are_probed_together() {
+    let seen: Arc<Mutex<Vec<Vec<Watched>>>> = Arc::default();
+    let seen2 = seen.clone();
+    struct Recording(Arc<Mutex<Vec<Vec<Watched>>>>);
+    impl TableProbe for Recording {
+        fn holding<'a>(
+            &'a mut self,
+            tables: &'a [Watched],
+        ) -> futures::future::BoxFuture<'a, Result<Vec<bool>, Error>> {
+            self.0.lock().unwrap().push(tables.to_vec());
+            Box::pin(async move { Ok(vec![false; tables.len()]) })
+        }
+    }
+    let connect: ConnectProbe = Arc::new(move || {
+        let seen = seen2.clone();
+        Box::pin(async move { Ok(Box::new(Recording(seen)) as Box<dyn TableProbe>) })
+    });
+    let watch = QuietWatch::new("s", connect);
+    let (a, b) = (watch.table("t_a"), watch.table("t_b"));
+    let _qa = a.quiet(7, Duration::from_millis(10)).expect("the watch works");
+    let _qb = b.quiet(-3, Duration::from_millis(20)).expect("the watch works");
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let probes = seen.lock().unwrap().clone();
+    let both = vec![Watched { table: "t_a".into(), above: 7 }, Watched { table: "t_b".into(), above: -3 }];
+    assert!(probes.len() >= 5 && probes.len() <= 12, "one statement per shortest interval: {}", probes.len());
+    assert_eq!(probes.last().unwrap(), &both);
+    drop((_qa, _qb));
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let after = seen.lock().unwrap().len();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(seen.lock().unwrap().len(), after, "no statement while no table is quiet");
 }

@@ -144,6 +144,10 @@ pub(crate) trait Database: Sized + Send + Sync + 'static {
     /// their open transactions roll back.
     fn kill_waiting_at_gate(conn: &mut Self::Conn, table: &str) -> impl Future<Output = ()> + Send;
 
+    /// Ends every session of another login than the admin's in this database (the streamer's
+    /// sessions, whatever they are doing); returns how many.
+    fn kill_other_sessions(conn: &mut Self::Conn) -> impl Future<Output = usize> + Send;
+
     /// When the stream of `table` last reported its position to the server (seconds on the
     /// server's clock, with a fraction), where [`Database::SLOT`]; `None` otherwise or while
     /// no stream is connected.
@@ -316,6 +320,18 @@ impl Database for PgDb {
         .unwrap();
     }
 
+    async fn kill_other_sessions(conn: &mut Self::Conn) -> usize {
+        let row = conn
+            .query_one(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+                  WHERE datname = current_database() AND usename <> current_user AND pid <> pg_backend_pid()",
+                &[],
+            )
+            .await
+            .unwrap();
+        row.get::<_, i64>(0) as usize
+    }
+
     async fn last_report(conn: &mut Self::Conn, table: &str) -> Option<f64> {
         conn.query_opt(
             "SELECT extract(epoch FROM r.reply_time)::float8 FROM pg_replication_slots s
@@ -477,6 +493,21 @@ impl Database for MyDb {
         for id in ids {
             conn.query_drop(format!("KILL {id}")).await.unwrap();
         }
+    }
+
+    async fn kill_other_sessions(conn: &mut Self::Conn) -> usize {
+        let ids: Vec<u64> = conn
+            .query(
+                "SELECT id FROM information_schema.processlist
+                  WHERE db = DATABASE() AND user <> SUBSTRING_INDEX(CURRENT_USER(), '@', 1) AND id <> CONNECTION_ID()",
+            )
+            .await
+            .unwrap();
+        for id in &ids {
+            // A session that ended meanwhile is gone already.
+            let _ = conn.query_drop(format!("KILL {id}")).await;
+        }
+        ids.len()
     }
 
     async fn last_report(_conn: &mut Self::Conn, _table: &str) -> Option<f64> {

@@ -131,6 +131,8 @@ fn jobs(source: &SourceConfig, ctx: &JobContext<'_>) -> anyhow::Result<Vec<Strea
     let mut jobs = Vec::new();
     let (login, database) =
         (opts.user().unwrap_or_default().to_string(), opts.db_name().unwrap_or_default().to_string());
+    // One watch of the quiet tables for all polling shard-partitions of the source.
+    let quiet = crate::poll::QuietWatch::new(&source.name, poll::quiet_probe(opts.clone(), source.layout()));
     for (labels, settings, names) in stream_plans(source) {
         let scope = dberror::Scope::of_stream(source, Backend::MySql, &login, &database, &names.table);
         let broker = crate::sink::broker_settings(ctx, &settings, &labels);
@@ -143,7 +145,8 @@ fn jobs(source: &SourceConfig, ctx: &JobContext<'_>) -> anyhow::Result<Vec<Strea
         let message_timeout_ms = ctx.kafka.message_timeout_ms;
         let layout = source.layout();
         if settings.mode == Mode::Polling {
-            let (opts, checkpoint, poll) = (opts.clone(), checkpoint.clone(), poll_settings(&settings, &labels));
+            let (opts, checkpoint, mut poll) = (opts.clone(), checkpoint.clone(), poll_settings(&settings, &labels));
+            poll.quiet = Some(quiet.table(&names.table));
             let table = names.table.clone();
             let connect = move |lease: OwnerLease| {
                 let (opts, table, checkpoint, poll) = (opts.clone(), table.clone(), checkpoint.clone(), poll.clone());

@@ -19,7 +19,7 @@ use super::cdc::id_list;
 use super::checkpoint::Checkpoint;
 use crate::error::Error;
 use crate::layout::{Field, Layout};
-use crate::poll::{PollTable, PolledRow, Writers};
+use crate::poll::{ConnectProbe, PollTable, PolledRow, TableProbe, Watched, Writers};
 use crate::source::{DELETE_CHUNK, STATEMENT_TIMEOUT, within};
 
 /// ER_SPECIFIC_ACCESS_DENIED_ERROR: "you need the PROCESS privilege".
@@ -250,6 +250,59 @@ impl PollTable for MyPollTable {
 
     async fn history(&mut self) -> Result<String, Error> {
         super::connect::history(&mut self.conn).await
+    }
+}
+
+/// The quiet-table watch's connection (see `crate::poll::quiet`): one statement asks every
+/// quiet table of the source whether it holds a row above its mark, by the index the
+/// oldest-rows query reads. A plain `SELECT` is a consistent read: it waits for no lock.
+struct MyQuietProbe {
+    conn: Conn,
+    layout: Layout,
+}
+
+/// Connects the quiet-table watch of a source of `layout`.
+pub(crate) fn quiet_probe(opts: Opts, layout: Layout) -> ConnectProbe {
+    std::sync::Arc::new(move || {
+        let opts = opts.clone();
+        Box::pin(async move {
+            let mut conn = within("connecting the quiet-table watch to MySQL/MariaDB", Conn::new(opts)).await?;
+            within(
+                "setting up the quiet-table watch's session",
+                conn.query_drop("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED"),
+            )
+            .await?;
+            Ok(Box::new(MyQuietProbe { conn, layout }) as Box<dyn TableProbe>)
+        })
+    })
+}
+
+/// `SELECT EXISTS (SELECT 1 FROM t0 WHERE id > m0), …`: marks are integers, tables quoted.
+fn holding_sql(tables: &[Watched], layout: Layout) -> String {
+    let id = ident(layout.id_column());
+    let probes: Vec<String> = tables
+        .iter()
+        .map(|w| format!("EXISTS (SELECT 1 FROM {}{} WHERE {id} > {})", ident(&w.table), id_index(layout), w.above))
+        .collect();
+    format!("SELECT {}", probes.join(", "))
+}
+
+impl TableProbe for MyQuietProbe {
+    fn holding<'a>(&'a mut self, tables: &'a [Watched]) -> futures::future::BoxFuture<'a, Result<Vec<bool>, Error>> {
+        Box::pin(async move {
+            if tables.is_empty() {
+                return Ok(Vec::new());
+            }
+            let sql = holding_sql(tables, self.layout);
+            let row: Option<Row> = within("asking the quiet tables for rows", self.conn.query_first(sql)).await?;
+            let row = row.ok_or_else(|| Error::transient("the quiet-table watch's statement returned no row"))?;
+            (0..tables.len())
+                .map(|i| match row.get_opt::<i64, usize>(i) {
+                    Some(Ok(n)) => Ok(n != 0),
+                    _ => Err(Error::transient(format!("the quiet-table watch's answer {i} is not a number"))),
+                })
+                .collect()
+        })
     }
 }
 

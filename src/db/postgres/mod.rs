@@ -143,6 +143,9 @@ fn jobs(source: &SourceConfig, ctx: &JobContext<'_>) -> anyhow::Result<Vec<Strea
     let target = target(source, ctx)?;
     let checkpoint = checkpoint_table(&source.table_prefix);
     let mut jobs = Vec::new();
+    // One watch of the quiet tables for all polling shard-partitions of the source.
+    let quiet =
+        crate::poll::QuietWatch::new(&source.name, poll::quiet_probe(target.clone(), source.layout().id_column()));
     for (labels, settings, names) in stream_plans(source) {
         let scope =
             dberror::Scope::of_stream(source, Backend::Postgres, target.user(), target.database(), &names.table);
@@ -157,7 +160,9 @@ fn jobs(source: &SourceConfig, ctx: &JobContext<'_>) -> anyhow::Result<Vec<Strea
         let message_timeout_ms = ctx.kafka.message_timeout_ms;
         let layout = source.layout();
         if settings.mode == Mode::Polling {
-            let (target, checkpoint, poll) = (target.clone(), checkpoint.clone(), poll_settings(&settings, &labels));
+            let (target, checkpoint, mut poll) =
+                (target.clone(), checkpoint.clone(), poll_settings(&settings, &labels));
+            poll.quiet = Some(quiet.table(&names.table));
             let (table, slot, stream_names) = (names.table.clone(), names.slot.clone(), names.clone());
             let connect = move |lease: OwnerLease| {
                 let (target, table, checkpoint, poll, slot, names) = (

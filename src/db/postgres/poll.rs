@@ -18,7 +18,7 @@ use tokio_postgres::{Client, Row, Statement};
 use crate::error::Error;
 use crate::layout::{Field, Layout};
 use crate::names::StreamNames;
-use crate::poll::{PollTable, PolledRow, Writers};
+use crate::poll::{ConnectProbe, PollTable, PolledRow, TableProbe, Watched, Writers};
 use crate::record::RawRow;
 use crate::source::{DELETE_CHUNK, within};
 
@@ -310,6 +310,71 @@ impl PollTable for PgPollTable {
 
     async fn history(&mut self) -> Result<String, Error> {
         super::connect::history(&self.client).await
+    }
+}
+
+/// The quiet-table watch's connection (see `crate::poll::quiet`): one statement asks every
+/// quiet table of the source whether it holds a row above its mark, by the same index the
+/// oldest-rows query reads (the session's [`PLANNER_SETTINGS`]), so dead index entries below
+/// the mark are not walked.
+struct PgQuietProbe {
+    client: Client,
+    id_column: String,
+    /// The statement of the tables last asked about: the same quiet tables are asked every
+    /// interval, in one round trip.
+    prepared: Option<(Vec<Watched>, Statement)>,
+}
+
+/// Connects the quiet-table watch of a source whose tables have `id_column`.
+pub(crate) fn quiet_probe(target: PgTarget, id_column: &str) -> ConnectProbe {
+    let id_column = id_column.to_string();
+    std::sync::Arc::new(move || {
+        let (target, id_column) = (target.clone(), id_column.clone());
+        Box::pin(async move {
+            let client =
+                within(&format!("connecting the quiet-table watch to {}", target.display()), target.connect()).await?;
+            client
+                .batch_execute(PLANNER_SETTINGS)
+                .await
+                .map_err(|e| Error::from_db("setting the quiet-table watch's planner options", e))?;
+            Ok(Box::new(PgQuietProbe { client, id_column, prepared: None }) as Box<dyn TableProbe>)
+        })
+    })
+}
+
+/// `SELECT EXISTS (SELECT 1 FROM t0 WHERE id > m0), …`: marks are integers, tables quoted.
+fn holding_sql(tables: &[Watched], id_column: &str) -> String {
+    let id = ident(id_column);
+    let probes: Vec<String> = tables
+        .iter()
+        .map(|w| format!("EXISTS (SELECT 1 FROM {} WHERE {id} > '{}'::int8)", ident(&w.table), w.above))
+        .collect();
+    format!("SELECT {}", probes.join(", "))
+}
+
+impl TableProbe for PgQuietProbe {
+    fn holding<'a>(&'a mut self, tables: &'a [Watched]) -> futures::future::BoxFuture<'a, Result<Vec<bool>, Error>> {
+        Box::pin(async move {
+            if tables.is_empty() {
+                return Ok(Vec::new());
+            }
+            let what = "asking the quiet tables for rows";
+            let statement = match &self.prepared {
+                Some((asked, statement)) if asked.as_slice() == tables => statement.clone(),
+                _ => {
+                    let sql = holding_sql(tables, &self.id_column);
+                    let statement = within(what, self.client.prepare(&sql)).await?;
+                    self.prepared = Some((tables.to_vec(), statement.clone()));
+                    statement
+                }
+            };
+            let row = within(what, self.client.query_one(&statement, &[])).await?;
+            (0..tables.len())
+                .map(|i| {
+                    row.try_get::<_, bool>(i).map_err(|e| Error::from_db("reading the quiet-table watch's answer", e))
+                })
+                .collect()
+        })
     }
 }
 
