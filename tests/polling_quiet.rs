@@ -8,6 +8,7 @@ use std::time::Duration;
 use crate::polling::POLLING;
 use crate::support::database::{Database, Row};
 use crate::support::metrics::{sample, try_get};
+use crate::support::pg::PgDb;
 use crate::support::world::{ARRIVAL, World, WorldBuilder};
 use crate::support::{kafka, wait_until};
 
@@ -89,4 +90,50 @@ async fn postgres_idle_polling_tables_are_watched_together() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mariadb_idle_polling_tables_are_watched_together() {
     idle_tables_are_watched_together(World::mysql("mq")).await;
+}
+
+/// The watch's failed statements.
+async fn failures(addr: SocketAddr) -> Option<f64> {
+    let text = try_get(addr, "/metrics").await?;
+    Some(sample(&text, "outbox_poll_watch_probes_total", &[("source", "test"), ("outcome", "failed")]).unwrap_or(0.0))
+}
+
+/// A table locked by DDL (`ACCESS EXCLUSIVE`, held open) while every table is quiet: the watch's
+/// statement gives up on the lock at once instead of queueing behind it (where it would hold
+/// its share lock on the other tables, and the application behind any DDL on those), the other
+/// tables' rows are published meanwhile, and once the lock is gone the watch works again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_a_locked_quiet_table_does_not_hold_up_the_watch() {
+    let w = World::postgres("pk").partitions(3).config(POLLING).build().await;
+    let streamer = w.start("streamer.log");
+    let addr = streamer.metrics_addr();
+    let (probes, _) = after_probes(addr, 0.0, 5.0).await;
+    let mut locker = crate::support::pg::connect(&w.db.admin_url).await;
+    let lock = locker.transaction().await.unwrap();
+    lock.batch_execute(&format!("LOCK TABLE {} IN ACCESS EXCLUSIVE MODE", w.table(0, 1))).await.unwrap();
+    wait_until("the watch's statement to give up on the lock", SETTLE, || async move {
+        failures(addr).await.filter(|failed| *failed >= 1.0)
+    })
+    .await;
+    let waiting_watch = "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a USING (pid)
+                          WHERE NOT l.granted AND a.datname = current_database()
+                            AND a.query LIKE 'SELECT EXISTS (SELECT 1 FROM%'";
+    wait_until("no statement of the watch waiting for a lock", SETTLE, || async {
+        let n: i64 = w.db.admin.query_one(waiting_watch, &[]).await.unwrap().get(0);
+        (n == 0).then_some(())
+    })
+    .await;
+    let mut admin = w.db.connect().await;
+    for p in [0, 2] {
+        PgDb::insert(&mut admin, &w.table(0, p), &[Row::new(&w.topic, format!("beside-the-lock-{p}"))]).await;
+    }
+    let beside = kafka::read_at_least(&w.topic, 1, 2, ARRIVAL).await;
+    assert_eq!(beside.len(), 2, "the unlocked tables' rows, published while the lock is held");
+    lock.rollback().await.unwrap();
+    PgDb::insert(&mut admin, &w.table(0, 1), &[Row::new(&w.topic, "after-the-lock")]).await;
+    let all = kafka::read_at_least(&w.topic, 1, 3, ARRIVAL).await;
+    assert_eq!(all.len(), 3, "every row once");
+    let (now, _) = counts(addr).await.expect("the metrics endpoint answers");
+    after_probes(addr, now.max(probes), 20.0).await;
+    assert!(streamer.stop());
 }

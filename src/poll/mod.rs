@@ -341,16 +341,17 @@ impl<T: PollTable> PollSource<T> {
     }
 
     /// Waits until the next rescan is due: `interval` after a read that found rows; after one
-    /// that found none, until the quiet-table watch sees rows (or [`quiet::QUIET_READ_EVERY`]
-    /// has passed since this source last read, or the watch does not work). Cancel-safe.
+    /// that found none, until the quiet-table watch sees rows (or [`quiet::QUIET_READ_EVERY`],
+    /// or `interval` if longer, has passed since this source last read; or the watch does not
+    /// work). Cancel-safe.
     async fn wait_for_rescan(&self) {
         let registered = match &self.settings.quiet {
-            Some(table) if self.quiet => table.quiet(self.low_water, self.settings.interval),
+            Some(table) if self.quiet => table.quiet(self.low_water),
             _ => None,
         };
         match registered {
             Some(mut quiet) => {
-                let read_by = self.last_rescan + quiet::QUIET_READ_EVERY;
+                let read_by = self.last_rescan + quiet::QUIET_READ_EVERY.max(self.settings.interval);
                 tokio::select! {
                     () = quiet.rows() => {}
                     () = tokio::time::sleep_until(read_by) => {}

@@ -19,13 +19,20 @@
 //! A row stays in its table until it is published and deleted, so every probe after its commit
 //! sees it. A wake-up lost while its source was reading (or re-registering) is repeated by the
 //! next probe: a quiet source learns of a commit within two intervals at worst, one in the
-//! usual case. Rows below the low-water mark (which the probe does not look at) are found by the
-//! source's own reads, as before: a quiet source still reads its table itself at least every
-//! [`QUIET_READ_EVERY`], and a read from the lowest id is due every
-//! [`super::FULL_RESCAN_EVERY`]. When the watch does not work (its connection lost, its statement
-//! failed) it wakes every waiting source and refuses new ones until a connection works again, so
-//! sources poll on their own at their interval meanwhile: a broken watch costs CPU, never
-//! messages or latency.
+//! usual case. The interval is the shortest `poll_interval_ms` of all the source's polling
+//! tables, quiet or not, so a table with a long interval never slows the others. Rows below the
+//! low-water mark (which the probe does not look at) are found by the source's own reads: a
+//! quiet source still reads its table itself at least every [`QUIET_READ_EVERY`] (or its own
+//! interval, if longer), and a read from the lowest id is due every [`super::FULL_RESCAN_EVERY`].
+//!
+//! # When it does not work
+//!
+//! Its connection lost, its statement failed or timed out, a table locked (the session waits
+//! for no lock longer than a moment, see the probes): the watch wakes every waiting source and
+//! refuses new ones until a statement works again on a new connection, so sources poll on their
+//! own at their interval meanwhile. A broken watch costs CPU, never messages or latency. It
+//! holds one connection per source while any table is quiet, and gives it back after
+//! [`CLOSE_IDLE_AFTER`] with none.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -40,6 +47,13 @@ use crate::error::Error;
 /// The longest a quiet source waits for the watch before it reads its table itself (its slot is
 /// maintained then too, see [`super::MAINTAIN_EVERY`]).
 pub(crate) const QUIET_READ_EVERY: Duration = super::MAINTAIN_EVERY;
+
+/// How long the watch keeps its connection with no quiet table.
+pub(crate) const CLOSE_IDLE_AFTER: Duration = Duration::from_secs(60);
+
+/// A statement that fails sooner than this is tried once more on a new connection (a connection
+/// the server closed answers at once); a slower failure (a timeout) is not.
+const FAST_FAILURE: Duration = Duration::from_secs(1);
 
 /// The first wait before the watch connects again after a failure; it doubles up to
 /// [`RETRY_MAX`].
@@ -56,7 +70,7 @@ pub(crate) struct Watched {
 /// One connection that answers, in one statement, which of some tables hold rows.
 pub(crate) trait TableProbe: Send {
     /// For each of `tables`, in order, whether it holds a committed row with an id above its
-    /// mark. An empty list is answered without a statement.
+    /// mark. An empty list runs a trivial statement (the connection works or not).
     fn holding<'a>(&'a mut self, tables: &'a [Watched]) -> BoxFuture<'a, Result<Vec<bool>, Error>>;
 }
 
@@ -86,6 +100,8 @@ struct Shared {
     /// `false` from a failure until a connection works again: new quiet sources poll on their own.
     working: AtomicBool,
     next_token: AtomicU64,
+    /// The shortest poll interval of the source's polling tables, in nanoseconds.
+    interval_ns: AtomicU64,
 }
 
 #[derive(Default)]
@@ -97,8 +113,8 @@ struct State {
 struct Entry {
     /// Counts the probes that found rows in the table; its waiters wake on every change.
     found: watch::Sender<u64>,
-    /// Registered waiters: token, low-water mark, poll interval.
-    waiters: Vec<(u64, i64, Duration)>,
+    /// Registered waiters: token, low-water mark.
+    waiters: Vec<(u64, i64)>,
 }
 
 impl QuietWatch {
@@ -111,16 +127,20 @@ impl QuietWatch {
                 registered: Arc::new(Notify::new()),
                 working: AtomicBool::new(true),
                 next_token: AtomicU64::new(0),
+                interval_ns: AtomicU64::new(u64::MAX),
             }),
         }
     }
 
-    /// The handle a polling source of `table` waits with.
-    pub(crate) fn table(&self, table: &str) -> QuietTable {
+    /// The handle a polling source of `table`, polled every `interval`, waits with. The watch
+    /// asks every shortest interval of its tables.
+    pub(crate) fn table(&self, table: &str, interval: Duration) -> QuietTable {
+        let ns = u64::try_from(interval.as_nanos()).unwrap_or(u64::MAX).max(1);
+        self.shared.interval_ns.fetch_min(ns, Ordering::Relaxed);
         QuietTable { watch: self.clone(), table: Arc::from(table) }
     }
 
-    fn register(&self, table: &Arc<str>, above: i64, interval: Duration) -> Option<Quiet> {
+    fn register(&self, table: &Arc<str>, above: i64) -> Option<Quiet> {
         if !self.shared.working.load(Ordering::Acquire) {
             return None;
         }
@@ -131,7 +151,7 @@ impl QuietWatch {
                 .tables
                 .entry(table.clone())
                 .or_insert_with(|| Entry { found: watch::Sender::new(0), waiters: Vec::new() });
-            entry.waiters.push((token, above, interval));
+            entry.waiters.push((token, above));
             let found = entry.found.subscribe();
             let start = !std::mem::replace(&mut state.started, true);
             (found, start)
@@ -152,10 +172,10 @@ pub struct QuietTable {
 }
 
 impl QuietTable {
-    /// Registers the table as quiet above `above` (the source's low-water mark), probed every
-    /// `interval`; `None` while the watch does not work (the source polls on its own).
-    pub(crate) fn quiet(&self, above: i64, interval: Duration) -> Option<Quiet> {
-        self.watch.register(&self.table, above, interval)
+    /// Registers the table as quiet above `above` (the source's low-water mark); `None` while
+    /// the watch does not work (the source polls on its own).
+    pub(crate) fn quiet(&self, above: i64) -> Option<Quiet> {
+        self.watch.register(&self.table, above)
     }
 }
 
@@ -191,22 +211,27 @@ impl Drop for Quiet {
 }
 
 impl Shared {
-    /// The tables to probe (each at its lowest registered mark) and the shortest interval.
-    fn waiting(&self) -> (Vec<Watched>, Option<Duration>) {
+    /// The tables to probe, each at its lowest registered mark.
+    fn waiting(&self) -> Vec<Watched> {
         let state = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        let mut interval: Option<Duration> = None;
         let mut tables: Vec<Watched> = state
             .tables
             .iter()
             .filter_map(|(table, entry)| {
                 let above = entry.waiters.iter().map(|w| w.1).min()?;
-                let shortest = entry.waiters.iter().map(|w| w.2).min()?;
-                interval = Some(interval.map_or(shortest, |i| i.min(shortest)));
                 Some(Watched { table: table.clone(), above })
             })
             .collect();
         tables.sort_by(|a, b| a.table.cmp(&b.table));
-        (tables, interval)
+        tables
+    }
+
+    /// How often the watch asks: the shortest interval of the source's polling tables.
+    fn interval(&self) -> Duration {
+        match self.interval_ns.load(Ordering::Relaxed) {
+            u64::MAX => RETRY_MIN,
+            ns => Duration::from_nanos(ns),
+        }
     }
 
     /// Wakes the waiters of `tables` (every table when `None`).
@@ -228,13 +253,15 @@ async fn run(shared: Weak<Shared>) {
     let mut last_failure = String::new();
     loop {
         let Some(strong) = shared.upgrade() else { return };
-        let (tables, interval) = strong.waiting();
+        let (tables, interval) = (strong.waiting(), strong.interval());
         let working = strong.working.load(Ordering::Acquire);
         if tables.is_empty() && working {
             let registered = strong.registered.clone();
             drop(strong);
             // A registration since `waiting` stored a permit (`notify_one`): this returns at once.
-            registered.notified().await;
+            if tokio::time::timeout(CLOSE_IDLE_AFTER, registered.notified()).await.is_err() {
+                probe = None;
+            }
             continue;
         }
         let (connect, source) = (strong.connect.clone(), strong.source.clone());
@@ -245,21 +272,27 @@ async fn run(shared: Weak<Shared>) {
             Ok(found) => {
                 let holding: Vec<Arc<str>> =
                     tables.iter().zip(found).filter(|(_, rows)| *rows).map(|(w, _)| w.table.clone()).collect();
-                if !tables.is_empty() {
-                    metrics::counter!(crate::metrics::POLL_WATCH_PROBES, "source" => source, "outcome" => "ok")
-                        .increment(1);
-                }
                 if !holding.is_empty() {
                     strong.wake(Some(&holding));
                 }
                 if !working {
-                    tracing::info!("the quiet-table watch works again; idle polling tables are probed together");
+                    // A statement worked on a new connection: quiet tables may register again.
                     strong.working.store(true, Ordering::Release);
                 }
-                retry = RETRY_MIN;
-                last_failure.clear();
                 drop(strong);
-                tokio::time::sleep(interval.unwrap_or(RETRY_MIN)).await;
+                if !tables.is_empty() {
+                    metrics::counter!(crate::metrics::POLL_WATCH_PROBES, "source" => source, "outcome" => "ok")
+                        .increment(1);
+                    if !last_failure.is_empty() {
+                        tracing::info!(
+                            "the quiet-table watch works again; idle polling tables are asked about together"
+                        );
+                    }
+                    // Only a statement about tables proves a failure over (a dropped table is not).
+                    retry = RETRY_MIN;
+                    last_failure.clear();
+                }
+                tokio::time::sleep(interval).await;
             }
             Err(e) => {
                 probe = None;
@@ -281,18 +314,25 @@ async fn run(shared: Weak<Shared>) {
     }
 }
 
-/// One probe, connecting first if needed. A failure on a connection that had worked is tried
-/// once more on a new one (a server's idle timeout closes a watch that had nothing to watch).
+/// One probe, connecting first if needed. A quick failure on a connection that had worked is
+/// tried once more on a new one (a server's idle timeout closes a watch's connection); a slow
+/// one (a statement timed out) is not: it would only wait as long again.
 async fn probe_once(
     probe: &mut Option<Box<dyn TableProbe>>,
     connect: &ConnectProbe,
     tables: &[Watched],
 ) -> Result<Vec<bool>, Error> {
     if let Some(open) = probe.as_mut() {
+        let started = tokio::time::Instant::now();
         match open.holding(tables).await {
             Ok(found) => return Ok(found),
+            Err(e) if started.elapsed() >= FAST_FAILURE => {
+                *probe = None;
+                return Err(e);
+            }
             Err(e) => tracing::debug!(error = %e, "the quiet-table watch's connection failed; connecting again"),
         }
+        *probe = None;
     }
     let mut fresh = connect().await?;
     let found = fresh.holding(tables).await?;

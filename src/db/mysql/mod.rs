@@ -146,7 +146,7 @@ fn jobs(source: &SourceConfig, ctx: &JobContext<'_>) -> anyhow::Result<Vec<Strea
         let layout = source.layout();
         if settings.mode == Mode::Polling {
             let (opts, checkpoint, mut poll) = (opts.clone(), checkpoint.clone(), poll_settings(&settings, &labels));
-            poll.quiet = Some(quiet.table(&names.table));
+            poll.quiet = Some(quiet.table(&names.table, poll.interval));
             let table = names.table.clone();
             let connect = move |lease: OwnerLease| {
                 let (opts, table, checkpoint, poll) = (opts.clone(), table.clone(), checkpoint.clone(), poll.clone());

@@ -255,7 +255,9 @@ impl PollTable for MyPollTable {
 
 /// The quiet-table watch's connection (see `crate::poll::quiet`): one statement asks every
 /// quiet table of the source whether it holds a row above its mark, by the index the
-/// oldest-rows query reads. A plain `SELECT` is a consistent read: it waits for no lock.
+/// oldest-rows query reads. A plain `SELECT` is a consistent read: it waits for no row lock,
+/// and for a table's metadata lock (DDL) at most a second (`lock_wait_timeout`), failing the
+/// statement (the sources then read on their own).
 struct MyQuietProbe {
     conn: Conn,
     layout: Layout,
@@ -267,11 +269,11 @@ pub(crate) fn quiet_probe(opts: Opts, layout: Layout) -> ConnectProbe {
         let opts = opts.clone();
         Box::pin(async move {
             let mut conn = within("connecting the quiet-table watch to MySQL/MariaDB", Conn::new(opts)).await?;
-            within(
-                "setting up the quiet-table watch's session",
-                conn.query_drop("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED"),
-            )
-            .await?;
+            for setting in
+                ["SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED", "SET SESSION lock_wait_timeout = 1"]
+            {
+                within("setting up the quiet-table watch's session", conn.query_drop(setting)).await?;
+            }
             Ok(Box::new(MyQuietProbe { conn, layout }) as Box<dyn TableProbe>)
         })
     })
@@ -290,11 +292,13 @@ fn holding_sql(tables: &[Watched], layout: Layout) -> String {
 impl TableProbe for MyQuietProbe {
     fn holding<'a>(&'a mut self, tables: &'a [Watched]) -> futures::future::BoxFuture<'a, Result<Vec<bool>, Error>> {
         Box::pin(async move {
+            let what = "asking the quiet tables for rows";
             if tables.is_empty() {
+                within(what, self.conn.query_drop("SELECT 1")).await?;
                 return Ok(Vec::new());
             }
             let sql = holding_sql(tables, self.layout);
-            let row: Option<Row> = within("asking the quiet tables for rows", self.conn.query_first(sql)).await?;
+            let row: Option<Row> = within(what, self.conn.query_first(sql)).await?;
             let row = row.ok_or_else(|| Error::transient("the quiet-table watch's statement returned no row"))?;
             (0..tables.len())
                 .map(|i| match row.get_opt::<i64, usize>(i) {

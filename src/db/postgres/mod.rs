@@ -162,7 +162,7 @@ fn jobs(source: &SourceConfig, ctx: &JobContext<'_>) -> anyhow::Result<Vec<Strea
         if settings.mode == Mode::Polling {
             let (target, checkpoint, mut poll) =
                 (target.clone(), checkpoint.clone(), poll_settings(&settings, &labels));
-            poll.quiet = Some(quiet.table(&names.table));
+            poll.quiet = Some(quiet.table(&names.table, poll.interval));
             let (table, slot, stream_names) = (names.table.clone(), names.slot.clone(), names.clone());
             let connect = move |lease: OwnerLease| {
                 let (target, table, checkpoint, poll, slot, names) = (

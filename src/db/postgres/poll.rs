@@ -316,7 +316,9 @@ impl PollTable for PgPollTable {
 /// The quiet-table watch's connection (see `crate::poll::quiet`): one statement asks every
 /// quiet table of the source whether it holds a row above its mark, by the same index the
 /// oldest-rows query reads (the session's [`PLANNER_SETTINGS`]), so dead index entries below
-/// the mark are not walked.
+/// the mark are not walked. The session waits for no lock longer than [`WATCH_SESSION`] says:
+/// a table locked by DDL fails the statement at once (the sources then read on their own)
+/// instead of holding a lock request that would queue the application behind it.
 struct PgQuietProbe {
     client: Client,
     id_column: String,
@@ -324,6 +326,9 @@ struct PgQuietProbe {
     /// interval, in one round trip.
     prepared: Option<(Vec<Watched>, Statement)>,
 }
+
+/// The watch's session settings beside [`PLANNER_SETTINGS`].
+const WATCH_SESSION: &str = "SET lock_timeout = '200ms'; SET statement_timeout = '5s'";
 
 /// Connects the quiet-table watch of a source whose tables have `id_column`.
 pub(crate) fn quiet_probe(target: PgTarget, id_column: &str) -> ConnectProbe {
@@ -333,10 +338,8 @@ pub(crate) fn quiet_probe(target: PgTarget, id_column: &str) -> ConnectProbe {
         Box::pin(async move {
             let client =
                 within(&format!("connecting the quiet-table watch to {}", target.display()), target.connect()).await?;
-            client
-                .batch_execute(PLANNER_SETTINGS)
-                .await
-                .map_err(|e| Error::from_db("setting the quiet-table watch's planner options", e))?;
+            let settings = format!("{PLANNER_SETTINGS}; {WATCH_SESSION}");
+            within("setting up the quiet-table watch's session", client.batch_execute(&settings)).await?;
             Ok(Box::new(PgQuietProbe { client, id_column, prepared: None }) as Box<dyn TableProbe>)
         })
     })
@@ -355,10 +358,11 @@ fn holding_sql(tables: &[Watched], id_column: &str) -> String {
 impl TableProbe for PgQuietProbe {
     fn holding<'a>(&'a mut self, tables: &'a [Watched]) -> futures::future::BoxFuture<'a, Result<Vec<bool>, Error>> {
         Box::pin(async move {
+            let what = "asking the quiet tables for rows";
             if tables.is_empty() {
+                within(what, self.client.batch_execute("SELECT 1")).await?;
                 return Ok(Vec::new());
             }
-            let what = "asking the quiet tables for rows";
             let statement = match &self.prepared {
                 Some((asked, statement)) if asked.as_slice() == tables => statement.clone(),
                 _ => {
