@@ -43,7 +43,7 @@
 
 mod quiet;
 
-pub(crate) use quiet::{ConnectProbe, QuietTable, QuietWatch, TableProbe, Watched};
+pub(crate) use quiet::{ConnectProbe, QuietTable, QuietWatch, TableProbe, Watched, exists_each};
 
 /// The PostgreSQL polling query, public for the test that checks its plan with stale
 /// statistics; the polling table itself is in `db/postgres/poll.rs`.

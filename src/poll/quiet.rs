@@ -67,6 +67,13 @@ pub(crate) struct Watched {
     pub above: i64,
 }
 
+/// `SELECT EXISTS (<one(t0)>), EXISTS (<one(t1)>), …`: the one statement a [`TableProbe`] runs,
+/// `one` writing a table's subquery in its database's dialect.
+pub(crate) fn exists_each(tables: &[Watched], one: impl Fn(&Watched) -> String) -> String {
+    let probes: Vec<String> = tables.iter().map(|w| format!("EXISTS ({})", one(w))).collect();
+    format!("SELECT {}", probes.join(", "))
+}
+
 /// One connection that answers, in one statement, which of some tables hold rows.
 pub(crate) trait TableProbe: Send {
     /// For each of `tables`, in order, whether it holds a committed row with an id above its

@@ -19,7 +19,7 @@ use super::cdc::id_list;
 use super::checkpoint::Checkpoint;
 use crate::error::Error;
 use crate::layout::{Field, Layout};
-use crate::poll::{ConnectProbe, PollTable, PolledRow, TableProbe, Watched, Writers};
+use crate::poll::{ConnectProbe, PollTable, PolledRow, TableProbe, Watched, Writers, exists_each};
 use crate::source::{DELETE_CHUNK, STATEMENT_TIMEOUT, within};
 
 /// ER_SPECIFIC_ACCESS_DENIED_ERROR: "you need the PROCESS privilege".
@@ -282,11 +282,7 @@ pub(crate) fn quiet_probe(opts: Opts, layout: Layout) -> ConnectProbe {
 /// `SELECT EXISTS (SELECT 1 FROM t0 WHERE id > m0), …`: marks are integers, tables quoted.
 fn holding_sql(tables: &[Watched], layout: Layout) -> String {
     let id = ident(layout.id_column());
-    let probes: Vec<String> = tables
-        .iter()
-        .map(|w| format!("EXISTS (SELECT 1 FROM {}{} WHERE {id} > {})", ident(&w.table), id_index(layout), w.above))
-        .collect();
-    format!("SELECT {}", probes.join(", "))
+    exists_each(tables, |w| format!("SELECT 1 FROM {}{} WHERE {id} > {}", ident(&w.table), id_index(layout), w.above))
 }
 
 impl TableProbe for MyQuietProbe {

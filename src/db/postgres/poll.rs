@@ -18,7 +18,7 @@ use tokio_postgres::{Client, Row, Statement};
 use crate::error::Error;
 use crate::layout::{Field, Layout};
 use crate::names::StreamNames;
-use crate::poll::{ConnectProbe, PollTable, PolledRow, TableProbe, Watched, Writers};
+use crate::poll::{ConnectProbe, PollTable, PolledRow, TableProbe, Watched, Writers, exists_each};
 use crate::record::RawRow;
 use crate::source::{DELETE_CHUNK, within};
 
@@ -348,11 +348,7 @@ pub(crate) fn quiet_probe(target: PgTarget, id_column: &str) -> ConnectProbe {
 /// `SELECT EXISTS (SELECT 1 FROM t0 WHERE id > m0), …`: marks are integers, tables quoted.
 fn holding_sql(tables: &[Watched], id_column: &str) -> String {
     let id = ident(id_column);
-    let probes: Vec<String> = tables
-        .iter()
-        .map(|w| format!("EXISTS (SELECT 1 FROM {} WHERE {id} > '{}'::int8)", ident(&w.table), w.above))
-        .collect();
-    format!("SELECT {}", probes.join(", "))
+    exists_each(tables, |w| format!("SELECT 1 FROM {} WHERE {id} > '{}'::int8", ident(&w.table), w.above))
 }
 
 impl TableProbe for PgQuietProbe {
