@@ -68,9 +68,10 @@ pub(crate) struct Watched {
 }
 
 /// `SELECT EXISTS (<one(t0)>), EXISTS (<one(t1)>), …`: the one statement a [`TableProbe`] runs,
-/// `one` writing a table's subquery in its database's dialect.
-pub(crate) fn exists_each(tables: &[Watched], one: impl Fn(&Watched) -> String) -> String {
-    let probes: Vec<String> = tables.iter().map(|w| format!("EXISTS ({})", one(w))).collect();
+/// `one` writing a table's subquery in its database's dialect (given its place in `tables`,
+/// from 0, for a database that binds the marks as parameters).
+pub(crate) fn exists_each<T>(tables: &[T], one: impl Fn(usize, &T) -> String) -> String {
+    let probes: Vec<String> = tables.iter().enumerate().map(|(i, w)| format!("EXISTS ({})", one(i, w))).collect();
     format!("SELECT {}", probes.join(", "))
 }
 

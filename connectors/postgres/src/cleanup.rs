@@ -1,7 +1,9 @@
 //! Deleting published rows: one statement per acknowledged prefix, on an ordinary session.
 
+use tokio_postgres::Client;
 use tokio_postgres::types::ToSql;
-use tokio_postgres::{Client, Statement};
+
+use crate::prepared::Prepared;
 
 use crate::setup::ident;
 
@@ -15,11 +17,10 @@ pub struct RowDeleter {
     id: String,
     /// The ids' parameter as the statements compare it: `$1::int8[]`, or `$1::text[]::uuid[]`.
     ids: &'static str,
-    sql: String,
     /// Prepared on the session it was used with; a new session needs a new deleter.
-    prepared: Option<Statement>,
+    delete: Prepared,
     /// The delete that also stores the published-up-to mark (see [`Self::recording_in`]).
-    recording: Option<(String, Option<Statement>)>,
+    recording: Option<Prepared>,
 }
 
 impl RowDeleter {
@@ -36,11 +37,10 @@ impl RowDeleter {
     fn comparing(table: &str, id_column: &str, ids: &'static str) -> Self {
         let (table, id) = (ident(table), ident(id_column));
         Self {
-            sql: format!("DELETE FROM {table} WHERE {id} = ANY({ids})"),
+            delete: Prepared::new(format!("DELETE FROM {table} WHERE {id} = ANY({ids})")),
             table,
             id,
             ids,
-            prepared: None,
             recording: None,
         }
     }
@@ -61,7 +61,7 @@ impl RowDeleter {
             cp = ident(checkpoint_table),
             stream = crate::setup::literal(stream),
         );
-        self.recording = Some((sql, None));
+        self.recording = Some(Prepared::new(sql));
         self
     }
 
@@ -76,17 +76,10 @@ impl RowDeleter {
         record: bool,
         expect_all: bool,
     ) -> Result<(u64, bool), tokio_postgres::Error> {
-        let Some((sql, prepared)) = &mut self.recording else {
+        let Some(recording) = &mut self.recording else {
             panic!("delete_and_record needs RowDeleter::recording_in");
         };
-        let statement = match prepared {
-            Some(statement) => statement.clone(),
-            None => {
-                let statement = client.prepare(sql).await?;
-                *prepared = Some(statement.clone());
-                statement
-            }
-        };
+        let statement = recording.on(client).await?;
         let row = client.query_one(&statement, &[&ids, &lsn, &record, &expect_all]).await?;
         Ok((row.get::<_, i64>(0) as u64, row.get::<_, i64>(1) > 0))
     }
@@ -97,14 +90,7 @@ impl RowDeleter {
         if ids.is_empty() {
             return Ok(0);
         }
-        let statement = match &self.prepared {
-            Some(statement) => statement.clone(),
-            None => {
-                let statement = client.prepare(&self.sql).await?;
-                self.prepared = Some(statement.clone());
-                statement
-            }
-        };
+        let statement = self.delete.on(client).await?;
         client.execute(&statement, &[&ids]).await
     }
 }

@@ -33,6 +33,7 @@ pub mod cleanup;
 pub mod connect;
 pub mod envelope;
 pub mod pgoutput;
+pub mod prepared;
 pub mod privileges;
 pub mod setup;
 pub mod slot;

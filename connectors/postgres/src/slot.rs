@@ -55,6 +55,23 @@ pub async fn state(client: &Client, slot: &str) -> Result<SlotState, tokio_postg
     })
 }
 
+/// What [`lags`] runs (`$1` the slots' names), for its [`crate::prepared::Prepared`].
+pub const LAGS: &str = "SELECT slot_name::text, (pg_current_wal_lsn() - confirmed_flush_lsn)::bigint
+     FROM pg_replication_slots
+     WHERE slot_name::text = ANY($1::text[]) AND database IS NOT DISTINCT FROM current_database()";
+
+/// For each of `slots` that is this database's, the bytes of WAL between its confirmed position
+/// and the server's current one (`None` before its first confirmation), in one round trip.
+/// `statement` holds [`LAGS`], prepared on `client`'s session at its first use.
+pub async fn lags(
+    client: &Client,
+    statement: &mut crate::prepared::Prepared,
+    slots: &[String],
+) -> Result<Vec<(String, Option<i64>)>, tokio_postgres::Error> {
+    let rows = client.query(&statement.on(client).await?, &[&slots]).await?;
+    Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
+}
+
 /// Drops `slot` if it is this database's, invalidated (`wal_status = lost`) and not held.
 /// Returns whether it was dropped; the conditions are checked in the same statement, so a slot
 /// of another database, or one that became active meanwhile, is never touched.
@@ -84,19 +101,22 @@ pub async fn advance(client: &Client, slot: &str, lsn: Lsn) -> Result<(), tokio_
 }
 
 /// Moves an inactive, valid slot to the server's current WAL position, so a slot nobody reads
-/// (its shard-partition runs in polling mode) does not hold WAL.
-pub async fn advance_to_current(client: &Client, slot: &str) -> Result<(), tokio_postgres::Error> {
-    client
-        .execute(
-            "SELECT pg_replication_slot_advance($1, pg_current_wal_lsn())
-             FROM pg_replication_slots
-             WHERE slot_name = $1 AND database = current_database() AND active_pid IS NULL
-               AND wal_status IS DISTINCT FROM 'lost'",
-            &[&slot],
-        )
-        .await?;
+/// (its shard-partition runs in polling mode) does not hold WAL. `statement` holds
+/// [`ADVANCE_TO_CURRENT`], prepared on `client`'s session at its first use.
+pub async fn advance_to_current(
+    client: &Client,
+    statement: &mut crate::prepared::Prepared,
+    slot: &str,
+) -> Result<(), tokio_postgres::Error> {
+    client.execute(&statement.on(client).await?, &[&slot]).await?;
     Ok(())
 }
+
+/// What [`advance_to_current`] runs (`$1` the slot), for its [`crate::prepared::Prepared`].
+pub const ADVANCE_TO_CURRENT: &str = "SELECT pg_replication_slot_advance($1, pg_current_wal_lsn())
+     FROM pg_replication_slots
+     WHERE slot_name = $1 AND database = current_database() AND active_pid IS NULL
+       AND wal_status IS DISTINCT FROM 'lost'";
 
 /// The session holding a slot: its backend pid and `application_name` (empty when the
 /// server does not show it to this role).

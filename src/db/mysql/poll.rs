@@ -282,7 +282,9 @@ pub(crate) fn quiet_probe(opts: Opts, layout: Layout) -> ConnectProbe {
 /// `SELECT EXISTS (SELECT 1 FROM t0 WHERE id > m0), …`: marks are integers, tables quoted.
 fn holding_sql(tables: &[Watched], layout: Layout) -> String {
     let id = ident(layout.id_column());
-    exists_each(tables, |w| format!("SELECT 1 FROM {}{} WHERE {id} > {}", ident(&w.table), id_index(layout), w.above))
+    exists_each(tables, |_, w| {
+        format!("SELECT 1 FROM {}{} WHERE {id} > {}", ident(&w.table), id_index(layout), w.above)
+    })
 }
 
 impl TableProbe for MyQuietProbe {

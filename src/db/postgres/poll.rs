@@ -9,9 +9,12 @@
 //! keeps it until its transaction ends, so "none of them is left" means every id drawn before
 //! is settled.
 
+use std::sync::Arc;
+
 use outbox_postgres::Lsn;
 use outbox_postgres::cleanup;
 use outbox_postgres::connect::PgTarget;
+use outbox_postgres::prepared::Prepared;
 use outbox_postgres::setup::ident;
 use tokio_postgres::{Client, Row, Statement};
 
@@ -27,10 +30,15 @@ use crate::source::{DELETE_CHUNK, within};
 pub(crate) struct PgPollTable {
     client: Client,
     table: String,
-    /// The stream's slot, unused while polling: moved along (see [`Self::moving_slot`]).
-    slot: Option<String>,
+    /// The stream's slot, unused while polling: moved along (see [`Self::moving_slot`]), and
+    /// the statement that moves it.
+    slot: Option<(String, Prepared)>,
     /// The delete guarded by the owner epoch (see [`Self::fenced_by`]), and that epoch.
-    fence: Option<(String, i64)>,
+    fence: Option<(Prepared, i64)>,
+    /// [`PollTable::writers`] and [`PollTable::any_running`], prepared at their first use:
+    /// each runs once per read that found rows.
+    writers: Prepared,
+    any_running: Prepared,
     select: Statement,
     deleter: cleanup::RowDeleter,
     layout: Layout,
@@ -116,6 +124,12 @@ impl PgPollTable {
             table: table.to_string(),
             slot: None,
             fence: None,
+            writers: Prepared::new(
+                "SELECT coalesce(array_agg(virtualtransaction), '{}') FROM pg_locks
+                 WHERE locktype = 'relation' AND relation = $1::text::regclass
+                   AND mode = 'RowExclusiveLock' AND granted AND pid IS DISTINCT FROM pg_backend_pid()",
+            ),
+            any_running: Prepared::new("SELECT EXISTS (SELECT 1 FROM pg_locks WHERE virtualtransaction = ANY($1))"),
             select,
             deleter: cleanup::RowDeleter::new(table, layout.id_column()),
             layout,
@@ -134,7 +148,7 @@ impl PgPollTable {
             t = ident(&self.table),
             id = ident(self.layout.id_column())
         );
-        self.fence = Some((sql, epoch));
+        self.fence = Some((Prepared::new(sql), epoch));
         self
     }
 
@@ -143,7 +157,7 @@ impl PgPollTable {
     /// only the owner ever moves its slot; a catch-up drain (about to stream from the slot)
     /// never does.
     pub(crate) fn moving_slot(mut self, slot: &str) -> Self {
-        self.slot = Some(slot.to_string());
+        self.slot = Some((slot.to_string(), Prepared::new(outbox_postgres::slot::ADVANCE_TO_CURRENT)));
         self
     }
 
@@ -254,10 +268,11 @@ impl PollTable for PgPollTable {
         let mut deleted = 0;
         for chunk in ids.chunks(DELETE_CHUNK) {
             let what = format!("deleting published rows from {}", self.table);
-            match &self.fence {
+            match &mut self.fence {
                 None => deleted += within(&what, self.deleter.delete(&self.client, chunk)).await?,
                 Some((sql, epoch)) => {
-                    let row = within(&what, self.client.query_one(sql, &[&chunk, &self.table, epoch])).await?;
+                    let statement = within(&what, sql.on(&self.client)).await?;
+                    let row = within(&what, self.client.query_one(&statement, &[&chunk, &self.table, &*epoch])).await?;
                     if !row.get::<_, bool>(0) {
                         return Err(crate::db::fenced(&self.table, *epoch));
                     }
@@ -277,21 +292,17 @@ impl PollTable for PgPollTable {
     }
 
     async fn writers(&mut self) -> Result<Writers, Error> {
+        let what = "reading the table's writers from pg_locks";
+        let statement = within(what, self.writers.on(&self.client)).await?;
         let table = ident(&self.table);
         let params: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&table];
-        let query = self.client.query_one(
-            "SELECT coalesce(array_agg(virtualtransaction), '{}') FROM pg_locks
-             WHERE locktype = 'relation' AND relation = $1::text::regclass
-               AND mode = 'RowExclusiveLock' AND granted AND pid IS DISTINCT FROM pg_backend_pid()",
-            &params,
-        );
-        let row = within("reading the table's writers from pg_locks", query).await?;
+        let row = within(what, self.client.query_one(&statement, &params)).await?;
         Ok(Writers::Known(row.get(0)))
     }
 
     async fn maintain(&mut self) {
-        if let Some(slot) = &self.slot
-            && let Err(e) = outbox_postgres::slot::advance_to_current(&self.client, slot).await
+        if let Some((slot, statement)) = &mut self.slot
+            && let Err(e) = outbox_postgres::slot::advance_to_current(&self.client, statement, slot).await
         {
             tracing::debug!(%slot, error = %e, "could not move the unused slot forward");
         }
@@ -301,10 +312,10 @@ impl PollTable for PgPollTable {
         if writers.is_empty() {
             return Ok(false);
         }
+        let what = "checking the table's writers in pg_locks";
+        let statement = within(what, self.any_running.on(&self.client)).await?;
         let params: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&writers];
-        let query =
-            self.client.query_one("SELECT EXISTS (SELECT 1 FROM pg_locks WHERE virtualtransaction = ANY($1))", &params);
-        let row = within("checking the table's writers in pg_locks", query).await?;
+        let row = within(what, self.client.query_one(&statement, &params)).await?;
         Ok(row.get(0))
     }
 
@@ -319,12 +330,20 @@ impl PollTable for PgPollTable {
 /// the mark are not walked. The session waits for no lock longer than [`WATCH_SESSION`] says:
 /// a table locked by DDL fails the statement at once (the sources then read on their own)
 /// instead of holding a lock request that would queue the application behind it.
+///
+/// The statement is prepared once for every table this session was asked about, the marks its
+/// parameters: the set of quiet tables changes with every message (its table wakes, then goes
+/// quiet again), and preparing a statement of sixteen subqueries each time cost more than the
+/// messages. A table asked about before but not quiet now is asked above `i64::MAX` (one index
+/// descent that finds nothing). A table dropped since fails the statement: the watch then
+/// connects again and starts from the tables quiet then.
 struct PgQuietProbe {
     client: Client,
     id_column: String,
-    /// The statement of the tables last asked about: the same quiet tables are asked every
-    /// interval, in one round trip.
-    prepared: Option<(Vec<Watched>, Statement)>,
+    /// Every table asked about on this session, in the order of the statement's parameters.
+    asked: Vec<Arc<str>>,
+    /// The statement for `asked`.
+    prepared: Option<Statement>,
 }
 
 /// The watch's session settings beside [`PLANNER_SETTINGS`].
@@ -333,22 +352,24 @@ const WATCH_SESSION: &str = "SET lock_timeout = '200ms'; SET statement_timeout =
 /// Connects the quiet-table watch of a source whose tables have `id_column`.
 pub(crate) fn quiet_probe(target: PgTarget, id_column: &str) -> ConnectProbe {
     let id_column = id_column.to_string();
-    std::sync::Arc::new(move || {
+    Arc::new(move || {
         let (target, id_column) = (target.clone(), id_column.clone());
         Box::pin(async move {
             let client =
                 within(&format!("connecting the quiet-table watch to {}", target.display()), target.connect()).await?;
             let settings = format!("{PLANNER_SETTINGS}; {WATCH_SESSION}");
             within("setting up the quiet-table watch's session", client.batch_execute(&settings)).await?;
-            Ok(Box::new(PgQuietProbe { client, id_column, prepared: None }) as Box<dyn TableProbe>)
+            let probe = PgQuietProbe { client, id_column, asked: Vec::new(), prepared: None };
+            Ok(Box::new(probe) as Box<dyn TableProbe>)
         })
     })
 }
 
-/// `SELECT EXISTS (SELECT 1 FROM t0 WHERE id > m0), …`: marks are integers, tables quoted.
-fn holding_sql(tables: &[Watched], id_column: &str) -> String {
+/// `SELECT EXISTS (SELECT 1 FROM t0 WHERE id > $1::int8), …`: the marks are the parameters, in
+/// the order of `tables`; tables quoted.
+fn holding_sql(tables: &[Arc<str>], id_column: &str) -> String {
     let id = ident(id_column);
-    exists_each(tables, |w| format!("SELECT 1 FROM {} WHERE {id} > '{}'::int8", ident(&w.table), w.above))
+    exists_each(tables, |i, table| format!("SELECT 1 FROM {} WHERE {id} > ${}::int8", ident(table), i + 1))
 }
 
 impl TableProbe for PgQuietProbe {
@@ -359,18 +380,30 @@ impl TableProbe for PgQuietProbe {
                 within(what, self.client.batch_execute("SELECT 1")).await?;
                 return Ok(Vec::new());
             }
+            let new: Vec<Arc<str>> =
+                tables.iter().filter(|w| !self.asked.contains(&w.table)).map(|w| w.table.clone()).collect();
             let statement = match &self.prepared {
-                Some((asked, statement)) if asked.as_slice() == tables => statement.clone(),
+                Some(statement) if new.is_empty() => statement.clone(),
                 _ => {
-                    let sql = holding_sql(tables, &self.id_column);
-                    let statement = within(what, self.client.prepare(&sql)).await?;
-                    self.prepared = Some((tables.to_vec(), statement.clone()));
+                    let mut asked = self.asked.clone();
+                    asked.extend(new);
+                    let statement = within(what, self.client.prepare(&holding_sql(&asked, &self.id_column))).await?;
+                    (self.asked, self.prepared) = (asked, Some(statement.clone()));
                     statement
                 }
             };
-            let row = within(what, self.client.query_one(&statement, &[])).await?;
-            (0..tables.len())
-                .map(|i| {
+            let marks: Vec<i64> = self
+                .asked
+                .iter()
+                .map(|table| tables.iter().find(|w| &w.table == table).map_or(i64::MAX, |w| w.above))
+                .collect();
+            let params: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> =
+                marks.iter().map(|m| m as &(dyn tokio_postgres::types::ToSql + Sync)).collect();
+            let row = within(what, self.client.query_one(&statement, &params)).await?;
+            tables
+                .iter()
+                .map(|w| {
+                    let i = self.asked.iter().position(|t| t == &w.table).unwrap_or_default();
                     row.try_get::<_, bool>(i).map_err(|e| Error::from_db("reading the quiet-table watch's answer", e))
                 })
                 .collect()
