@@ -34,6 +34,8 @@ pub(crate) struct MyPollTable {
     layout: Layout,
     /// The checkpoint table and owner epoch that guard deletes (see [`Self::fenced_by`]).
     fence: Option<(String, i64)>,
+    /// A fenced delete's transaction is open (a cancelled delete left it so: rolled back first).
+    in_transaction: bool,
 }
 
 impl MyPollTable {
@@ -55,7 +57,7 @@ impl MyPollTable {
             ident(table),
             id_index(layout)
         );
-        Ok(Self { conn, table: table.to_string(), select, layout, fence: None })
+        Ok(Self { conn, table: table.to_string(), select, layout, fence: None, in_transaction: false })
     }
 
     /// Deletes only while `<checkpoint_table>` holds no newer owner epoch than `epoch` for
@@ -147,30 +149,79 @@ impl MyPollTable {
     /// than the canary (stale).
     async fn read_writers(&mut self) -> Result<Option<Writers>, Error> {
         let what = "reading the table's writers";
-        within(what, self.conn.query_drop("START TRANSACTION WITH CONSISTENT SNAPSHOT")).await?;
-        let read = self.conn.query::<(String, u64, bool), _>(
-            "SELECT CAST(trx_id AS CHAR), trx_mysql_thread_id,
-                    trx_tables_locked > 0 OR trx_rows_modified > 0 OR trx_rows_locked > 0
-             FROM information_schema.INNODB_TRX",
-        );
-        let result = tokio::time::timeout(STATEMENT_TIMEOUT, read).await;
-        let me: Option<u64> = within(what, self.conn.query_first("SELECT CONNECTION_ID()")).await?;
-        within(what, self.conn.query_drop("COMMIT")).await?;
-        let rows = match result {
+        // One round trip: the canary transaction, the read, its end.
+        let read = async {
+            let mut result = self
+                .conn
+                .query_iter(
+                    "START TRANSACTION WITH CONSISTENT SNAPSHOT;
+                     SELECT CAST(trx_id AS CHAR), trx_mysql_thread_id,
+                            trx_tables_locked > 0 OR trx_rows_modified > 0 OR trx_rows_locked > 0
+                     FROM information_schema.INNODB_TRX;
+                     COMMIT",
+                )
+                .await?;
+            result.collect::<Row>().await?;
+            let rows = result.collect::<(String, u64, bool)>().await?;
+            result.drop_result().await?;
+            Ok::<_, MyError>(rows)
+        };
+        let rows = match tokio::time::timeout(STATEMENT_TIMEOUT, read).await {
             Err(_) => return Err(Error::transient(format!("{what}: no answer; presumed dead"))),
             Ok(Ok(rows)) => rows,
-            Ok(Err(MyError::Server(s))) if s.code == ACCESS_DENIED_NEED_PRIVILEGE => return Ok(Some(Writers::Hidden)),
-            Ok(Err(e)) => return Err(Error::from_db(what, e)),
+            Ok(Err(e)) => {
+                // The statements after a failed one did not run: end the canary transaction.
+                within(what, self.conn.query_drop("COMMIT")).await?;
+                match e {
+                    MyError::Server(s) if s.code == ACCESS_DENIED_NEED_PRIVILEGE => return Ok(Some(Writers::Hidden)),
+                    e => return Err(Error::from_db(what, e)),
+                }
+            }
         };
-        if !rows.iter().any(|(_, thread, _)| Some(*thread) == me) {
+        let me = u64::from(self.conn.id());
+        if !rows.iter().any(|(_, thread, _)| *thread == me) {
             return Ok(None);
         }
         Ok(Some(Writers::Known(
-            rows.into_iter()
-                .filter(|(_, thread, writing)| *writing && Some(*thread) != me)
-                .map(|(id, _, _)| id)
-                .collect(),
+            rows.into_iter().filter(|(_, thread, writing)| *writing && *thread != me).map(|(id, _, _)| id).collect(),
         )))
+    }
+
+    /// The delete of [`PollTable::delete`]; the caller rolls back what this leaves open.
+    async fn delete_rows(&mut self, ids: &[i64], what: &str) -> Result<u64, Error> {
+        let chunks: Vec<&[i64]> = ids.chunks(DELETE_CHUNK).collect();
+        let delete = |chunk: &[i64]| outbox_mysql::cleanup::delete_by_ids(&self.table, self.layout.id_column(), chunk);
+        let Some((checkpoint, epoch)) = &self.fence else {
+            // Each statement is its own transaction (the session is READ COMMITTED): a crash
+            // between two chunks leaves rows that are published again, as after any crash.
+            let mut deleted = 0;
+            for chunk in chunks {
+                within(what, self.conn.query_drop(delete(chunk))).await?;
+                deleted += self.conn.affected_rows();
+            }
+            return Ok(deleted);
+        };
+        // Three round trips: begin; the epoch, share-locked until the commit; the delete and
+        // the commit.
+        self.in_transaction = true;
+        within(what, self.conn.query_drop("SET TRANSACTION ISOLATION LEVEL READ COMMITTED; START TRANSACTION")).await?;
+        let stored: Option<i64> =
+            within(what, self.conn.exec_first(Checkpoint::new(checkpoint).lock_epoch(), (&self.table,))).await?;
+        if stored.is_none_or(|stored| stored > *epoch) {
+            return Err(crate::db::fenced(&self.table, *epoch));
+        }
+        let mut deleted = 0;
+        for (i, chunk) in chunks.iter().enumerate() {
+            let mut sql = delete(chunk);
+            if i + 1 == chunks.len() {
+                sql.push_str("; COMMIT");
+            }
+            let result = within(what, self.conn.query_iter(sql)).await?;
+            deleted += result.affected_rows();
+            within(what, result.drop_result()).await?;
+        }
+        self.in_transaction = false;
+        Ok(deleted)
     }
 }
 
@@ -190,25 +241,17 @@ impl PollTable for MyPollTable {
 
     async fn delete(&mut self, ids: &[i64]) -> Result<u64, Error> {
         let what = format!("deleting published rows from {}", self.table);
-        let mut opts = TxOpts::default();
-        opts.with_isolation_level(IsolationLevel::ReadCommitted);
-        let mut tx = within(&what, self.conn.start_transaction(opts)).await?;
-        if let Some((checkpoint, epoch)) = &self.fence {
-            let stored: Option<i64> =
-                within(&what, tx.exec_first(Checkpoint::new(checkpoint).lock_epoch(), (&self.table,))).await?;
-            if stored.is_none_or(|stored| stored > *epoch) {
-                let _ = tx.rollback().await;
-                return Err(crate::db::fenced(&self.table, *epoch));
-            }
+        if self.in_transaction {
+            // A delete was cancelled inside its transaction.
+            within(&what, self.conn.query_drop("ROLLBACK")).await?;
+            self.in_transaction = false;
         }
-        let mut deleted = 0;
-        for chunk in ids.chunks(DELETE_CHUNK) {
-            let delete = outbox_mysql::cleanup::delete_by_ids(&self.table, self.layout.id_column(), chunk);
-            within(&what, tx.query_drop(delete)).await?;
-            deleted += tx.affected_rows();
+        let deleted = self.delete_rows(ids, &what).await;
+        if deleted.is_err() && self.in_transaction {
+            within(&what, self.conn.query_drop("ROLLBACK")).await?;
+            self.in_transaction = false;
         }
-        within(&what, tx.commit()).await?;
-        Ok(deleted)
+        deleted
     }
 
     async fn existing(&mut self, ids: &[i64]) -> Result<Vec<i64>, Error> {

@@ -372,6 +372,18 @@ fn holding_sql(tables: &[Arc<str>], id_column: &str) -> String {
     exists_each(tables, |i, table| format!("SELECT 1 FROM {} WHERE {id} > ${}::int8", ident(table), i + 1))
 }
 
+/// The statement's parameters: each of `asked` at its mark in `tables`, or above `i64::MAX`
+/// (nothing) when it is not quiet now.
+fn marks_of(asked: &[Arc<str>], tables: &[Watched]) -> Vec<i64> {
+    asked.iter().map(|table| tables.iter().find(|w| &w.table == table).map_or(i64::MAX, |w| w.above)).collect()
+}
+
+/// For each of `tables`, in order, the column of its answer (its place in `asked`, which holds
+/// every one of them).
+fn answers_of<'a>(asked: &'a [Arc<str>], tables: &'a [Watched]) -> impl Iterator<Item = usize> + 'a {
+    tables.iter().map(|w| asked.iter().position(|t| t == &w.table).unwrap_or_default())
+}
+
 impl TableProbe for PgQuietProbe {
     fn holding<'a>(&'a mut self, tables: &'a [Watched]) -> futures::future::BoxFuture<'a, Result<Vec<bool>, Error>> {
         Box::pin(async move {
@@ -392,18 +404,12 @@ impl TableProbe for PgQuietProbe {
                     statement
                 }
             };
-            let marks: Vec<i64> = self
-                .asked
-                .iter()
-                .map(|table| tables.iter().find(|w| &w.table == table).map_or(i64::MAX, |w| w.above))
-                .collect();
+            let marks = marks_of(&self.asked, tables);
             let params: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> =
                 marks.iter().map(|m| m as &(dyn tokio_postgres::types::ToSql + Sync)).collect();
             let row = within(what, self.client.query_one(&statement, &params)).await?;
-            tables
-                .iter()
-                .map(|w| {
-                    let i = self.asked.iter().position(|t| t == &w.table).unwrap_or_default();
+            answers_of(&self.asked, tables)
+                .map(|i| {
                     row.try_get::<_, bool>(i).map_err(|e| Error::from_db("reading the quiet-table watch's answer", e))
                 })
                 .collect()
@@ -440,4 +446,26 @@ pub(crate) async fn refuse_past_messages(client: &Client, checkpoint: &str, name
         ));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn watched(table: &str, above: i64) -> Watched {
+        Watched { table: Arc::from(table), above }
+    }
+
+    #[test]
+    fn the_watch_asks_every_table_of_its_statement_and_reads_the_quiet_ones_answers() {
+        let asked: Vec<Arc<str>> = ["t_a", "t_b", "t_c"].into_iter().map(Arc::from).collect();
+        let quiet = [watched("t_c", 5), watched("t_a", -7)];
+        assert_eq!(marks_of(&asked, &quiet), vec![-7, i64::MAX, 5]);
+        assert_eq!(answers_of(&asked, &quiet).collect::<Vec<_>>(), vec![2, 0]);
+        let sql = holding_sql(&asked, "id");
+        assert_eq!(
+            sql,
+            r#"SELECT EXISTS (SELECT 1 FROM "t_a" WHERE "id" > $1::int8), EXISTS (SELECT 1 FROM "t_b" WHERE "id" > $2::int8), EXISTS (SELECT 1 FROM "t_c" WHERE "id" > $3::int8)"#
+        );
+    }
 }
