@@ -21,6 +21,7 @@ mod api;
 mod catchup;
 mod cdc;
 mod checkpoint;
+mod columns;
 pub(crate) mod connect;
 mod envelope;
 mod heartbeat;
