@@ -149,7 +149,8 @@ impl MyPollTable {
     /// than the canary (stale).
     async fn read_writers(&mut self) -> Result<Option<Writers>, Error> {
         let what = "reading the table's writers";
-        // One round trip: the canary transaction, the read, its end.
+        // One round trip: the canary transaction, the read, this session's id (asked, not
+        // taken from the handshake: a proxy may hand out ids of its own), the end.
         let read = async {
             let mut result = self
                 .conn
@@ -158,27 +159,30 @@ impl MyPollTable {
                      SELECT CAST(trx_id AS CHAR), trx_mysql_thread_id,
                             trx_tables_locked > 0 OR trx_rows_modified > 0 OR trx_rows_locked > 0
                      FROM information_schema.INNODB_TRX;
+                     SELECT CONNECTION_ID();
                      COMMIT",
                 )
                 .await?;
             result.collect::<Row>().await?;
             let rows = result.collect::<(String, u64, bool)>().await?;
+            let me = result.collect::<u64>().await?.first().copied();
             result.drop_result().await?;
-            Ok::<_, MyError>(rows)
+            Ok::<_, MyError>((rows, me))
         };
-        let rows = match tokio::time::timeout(STATEMENT_TIMEOUT, read).await {
+        let (rows, me) = match tokio::time::timeout(STATEMENT_TIMEOUT, read).await {
             Err(_) => return Err(Error::transient(format!("{what}: no answer; presumed dead"))),
-            Ok(Ok(rows)) => rows,
+            Ok(Ok(read)) => read,
             Ok(Err(e)) => {
-                // The statements after a failed one did not run: end the canary transaction.
-                within(what, self.conn.query_drop("COMMIT")).await?;
+                // The statements after a failed one did not run: end the canary transaction
+                // (best effort: a broken connection fails the next statement anyway).
+                let _ = tokio::time::timeout(STATEMENT_TIMEOUT, self.conn.query_drop("COMMIT")).await;
                 match e {
                     MyError::Server(s) if s.code == ACCESS_DENIED_NEED_PRIVILEGE => return Ok(Some(Writers::Hidden)),
                     e => return Err(Error::from_db(what, e)),
                 }
             }
         };
-        let me = u64::from(self.conn.id());
+        let Some(me) = me else { return Ok(None) };
         if !rows.iter().any(|(_, thread, _)| *thread == me) {
             return Ok(None);
         }
@@ -189,6 +193,9 @@ impl MyPollTable {
 
     /// The delete of [`PollTable::delete`]; the caller rolls back what this leaves open.
     async fn delete_rows(&mut self, ids: &[i64], what: &str) -> Result<u64, Error> {
+        if ids.is_empty() {
+            return Ok(0);
+        }
         let chunks: Vec<&[i64]> = ids.chunks(DELETE_CHUNK).collect();
         let delete = |chunk: &[i64]| outbox_mysql::cleanup::delete_by_ids(&self.table, self.layout.id_column(), chunk);
         let Some((checkpoint, epoch)) = &self.fence else {
@@ -248,8 +255,11 @@ impl PollTable for MyPollTable {
         }
         let deleted = self.delete_rows(ids, &what).await;
         if deleted.is_err() && self.in_transaction {
-            within(&what, self.conn.query_drop("ROLLBACK")).await?;
-            self.in_transaction = false;
+            // Best effort, and the delete's own error is the one returned: a connection that
+            // cannot roll back is broken, and the session's next statement says so.
+            if let Ok(Ok(())) = tokio::time::timeout(STATEMENT_TIMEOUT, self.conn.query_drop("ROLLBACK")).await {
+                self.in_transaction = false;
+            }
         }
         deleted
     }
