@@ -365,6 +365,7 @@ impl<T: PollTable> PollSource<T> {
         let now = Instant::now();
         let full = resp.rows.len() as u64 >= u64::from(self.limit());
         let read_none = resp.rows.is_empty();
+        let read_one = resp.rows.len() == 1;
         let read_upto = resp.rows.last().map(row_id);
         if !self.finished_unread.is_empty() {
             resp.rows.retain(|r| !self.finished_unread.contains(&row_id(r)));
@@ -393,7 +394,12 @@ impl<T: PollTable> PollSource<T> {
         }
         if resp.rescan {
             // A drain ends at its first empty rescan instead; a snapshot never shows new rows.
-            self.quiet = read_none && self.settings.drain_upto.is_none() && !self.settings.in_snapshot;
+            // A quiet table woken for one row goes back to the watch once that row is deleted,
+            // without a read that would find nothing (the watch asks as often); one woken for
+            // more is read again after its interval, so a table getting busy does not ride the
+            // watch.
+            let stays_quiet = self.quiet && read_one && !full;
+            self.quiet = (read_none || stays_quiet) && self.settings.drain_upto.is_none() && !self.settings.in_snapshot;
             self.move_low_water(resp.settled, full, last_id);
             match resp.writers {
                 Some(Writers::Known(writers)) if self.probe.is_none() => {

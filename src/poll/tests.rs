@@ -402,6 +402,32 @@ async fn a_quiet_table_is_watched_not_read_and_a_commit_wakes_its_source() {
     assert_eq!(db.reads().len(), 2, "one read, for the row the watch saw");
 }
 
+/// A quiet table woken for one row goes back to the watch once the row is deleted, with no read
+/// in between; one woken for several rows is read again after its interval.
+#[tokio::test(start_paused = true)]
+async fn a_table_woken_for_one_row_goes_back_to_the_watch_without_another_read() {
+    let db = Fake::default();
+    let watch = Watch::default();
+    let mut src = watch.source(&db);
+    quiet_for(&mut src, Duration::from_millis(100)).await;
+    db.insert("a", 1);
+    db.commit("a");
+    assert_eq!(next_batch(&mut src).await, vec![1]);
+    let reads = db.reads().len();
+    quiet_for(&mut src, Duration::from_secs(1)).await;
+    assert_eq!(db.reads().len(), reads, "no read after the single row: {:?}", db.reads());
+    db.insert("b", 2);
+    db.commit("b");
+    assert_eq!(next_batch(&mut src).await, vec![2], "the watch still wakes it");
+    let reads = db.reads().len();
+    db.insert("c", 3);
+    db.insert("c", 4);
+    db.commit("c");
+    assert_eq!(next_batch(&mut src).await, vec![3, 4]);
+    quiet_for(&mut src, Duration::from_secs(1)).await;
+    assert_eq!(db.reads().len(), reads + 2, "the woken read, then one after the interval: {:?}", db.reads());
+}
+
 /// A quiet source still reads its own table every `QUIET_READ_EVERY` (its slot is maintained
 /// then, and rows below the mark, which the watch does not look at, are found).
 #[tokio::test(start_paused = true)]
