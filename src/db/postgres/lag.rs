@@ -9,8 +9,9 @@ use tokio::sync::watch;
 use crate::db::LAG_POLL_INTERVAL;
 use crate::metrics as m;
 
-/// Publishes each slot's lag in bytes every few seconds, all slots in one statement. (The slot of a shard-partition in
-/// polling mode is moved along by its own polling session, that is by its owner only.)
+/// Publishes each slot's lag in bytes every few seconds, all slots in one statement. (The slot
+/// of a shard-partition in polling mode is moved along by its own polling session, that is by
+/// its owner only.)
 pub(super) async fn run(source: String, target: PgTarget, slots: Vec<String>, mut stop: watch::Receiver<bool>) {
     let mut session = None;
     loop {
