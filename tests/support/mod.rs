@@ -5,6 +5,7 @@
 pub(crate) mod api;
 pub(crate) mod cluster;
 pub(crate) mod database;
+pub(crate) mod failure;
 pub(crate) mod kafka;
 pub(crate) mod load;
 pub(crate) mod metrics;

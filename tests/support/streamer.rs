@@ -67,6 +67,7 @@ impl Running {
     /// Every streamer serves its metrics endpoint, so a test can wait on `/readyz`, `/streams`
     /// and the state metric: where `env` and the config name no address, on a free port.
     fn spawn(mut command: Command, config: &Path, log: &Path, env: &[(&str, String)]) -> Self {
+        super::failure::remember_panics();
         let named = env.iter().find(|(k, _)| *k == "OUTBOX_METRICS_LISTEN").map(|(_, v)| v.clone());
         let free = match named.is_none() && !has_metrics_table(config) {
             true => Some(super::metrics::free_addr().to_string()),
@@ -242,6 +243,9 @@ impl Drop for Running {
             let lines: Vec<&str> = log.lines().collect();
             let tail = &lines[lines.len().saturating_sub(LOG_TAIL_LINES)..];
             eprintln!("---- last {} lines of {} ----\n{}", tail.len(), self.log.display(), tail.join("\n"));
+            if let Some(failure) = super::failure::last_panic() {
+                eprintln!("---- the test failed at {failure}");
+            }
         }
     }
 }
