@@ -1,7 +1,8 @@
 //! RabbitMQ as a shard-partition's destination, against the real RabbitMQ of
 //! `scripts/services up` (`OUTBOX_RABBITMQ_URL`): commit order into a bound queue, the mapping
 //! of a row onto an AMQP message, rows deleted only once confirmed, a Kafka shard beside it,
-//! and the halts a returned message or a missing exchange cause, each cleared by its fix.
+//! the halts a returned message or a missing exchange cause, each cleared by its fix, and an
+//! owner paused past its ZooKeeper session publishing nothing after the new owner.
 
 use std::time::Duration;
 
@@ -792,4 +793,107 @@ async fn postgres_a_message_api_commit_reaches_a_rabbitmq_queue_by_exchange_and_
     d.ack(BasicAckOptions::default()).await.unwrap();
     w.wait_drained(&w.table(1, 0)).await;
     assert!(streamer.stop());
+}
+
+/// Under ZooKeeper ownership, the owner of a RabbitMQ shard-partition paused (SIGSTOP) past its
+/// session while rows flow: the other instance takes the lease, takes the slot from the paused
+/// one's backend and publishes; resumed, the paused one loses its session and publishes nothing
+/// after the new owner. In the queue's order the `outbox-owner-epoch` header never goes back,
+/// every row arrives, and first deliveries keep commit order (docs/rabbitmq.md "Under ZooKeeper
+/// coordination", with `heartbeat_s` below half the session timeout as it advises).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_an_owner_paused_past_its_session_never_publishes_after_the_new_owner() {
+    use crate::support::cluster::{Cluster, SESSION_MS, SETTLE, TAKEOVER_MARGIN, Writer};
+    let mut c = Cluster::new("zr", 1, 1, false).await;
+    let table = c.tables[0].clone();
+    let config = c.w.config.with_file_name("rabbitmq.toml");
+    let text = std::fs::read_to_string(&c.w.config).expect("config");
+    let rabbit = format!(
+        "[[source.override]]\nshard = 0\nsink = \"rabbitmq\"\n\n[rabbitmq]\nurl = \"{}\"\nheartbeat_s = 1\n",
+        rabbit_url()
+    );
+    std::fs::write(&config, format!("{text}\n{rabbit}")).expect("write config");
+    let (_conn, ch) = channel().await;
+    declare_exchange(&ch, &c.w.topic).await;
+    let queue = Arrivals::collect(bound_queue(&ch, &c.w.topic, &table).await);
+
+    let writer = Writer::start(&c.w.db.admin_url, &c.tables, &c.w.topic);
+    let a = c.start_with(&config);
+    let old_epoch = c.wait_for_counts(&[1], SETTLE).await[0].1;
+    queue.wait_for_epoch(old_epoch).await;
+    let b = c.start_with(&config);
+    c.wait_for_counts(&[1, 0], SETTLE).await;
+
+    c.instance(a).run.freeze();
+    let new_epoch = c.wait_for_counts(&[0, 1], Duration::from_millis(SESSION_MS) + TAKEOVER_MARGIN).await[0].1;
+    assert!(new_epoch > old_epoch, "a new lease has a larger epoch");
+    queue.wait_for_epoch(new_epoch).await;
+    c.instance(a).run.resume();
+    c.instance(a).run.wait_for_log("ZooKeeper session lost", SETTLE).await;
+    c.wait_for_counts(&[0, 1], SETTLE).await;
+    let log = c.instance(b).run.log_text();
+    assert!(log.contains("terminating its backend"), "the new owner took the slot from the paused one:\n{log}");
+
+    let sent = writer.finish().await[&table];
+    let arrived = queue.until_distinct(sent).await;
+    let (mut last_epoch, mut last_first, mut duplicates) = (0i64, 0u64, 0);
+    let mut firsts = std::collections::HashSet::new();
+    for (i, (n, epoch)) in arrived.iter().enumerate() {
+        assert!(*epoch >= last_epoch, "message {i} of the queue (row {n}) has epoch {epoch} after one of {last_epoch}");
+        last_epoch = *epoch;
+        if firsts.insert(*n) {
+            assert!(*n > last_first, "first delivery of row {n} after row {last_first}: out of commit order");
+            last_first = *n;
+        } else {
+            duplicates += 1;
+        }
+    }
+    c.w.wait_drained(&table).await;
+    eprintln!("RabbitMQ, owner paused past its session: {sent} rows, {duplicates} duplicates");
+}
+
+/// What a queue received, in its order: each message's row number (the payload is
+/// `<table>:<n>`) and its `outbox-owner-epoch`; a task consumes and acknowledges meanwhile.
+struct Arrivals {
+    seen: std::sync::Arc<std::sync::Mutex<Vec<(u64, i64)>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Arrivals {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl Arrivals {
+    fn collect(mut consumer: Consumer) -> Self {
+        let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let into = seen.clone();
+        let task = tokio::spawn(async move {
+            while let Some(Ok(d)) = consumer.next().await {
+                let payload = String::from_utf8_lossy(&d.data).into_owned();
+                let n = payload.rsplit_once(':').and_then(|(_, n)| n.parse().ok()).expect("payload <table>:<n>");
+                let epoch = header(&d, "outbox-owner-epoch").parse().expect("numeric epoch");
+                into.lock().unwrap().push((n, epoch));
+                d.ack(BasicAckOptions::default()).await.expect("ack");
+            }
+        });
+        Self { seen, task }
+    }
+
+    async fn wait_for_epoch(&self, epoch: i64) {
+        crate::support::wait_until(&format!("a message of epoch {epoch} in the queue"), ARRIVAL, || async {
+            self.seen.lock().unwrap().iter().any(|(_, e)| *e == epoch).then_some(())
+        })
+        .await
+    }
+
+    async fn until_distinct(&self, rows: u64) -> Vec<(u64, i64)> {
+        crate::support::wait_until(&format!("all {rows} rows in the queue"), ARRIVAL, || async {
+            let seen = self.seen.lock().unwrap();
+            let distinct: std::collections::HashSet<u64> = seen.iter().map(|(n, _)| *n).collect();
+            (distinct.len() as u64 >= rows).then(|| seen.clone())
+        })
+        .await
+    }
 }
