@@ -35,6 +35,7 @@ pub(crate) const POLL_ROWS_BELOW_MARK: &str = "outbox_poll_rows_below_mark_total
 pub(crate) const POLL_WATCH_PROBES: &str = "outbox_poll_watch_probes_total";
 pub(crate) const OWNED_STREAMS: &str = "outbox_owned_streams";
 pub(crate) const LEASE_CHANGES: &str = "outbox_lease_changes_total";
+pub(crate) const ZK_SESSIONS_LOST: &str = "outbox_zookeeper_sessions_lost_total";
 pub(crate) const OWNER_EPOCH: &str = "outbox_owner_epoch";
 pub(crate) const API_REQUESTS: &str = "outbox_api_requests_total";
 pub(crate) const API_MESSAGES: &str = "outbox_api_messages_total";
@@ -166,6 +167,11 @@ pub(crate) fn describe() {
         Unit::Count,
         "leases by event: acquired, released (rebalance), yielded, lost (session expired)"
     );
+    describe_counter!(
+        ZK_SESSIONS_LOST,
+        Unit::Count,
+        "ZooKeeper sessions this instance lost (expired, closed or refused): every owned shard-partition stopped at once and the instance joined again"
+    );
     describe_gauge!(OWNER_EPOCH, "the epoch of the lease this instance holds per shard-partition (0 when not held)");
     describe_gauge!(STREAM_SINK, "1 for the broker (label sink: kafka, rabbitmq) each shard-partition publishes to");
     describe_gauge!(
@@ -265,6 +271,7 @@ mod tests {
         super::POLL_WATCH_PROBES,
         super::OWNED_STREAMS,
         super::LEASE_CHANGES,
+        super::ZK_SESSIONS_LOST,
         super::OWNER_EPOCH,
         super::API_REQUESTS,
         super::API_MESSAGES,

@@ -66,6 +66,8 @@ async fn owner_paused_past_its_session(name: &str, exactly_once: bool) -> usize 
     let b = c.start_with(&config);
     c.wait_for_counts(&[1, 0], SETTLE).await;
 
+    // Listed at zero before any loss, so an alert on its increase has a series to start from.
+    c.instance(a).run.wait_for_metric("outbox_zookeeper_sessions_lost_total", &[], 0.0, SETTLE).await;
     c.instance(a).run.freeze();
     let held = c.wait_for_counts(&[0, 1], Duration::from_millis(SESSION_MS) + TAKEOVER_MARGIN).await;
     let new_epoch = held[0].1;
@@ -74,7 +76,7 @@ async fn owner_paused_past_its_session(name: &str, exactly_once: bool) -> usize 
     kafka::wait_for_header(&c.w.topic, 3, "outbox-owner-epoch", &new_epoch.to_string(), ARRIVAL).await;
 
     c.instance(a).run.resume();
-    c.instance(a).run.wait_for_log("ZooKeeper session lost", SETTLE).await;
+    c.instance(a).run.wait_for_metric("outbox_zookeeper_sessions_lost_total", &[], 1.0, SETTLE).await;
     // It joins again and owns nothing: the stream stays with the newer owner.
     c.wait_for_counts(&[0, 1], SETTLE).await;
     let log = c.instance(b).run.log_text();
@@ -120,7 +122,7 @@ async fn a_delayed_reset_or_cut_zookeeper_link_never_makes_two_owners() {
     proxy.freeze();
     c.read().await.wait_for_counts(&[0, 2], Duration::from_millis(SESSION_MS) + TAKEOVER_MARGIN).await;
     proxy.thaw();
-    c.read().await.instance(a).run.wait_for_log("ZooKeeper session lost", SETTLE).await;
+    c.read().await.instance(a).run.wait_for_metric("outbox_zookeeper_sessions_lost_total", &[], 1.0, SETTLE).await;
     c.read().await.wait_for_counts(&[1, 1], SETTLE).await;
 
     stop.store(true, Ordering::SeqCst);
@@ -270,7 +272,7 @@ async fn mariadb_an_owner_paused_past_its_session_is_fenced_by_the_stored_epoch(
     assert_eq!(stored, Some(second.epoch), "the new owner claimed the checkpoint with its epoch");
 
     a.resume();
-    a.wait_for_log("ZooKeeper session lost", SETTLE).await;
+    a.wait_for_metric("outbox_zookeeper_sessions_lost_total", &[], 1.0, SETTLE).await;
     let _ = stop.send(true);
     let sent = writer.await.expect("writer");
     let records = read_all(&w.topic, &sent).await;

@@ -829,7 +829,7 @@ async fn postgres_an_owner_paused_past_its_session_never_publishes_after_the_new
     assert!(new_epoch > old_epoch, "a new lease has a larger epoch");
     queue.wait_for_epoch(new_epoch).await;
     c.instance(a).run.resume();
-    c.instance(a).run.wait_for_log("ZooKeeper session lost", SETTLE).await;
+    c.instance(a).run.wait_for_metric("outbox_zookeeper_sessions_lost_total", &[], 1.0, SETTLE).await;
     c.wait_for_counts(&[0, 1], SETTLE).await;
     let log = c.instance(b).run.log_text();
     assert!(log.contains("terminating its backend"), "the new owner took the slot from the paused one:\n{log}");

@@ -70,6 +70,8 @@ pub(crate) async fn run(
     let settings = session_settings(config);
     let yield_after = config.yield_interval_s.map(Duration::from_secs);
     tracing::info!(%instance, cluster = %paths.base(), streams = jobs.len(), "joining the cluster through ZooKeeper");
+    // Listed at zero from the start, so an alert on its increase has a series to compare with.
+    counter!(m::ZK_SESSIONS_LOST).increment(0);
     let mut failing_since: Option<Instant> = None;
     // Grows while joining keeps failing (a missing chroot, a name taken), so a broken setup
     // does not open a ZooKeeper session (a quorum write) many times a second.
@@ -229,6 +231,7 @@ impl Membership<'_> {
                     zk::SessionState::Expired | zk::SessionState::Closed | zk::SessionState::AuthFailed => {
                         session.revoke();
                         tracing::error!(?state, owned = self.owned.len(), "ZooKeeper session lost: every owned shard-partition stops at once; joining again with a new session");
+                        counter!(m::ZK_SESSIONS_LOST).increment(1);
                         self.abort_all();
                         break;
                     }
